@@ -1,0 +1,82 @@
+"""The cache engine: kvbench's full KV cache (kernels/cache.py) with a kernel from KERNELS.
+
+  * decode: the cache holds context_len - 1 prefilled positions; one timed step writes the new
+    token's K/V into every layer (encoding on write) and attends over all context_len positions.
+    Every sample rewrites the same position, so every sample is the same context_len-th step.
+  * prefill: one timed call writes the whole prompt's K/V into every layer and attends causally.
+  * stages: beside the step, the write stage and the attend stage are timed alone.
+  * check: layer 0's output against the float32 reference over the same stored cache (parity),
+    then accuracy against the float32 reference over the un-quantized K/V.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+
+from harness.case import Case
+from harness.state import State, compare_outputs, memory_baseline, parity_gate
+from kernels.attention import KERNELS, reference, unsupported_reason
+from kernels.cache import KVCache
+from kernels.data import make_qkv
+from kernels.formats import get_format
+
+
+def skip_reason(case: Case, backend: str) -> str | None:
+    return unsupported_reason(case.kernel, get_format(case.kv_dtype, case.group_size), backend)
+
+
+def build(case: Case) -> State:
+    """Allocate and fill the cache for `case` (untimed) and return its stages."""
+    fmt = get_format(case.kv_dtype, case.group_size)
+    lq = 1 if case.phase == "decode" else case.context_len
+    q32, k32, v32 = make_qkv(case.kv_data, (case.n_seqs, case.n_q_heads, lq, case.head_dim),
+                             (case.n_seqs, case.n_kv_heads, case.context_len, case.head_dim),
+                             case.seed)
+    act = fmt.compute_dtype
+    q, k_act, v_act = q32.astype(act), k32.astype(act), v32.astype(act)
+    mx.eval(q32, k32, v32, q, k_act, v_act)
+    baseline = memory_baseline()
+    cache = KVCache(fmt, case.n_layers, case.n_seqs, case.n_kv_heads, case.context_len,
+                    case.head_dim)
+    mx.eval(cache.arrays())
+    alloc = mx.get_active_memory() - baseline
+    pos = case.context_len - lq  # decode: L-1 prefilled positions; prefill: none
+    if pos:
+        cache.fill(k_act[:, :, :pos], v_act[:, :, :pos])
+    k_new, v_new = k_act[:, :, pos:], v_act[:, :, pos:]
+    mask = "causal" if case.phase == "prefill" else None
+    scale = 1.0 / math.sqrt(case.head_dim)
+    kernel = KERNELS[case.kernel].fn
+
+    def attend(layer: int) -> mx.array:
+        k, v = cache.view(layer, case.context_len)
+        return kernel(q, k, v, fmt, mask=mask, scale=scale, tile_kv=case.tile_kv)
+
+    def write() -> list[mx.array]:
+        for layer in range(cache.n_layers):
+            cache.write(layer, k_new, v_new, pos)
+        return cache.arrays()
+
+    def attend_all() -> list[mx.array]:
+        return [attend(layer) for layer in range(cache.n_layers)]
+
+    def step() -> list[mx.array]:
+        outs = []
+        for layer in range(cache.n_layers):
+            cache.write(layer, k_new, v_new, pos)
+            outs.append(attend(layer))
+        return outs + cache.arrays()
+
+    def check() -> dict:
+        mx.eval(step())
+        out = attend(0)
+        k, v = cache.view(0, case.context_len)
+        parity_gate(case.kernel, out, reference(q32, k, v, fmt, mask=mask, scale=scale), act)
+        exact = reference(q32, {"data": k32}, {"data": v32}, get_format("fp32"), mask=mask,
+                          scale=scale)
+        return compare_outputs(out, exact)
+
+    stages = {"step": step, "write": write, "attend": attend_all}
+    return State(stages, check, alloc_bytes=alloc, baseline_bytes=baseline)

@@ -1,0 +1,67 @@
+"""A Case: one fully specified configuration to measure, frozen plain data.
+
+`case_id` hashes every field that is required or differs from its default, so adding a new
+axis with a default later leaves the ids of existing cases (and their history) unchanged. It
+does not include measurement settings, the device or the commit: the same case joins across
+runs, commits and machines.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Case:
+    model: str
+    n_layers: int
+    n_q_heads: int
+    n_kv_heads: int
+    head_dim: int
+    context_len: int
+    phase: str = "decode"
+    n_seqs: int = 1
+    kv_dtype: str = "fp16"
+    layout: str = "per-stream"
+    kernel: str = "sdpa"
+    tile_kv: int | None = None
+    group_size: int | None = None
+    kv_data: str = "gaussian"
+    seed: int = 0
+
+    @property
+    def gqa_ratio(self) -> int:
+        return self.n_q_heads // self.n_kv_heads
+
+    @property
+    def case_id(self) -> str:
+        return case_id(self)
+
+    def label(self) -> str:
+        parts = [self.model, self.phase, f"ctx{self.context_len}", self.kv_dtype, self.kernel]
+        if self.n_seqs != 1:
+            parts.append(f"seqs{self.n_seqs}")
+        if self.tile_kv:
+            parts.append(f"tile{self.tile_kv}")
+        return " ".join(parts)
+
+
+def identity(case: Case) -> dict:
+    """The fields that define the case: required ones, and optional ones set off default."""
+    out = {}
+    for f in dataclasses.fields(case):
+        value = getattr(case, f.name)
+        if f.default is dataclasses.MISSING or value != f.default:
+            out[f.name] = value
+    return out
+
+
+def case_id(case: Case) -> str:
+    blob = json.dumps(identity(case), sort_keys=True, separators=(",", ":"))
+    return hashlib.sha1(blob.encode()).hexdigest()[:12]
+
+
+AXES = tuple(f.name for f in dataclasses.fields(Case)) + ("gqa_ratio",)

@@ -1,0 +1,96 @@
+"""Run context stamped on every row: code version, machine, device and backend."""
+
+from __future__ import annotations
+
+import datetime as dt
+import platform
+import socket
+import subprocess
+from functools import lru_cache
+from pathlib import Path
+
+import mlx.core as mx
+
+from harness import SCHEMA_VERSION, __version__
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+def _git(*args: str) -> str | None:
+    try:
+        out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
+                             timeout=10)
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 else None
+
+
+def git_info() -> dict:
+    commit = _git("rev-parse", "HEAD")
+    status = _git("status", "--porcelain", "--untracked-files=no")
+    return {
+        "commit": commit[:12] if commit else None,
+        "dirty": bool(status) if status is not None else None,
+        "branch": _git("rev-parse", "--abbrev-ref", "HEAD"),
+    }
+
+
+def backend_name() -> str:
+    """cpu, metal or cuda: what the default device actually runs on."""
+    if mx.default_device().type == mx.DeviceType.cpu:
+        return "cpu"
+    if mx.metal.is_available():
+        return "metal"
+    return "cuda"
+
+
+def gpu_available() -> bool:
+    return mx.metal.is_available() or (hasattr(mx, "cuda") and mx.cuda.is_available())
+
+
+def set_device(name: str | None) -> None:
+    """Select cpu or gpu as MLX's default device (None keeps MLX's own default)."""
+    if name is None:
+        return
+    if name == "gpu" and not gpu_available():
+        from harness.errors import UserError
+
+        raise UserError("--device: gpu: this MLX build has no GPU backend (Metal or CUDA)")
+    mx.set_default_device(mx.gpu if name == "gpu" else mx.cpu)
+
+
+def device_name() -> str:
+    try:
+        info = mx.device_info()
+        name = info.get("device_name") or info.get("architecture")
+    except Exception:  # older MLX: no device_info for this backend
+        name = None
+    return f"{name or platform.processor() or platform.machine()} ({backend_name()})"
+
+
+@lru_cache(maxsize=1)
+def _static() -> dict:
+    return {
+        **git_info(),
+        "host": socket.gethostname(),
+        "os": f"{platform.system()} {platform.release()} {platform.machine()}",
+        "mlx_version": mx.__version__,
+        "kvbench_version": __version__,
+        "schema_version": SCHEMA_VERSION,
+    }
+
+
+def run_context() -> dict:
+    """Everything but the device is fixed per process; the device follows set_device."""
+    return {
+        **_static(),
+        "timestamp": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": device_name(),
+        "backend": backend_name(),
+    }
+
+
+def run_id(commit: str | None) -> str:
+    """Unique per run: UTC time to the second plus the short commit."""
+    stamp = dt.datetime.now(dt.timezone.utc).strftime("%Y%m%dT%H%M%SZ")
+    return f"{stamp}-{(commit or 'nogit')[:8]}"

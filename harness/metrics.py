@@ -1,0 +1,66 @@
+"""Bytes and FLOPs from an explicit model of one timed call (SI units: 1 GB = 1e9 B).
+
+The byte model counts compulsory traffic, each tensor once, as a bandwidth-bound kernel at best
+would move it:
+  decode step, per layer: read K and V over the context (format bytes, scales included), the
+  query and the new token's K/V; write the new K/V into the cache (format bytes) and the output.
+  prefill, per layer: read the prompt's K/V and write them into the cache (format bytes); the
+  attention reads the cache once, reads the queries and writes the output.
+FLOPs count the two matmuls (QK^T and PV, 2 FLOP per multiply-add); softmax is not counted.
+A decode step does 4*Hq*L*D FLOP per layer and sequence; causal prefill does 2*Hq*D*L*(L+1)
+(query i attends to i+1 keys).
+"""
+
+from __future__ import annotations
+
+from harness.case import Case
+
+
+def traffic_bytes(case: Case, fmt) -> tuple[int, int]:
+    """(bytes_read, bytes_written) of one timed call of the case, all layers."""
+    b, hq, hkv, d, ctx = case.n_seqs, case.n_q_heads, case.n_kv_heads, case.head_dim, \
+        case.context_len
+    act = fmt.compute_dtype.size  # queries, outputs and incoming K/V travel in this dtype
+    new = 1 if case.phase == "decode" else ctx  # positions written this call
+    kv_cache = 2 * fmt.nbytes(b * hkv * ctx, d)  # K and V over the context, as stored
+    kv_new_in = 2 * b * hkv * new * d * act
+    kv_new_stored = 2 * fmt.nbytes(b * hkv * new, d)
+    q_and_out = b * hq * new * d * act
+    read = kv_cache + kv_new_in + q_and_out
+    written = kv_new_stored + q_and_out
+    return case.n_layers * read, case.n_layers * written
+
+
+def flops(case: Case) -> int:
+    b, hq, d, ctx = case.n_seqs, case.n_q_heads, case.head_dim, case.context_len
+    per_head = 4 * d * ctx if case.phase == "decode" else 2 * d * ctx * (ctx + 1)
+    return case.n_layers * b * hq * per_head
+
+
+def kv_bytes(case: Case, fmt) -> int:
+    """Exact bytes of the full cache (all layers, K and V) at the case's context length."""
+    return 2 * case.n_layers * fmt.nbytes(case.n_seqs * case.n_kv_heads * case.context_len,
+                                          case.head_dim)
+
+
+def tokens(case: Case) -> int:
+    """Tokens produced (decode) or processed (prefill) by one timed call."""
+    return case.n_seqs * (1 if case.phase == "decode" else case.context_len)
+
+
+def rates(case: Case, fmt, median_ms: float, peak_gbps: float | None,
+          traffic: tuple[int, int] | None = None) -> dict:
+    """Throughput figures; `traffic` overrides the default byte model (an engine's own)."""
+    read, written = traffic or traffic_bytes(case, fmt)
+    seconds = median_ms / 1e3
+    gbps = (read + written) / seconds / 1e9
+    fl = flops(case)
+    return {
+        "bytes_read": read,
+        "bytes_written": written,
+        "gbps": gbps,
+        "pct_peak_bw": 100 * gbps / peak_gbps if peak_gbps else None,
+        "flops": fl,
+        "tflops": fl / seconds / 1e12,
+        "tokens_per_s": tokens(case) / seconds,
+    }

@@ -1,0 +1,136 @@
+"""Records: one row per case. The Record's fields are the CSV header, in order.
+
+Results live in `<out>/<run_id>.csv` (one row per case) and `<out>/<run_id>.samples.csv` (every
+raw sample: case_id, stage, round, sample, ms). Both files are rewritten atomically (temporary
+file + rename) after every finished case, so an interrupted run leaves complete, readable files
+holding every row measured so far. This module imports neither mlx nor kernels/.
+"""
+
+from __future__ import annotations
+
+import csv
+import dataclasses
+import math
+import os
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+
+@dataclass(frozen=True)
+class Record:
+    # identity
+    run_id: str | None = None
+    suite: str | None = None
+    case_id: str | None = None
+    status: str | None = None  # ok | error | skipped | partial
+    error: str | None = None
+    # the case
+    model: str | None = None
+    n_layers: int | None = None
+    n_q_heads: int | None = None
+    n_kv_heads: int | None = None
+    gqa_ratio: int | None = None
+    head_dim: int | None = None
+    context_len: int | None = None
+    n_seqs: int | None = None
+    phase: str | None = None
+    kv_dtype: str | None = None
+    group_size: int | None = None
+    kv_data: str | None = None
+    layout: str | None = None
+    kernel: str | None = None
+    tile_kv: int | None = None
+    seed: int | None = None
+    # latency of one timed call (decode step over all layers, or the whole prefill)
+    median_ms: float | None = None
+    p10_ms: float | None = None
+    p90_ms: float | None = None
+    iqr_ms: float | None = None
+    cv: float | None = None
+    ci_low_ms: float | None = None
+    ci_high_ms: float | None = None
+    n_samples: int | None = None
+    unstable: bool | None = None
+    write_ms: float | None = None  # median of the write (and quantize) stage alone
+    attend_ms: float | None = None  # median of the attention stage alone
+    # traffic and throughput (explicit model, harness/metrics.py)
+    bytes_read: int | None = None
+    bytes_written: int | None = None
+    gbps: float | None = None
+    peak_gbps: float | None = None
+    peak_method: str | None = None
+    pct_peak_bw: float | None = None
+    flops: int | None = None
+    tflops: float | None = None
+    tokens_per_s: float | None = None
+    # memory
+    kv_bytes: int | None = None  # exact format formula at context_len
+    alloc_bytes: int | None = None  # measured: active-memory growth when the cache is allocated
+    peak_mem_bytes: int | None = None  # measured: peak above the pre-cache baseline
+    # accuracy vs the float32 reference on the un-quantized K/V
+    max_abs_err: float | None = None
+    rel_err: float | None = None
+    cosine: float | None = None
+    # context
+    commit: str | None = None
+    dirty: bool | None = None
+    branch: str | None = None
+    timestamp: str | None = None
+    host: str | None = None
+    os: str | None = None
+    device: str | None = None
+    backend: str | None = None
+    mlx_version: str | None = None
+    kvbench_version: str | None = None
+    schema_version: int | None = None
+
+
+COLUMNS = tuple(f.name for f in dataclasses.fields(Record))
+SAMPLE_COLUMNS = ("case_id", "stage", "round", "sample", "ms")
+
+
+def make_record(**values) -> Record:
+    """A Record from any superset of its fields (extra keys are ignored)."""
+    return Record(**{k: v for k, v in values.items() if k in COLUMNS})
+
+
+def _cell(value) -> str:
+    if value is None or (isinstance(value, float) and math.isnan(value)):
+        return ""
+    if isinstance(value, float):
+        return repr(value)
+    return str(value)
+
+
+def write_csv_atomic(path: Path, header, rows) -> None:
+    """Write rows (sequences matching header) to path via a temporary file and a rename."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w", newline="") as f:
+            w = csv.writer(f)
+            w.writerow(header)
+            w.writerows([_cell(v) for v in row] for row in rows)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+class ResultsWriter:
+    """Accumulates records and raw samples of one run; rewrites both files on every add."""
+
+    def __init__(self, out_dir: str | Path, run_id: str):
+        self.csv_path = Path(out_dir) / f"{run_id}.csv"
+        self.samples_path = Path(out_dir) / f"{run_id}.samples.csv"
+        self.records: list[Record] = []
+        self.samples: list[tuple] = []
+
+    def add(self, record: Record, samples: list[tuple] = ()) -> None:
+        self.records.append(record)
+        self.samples.extend(samples)
+        write_csv_atomic(self.csv_path, COLUMNS,
+                         [dataclasses.astuple(r) for r in self.records])
+        write_csv_atomic(self.samples_path, SAMPLE_COLUMNS, self.samples)

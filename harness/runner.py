@@ -1,0 +1,108 @@
+"""Run one case for one round and turn its measurements into a Record.
+
+The runner is generic: an engine (ENGINES, chosen by `engine_for`) builds the case into a State
+(harness/state.py); the runner checks it (first round only: parity gate and accuracy), warms up
+each stage and samples it with the one timer, and tracks peak memory above the engine's
+baseline. The headline stage "step" gets the whole budget; every other stage a quarter of it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Callable, NamedTuple
+
+import mlx.core as mx
+
+from harness import cache_engine, metrics, timer
+from harness.case import Case
+from harness.record import Record, make_record
+from harness.suite import Settings
+from kernels.formats import get_format
+
+
+class Engine(NamedTuple):
+    build: Callable  # Case -> State
+    skip_reason: Callable  # (Case, backend) -> reason or None
+
+
+ENGINES = {
+    "cache": Engine(cache_engine.build, cache_engine.skip_reason),
+}
+
+
+def engine_for(case: Case) -> Engine:
+    return ENGINES["cache"]
+
+
+STAGE_WEIGHT = {"step": 1.0}  # share of the case's budget; stages not listed get OTHER_WEIGHT
+OTHER_WEIGHT = 0.25
+
+
+def skip_reason(case: Case, backend: str) -> str | None:
+    return engine_for(case).skip_reason(case, backend)
+
+
+@dataclass
+class CaseRun:
+    """A case's measurements accumulated over rounds."""
+
+    case: Case
+    samples: dict = field(default_factory=dict)  # stage -> [ms]
+    sample_rows: list = field(default_factory=list)
+    accuracy: dict = field(default_factory=dict)
+    extra: dict = field(default_factory=dict)
+    traffic: tuple | None = None
+    alloc_bytes: int | None = None
+    peak_mem_bytes: int = 0
+    rounds_done: int = 0
+
+
+def measure_round(run: CaseRun, settings: Settings, round_no: int) -> None:
+    """Build the case, (first round: check it), warm up and add this round's samples."""
+    state = engine_for(run.case).build(run.case)
+    if round_no == 0:
+        run.accuracy = state.check()
+    run.alloc_bytes, run.extra, run.traffic = state.alloc_bytes, state.extra, state.traffic
+    share = 1.0 / settings.rounds
+    for stage, fn in state.stages.items():
+        if stage != "step" and not settings.stages:
+            continue
+        weight = STAGE_WEIGHT.get(stage, OTHER_WEIGHT)
+        timer.warm_up(fn, settings.warmup_s * weight)
+        prior = run.samples.setdefault(stage, [])
+        new = timer.sample(fn, budget_s=settings.budget_s * share * weight,
+                           min_samples=math.ceil(settings.min_samples * (round_no + 1) * share),
+                           max_samples=math.ceil(settings.max_samples * share),
+                           target_ci=settings.target_ci, prior_ms=prior)
+        run.sample_rows += [(run.case.case_id, stage, round_no, len(prior) + i, ms)
+                            for i, ms in enumerate(new)]
+        prior.extend(new)
+    mx.synchronize()
+    run.peak_mem_bytes = max(run.peak_mem_bytes, mx.get_peak_memory() - state.baseline_bytes)
+    run.rounds_done += 1
+
+
+def case_fields(case: Case) -> dict:
+    return {**dataclasses.asdict(case), "gqa_ratio": case.gqa_ratio, "case_id": case.case_id}
+
+
+def finish(run: CaseRun, settings: Settings, common: dict, status: str = "ok",
+           error: str | None = None) -> Record:
+    """The row for a measured case (status ok, or partial when interrupted)."""
+    case = run.case
+    fmt = get_format(case.kv_dtype, case.group_size)
+    stats = timer.summarize(run.samples["step"], settings.cv_warn)
+    stage_ms = {f"{s}_ms": timer.summarize(x)["median_ms"]
+                for s, x in run.samples.items() if s != "step" and x}
+    rates = metrics.rates(case, fmt, stats["median_ms"], common.get("peak_gbps"), run.traffic)
+    return make_record(**common, **case_fields(case), status=status, error=error, **stats,
+                       **stage_ms, **rates, kv_bytes=metrics.kv_bytes(case, fmt),
+                       alloc_bytes=run.alloc_bytes, peak_mem_bytes=run.peak_mem_bytes,
+                       **run.accuracy, **run.extra)
+
+
+def failed(case: Case, common: dict, status: str, error: str) -> Record:
+    """A row for a case that was skipped or raised: its identity, never a time."""
+    return make_record(**common, **case_fields(case), status=status, error=error)

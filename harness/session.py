@@ -1,0 +1,75 @@
+"""A run of a suite: cases interleaved in rounds, rows written as cases complete.
+
+Round r visits every case still in play (build, warm up, sample, release), so slow drift of
+the machine (thermal state, other load) spreads over all cases instead of landing on the last
+ones. A case that raises becomes an error row at once and the suite goes on; a case the backend
+cannot run becomes a skipped row with the reason. Ctrl-C stops the run: every completed row is
+already on disk, and cases with samples from finished rounds are written as status=partial.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+
+from harness import runner
+from harness.bandwidth import peak_read_bandwidth
+from harness.case import Case
+from harness.context import run_context, run_id
+from harness.progress import Progress
+from harness.record import ResultsWriter
+from harness.suite import Suite
+
+
+def common_fields(suite: Suite) -> dict:
+    ctx = run_context()
+    return {**ctx, **peak_read_bandwidth(ctx["backend"]), "suite": suite.name,
+            "run_id": run_id(ctx["commit"])}
+
+
+def _error_text(exc: BaseException) -> str:
+    text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+    return text[:500]
+
+
+def run_suite(suite: Suite, cases: list[Case], out_dir: str | Path,
+              progress: Progress | None = None) -> ResultsWriter:
+    common = common_fields(suite)
+    writer = ResultsWriter(out_dir, common["run_id"])
+    settings = suite.settings
+    runs: dict[str, runner.CaseRun] = {}
+    for case in cases:
+        reason = runner.skip_reason(case, common["backend"])
+        if reason:
+            writer.add(runner.failed(case, common, "skipped", reason))
+        else:
+            runs[case.case_id] = runner.CaseRun(case)
+    progress = progress or Progress(len(runs) * settings.rounds, stream=sys.stderr)
+    try:
+        for round_no in range(settings.rounds):
+            for cid in list(runs):
+                run = runs[cid]
+                progress.start(f"round {round_no + 1}/{settings.rounds} {run.case.label()}")
+                try:
+                    runner.measure_round(run, settings, round_no)
+                except KeyboardInterrupt:
+                    raise
+                except Exception as exc:  # one bad case must not end the suite
+                    del runs[cid]
+                    writer.add(runner.failed(run.case, common, "error", _error_text(exc)))
+                    mx.clear_cache()
+                progress.done()
+                if round_no == settings.rounds - 1 and cid in runs:
+                    writer.add(runner.finish(runs.pop(cid), settings, common), run.sample_rows)
+    except KeyboardInterrupt:
+        for run in runs.values():
+            if run.rounds_done:
+                note = f"interrupted after {run.rounds_done} of {settings.rounds} rounds"
+                writer.add(runner.finish(run, settings, common, "partial", note),
+                           run.sample_rows)
+        progress.close()
+        raise
+    progress.close()
+    return writer

@@ -1,0 +1,63 @@
+"""The contract between the runner and an engine (the code that builds and runs one case).
+
+An engine's `build(case)` returns a State: named timed stages (plain functions returning the
+arrays to evaluate; "step" is the case's headline time, other stages such as "write",
+"attend" or "mask" are timed on their own beside it), a `check()` that runs the parity gate and
+returns the accuracy fields, and what it measured while building (allocated bytes, the memory
+baseline for peak memory, extra row fields, an optional override of the byte model).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+import mlx.core as mx
+
+# parity tolerance (relative L2 error vs the float32 reference on the same stored cache), by
+# the dtype the kernel computes in: rounding of q, scores and probabilities, not the format's
+PARITY_REL_TOL = {mx.float32: 1e-4, mx.float16: 1e-2, mx.bfloat16: 5e-2}
+
+
+class ParityError(RuntimeError):
+    """A kernel's output disagrees with the reference: the case gets an error row."""
+
+
+@dataclass
+class State:
+    stages: dict[str, Callable[[], object]]  # "step" first; each returns arrays to eval
+    check: Callable[[], dict]  # parity gate (raises ParityError) -> accuracy fields
+    alloc_bytes: int | None = None  # measured growth of active memory for the cache
+    baseline_bytes: int = 0  # active memory before the cache; peak memory is above this
+    extra: dict = field(default_factory=dict)  # extra row fields (engine specific)
+    traffic: tuple[int, int] | None = None  # (bytes_read, bytes_written) if not the default
+
+
+def compare_outputs(out: mx.array, ref: mx.array) -> dict:
+    """max abs error, relative L2 error and cosine similarity of out against ref."""
+    o, r = out.astype(mx.float32).reshape(-1), ref.astype(mx.float32).reshape(-1)
+    diff = o - r
+    stats = {
+        "max_abs_err": mx.max(mx.abs(diff)),
+        "rel_err": mx.linalg.norm(diff) / mx.linalg.norm(r),
+        "cosine": mx.sum(o * r) / (mx.linalg.norm(o) * mx.linalg.norm(r)),
+    }
+    return {k: float(v.item()) for k, v in stats.items()}
+
+
+def parity_gate(name: str, out: mx.array, ref: mx.array, compute_dtype: mx.Dtype) -> dict:
+    """Raise ParityError unless out matches ref within the tolerance of compute_dtype."""
+    parity = compare_outputs(out, ref)
+    tol = PARITY_REL_TOL[compute_dtype]
+    if not parity["rel_err"] <= tol:  # NaN fails too
+        raise ParityError(f"kernel {name} disagrees with the float32 reference on the same "
+                          f"cache: rel_err {parity['rel_err']:.3g} > {tol:g}")
+    return parity
+
+
+def memory_baseline() -> int:
+    """Synchronize, take active memory as the baseline and reset the peak counter."""
+    mx.synchronize()
+    baseline = mx.get_active_memory()
+    mx.reset_peak_memory()
+    return baseline

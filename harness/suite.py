@@ -1,0 +1,299 @@
+"""Suites: YAML file -> Suite (validated) -> expand() -> [Case].
+
+Grammar (every top-level key optional except the axes needed to define a case):
+    name, description
+    settings: {warmup_s, min_samples, max_samples, budget_s, target_ci, rounds, cv_warn, stages}
+    fixed:   {axis: value}                      one value for every case
+    sweep:   {axis: [values]}                   cartesian product
+    zip:     [{axis: [values], axis2: [...]}]   axes that move together (same length)
+    exclude: [{axis: value or [values]}]        drop cases matching every key of a rule
+Everything is checked before anything runs; a problem raises SuiteError(file, key, reason).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from harness.case import AXES, Case
+from harness.errors import SuiteError
+from harness.presets import PRESETS
+from kernels.attention import KERNELS
+from kernels.data import KV_DATA
+from kernels.formats import FORMATS
+
+PHASES = ("decode", "prefill")
+LAYOUTS = ("per-stream",)
+TOP_KEYS = ("name", "description", "settings", "fixed", "sweep", "zip", "exclude")
+
+
+@dataclass(frozen=True)
+class Settings:
+    warmup_s: float = 0.1  # warm-up time per case and round (compilation lands here)
+    min_samples: int = 5
+    max_samples: int = 200
+    budget_s: float = 1.0  # sampling time per case, all rounds together
+    target_ci: float = 0.05  # stop once the median's 95% CI half-width <= this x median
+    rounds: int = 2  # cases are interleaved in rounds to spread drift over all of them
+    cv_warn: float = 0.10  # rows with a higher coefficient of variation are flagged unstable
+    stages: bool = True  # also time the write and attend stages on their own
+
+
+@dataclass(frozen=True)
+class Suite:
+    path: str
+    name: str
+    description: str = ""
+    settings: Settings = field(default_factory=Settings)
+    fixed: dict = field(default_factory=dict)
+    sweep: dict = field(default_factory=dict)
+    zip: list = field(default_factory=list)
+    exclude: list = field(default_factory=list)
+
+
+# ---- value checks: each returns None when fine, else the reason -------------------------
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def positive_int(v) -> str | None:
+    return None if _int(v) and v > 0 else f"must be a positive integer, got {v!r}"
+
+
+def optional_positive_int(v) -> str | None:
+    return None if v is None else positive_int(v)
+
+
+def non_negative_int(v) -> str | None:
+    return None if _int(v) and v >= 0 else f"must be a non-negative integer, got {v!r}"
+
+
+def one_of(choices) -> callable:
+    def check(v) -> str | None:
+        return None if v in choices else f"unknown value {v!r}; known: {', '.join(choices)}"
+
+    return check
+
+
+CHECKS = {
+    "model": one_of((*PRESETS, "custom")),
+    "n_layers": positive_int,
+    "n_q_heads": positive_int,
+    "n_kv_heads": positive_int,
+    "gqa_ratio": positive_int,
+    "head_dim": positive_int,
+    "context_len": positive_int,
+    "n_seqs": positive_int,
+    "phase": one_of(PHASES),
+    "kv_dtype": one_of(tuple(FORMATS)),
+    "layout": one_of(LAYOUTS),
+    "kernel": one_of(tuple(KERNELS)),
+    "tile_kv": optional_positive_int,
+    "group_size": optional_positive_int,
+    "kv_data": one_of(tuple(KV_DATA)),
+    "seed": non_negative_int,
+}
+assert set(CHECKS) == set(AXES), "every Case axis needs a check"
+
+
+def _check_axis(path: str, key: str, axis: str, value) -> None:
+    if axis not in CHECKS:
+        raise SuiteError(path, key, f"unknown axis {axis!r}; known: {', '.join(AXES)}")
+    reason = CHECKS[axis](value)
+    if reason:
+        raise SuiteError(path, key, reason)
+
+
+def _need(path: str, key: str, value, kind: type, what: str):
+    if not isinstance(value, kind):
+        raise SuiteError(path, key, f"must be {what}, got {type(value).__name__}")
+    return value
+
+
+# ---- loading ---------------------------------------------------------------------------
+
+
+def _load_settings(path: str, raw) -> Settings:
+    raw = _need(path, "settings", raw or {}, dict, "a mapping")
+    known = {f.name: f for f in dataclasses.fields(Settings)}
+    for key, value in raw.items():
+        where = f"settings.{key}"
+        if key not in known:
+            raise SuiteError(path, where, f"unknown setting; known: {', '.join(known)}")
+        default = known[key].default
+        if isinstance(default, bool):
+            ok = isinstance(value, bool)
+        elif isinstance(default, int):
+            ok = _int(value) and value > 0
+        else:
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+        if not ok:
+            raise SuiteError(path, where, f"must be a positive {type(default).__name__}, "
+                             f"got {value!r}")
+    settings = Settings(**raw)
+    if settings.min_samples > settings.max_samples:
+        raise SuiteError(path, "settings.min_samples", "is larger than settings.max_samples")
+    return settings
+
+
+def _load_axes(path: str, section: str, raw: dict, as_lists: bool) -> dict:
+    for axis, values in raw.items():
+        if as_lists:
+            values = _need(path, f"{section}.{axis}", values, list, "a list")
+            if not values:
+                raise SuiteError(path, f"{section}.{axis}", "is an empty list")
+            for i, v in enumerate(values):
+                _check_axis(path, f"{section}.{axis}[{i}]", axis, v)
+        else:
+            _check_axis(path, f"{section}.{axis}", axis, values)
+    return raw
+
+
+def _load_zip(path: str, raw) -> list:
+    groups = _need(path, "zip", raw or [], list, "a list of mappings")
+    for i, group in enumerate(groups):
+        _need(path, f"zip[{i}]", group, dict, "a mapping of axis to list")
+        _load_axes(path, f"zip[{i}]", group, as_lists=True)
+        if len({len(v) for v in group.values()}) > 1:
+            raise SuiteError(path, f"zip[{i}]", "lists must all have the same length")
+    return groups
+
+
+def _load_exclude(path: str, raw) -> list:
+    rules = _need(path, "exclude", raw or [], list, "a list of mappings")
+    for i, rule in enumerate(rules):
+        _need(path, f"exclude[{i}]", rule, dict, "a mapping of axis to value(s)")
+        for axis, value in rule.items():
+            for v in value if isinstance(value, list) else [value]:
+                _check_axis(path, f"exclude[{i}].{axis}", axis, v)
+    return rules
+
+
+def load_suite(path: str | Path) -> Suite:
+    path = str(path)
+    try:
+        text = Path(path).read_text()
+    except OSError as e:
+        raise SuiteError(path, "-", f"cannot read: {e.strerror}") from None
+    try:
+        raw = yaml.safe_load(text) or {}
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "-"
+        raise SuiteError(path, where, f"invalid YAML: {getattr(e, 'problem', e)}") from None
+    raw = _need(path, "(top level)", raw, dict, "a mapping")
+    for key in raw:
+        if key not in TOP_KEYS:
+            raise SuiteError(path, key, f"unknown key; known: {', '.join(TOP_KEYS)}")
+    suite = Suite(
+        path=path,
+        name=str(raw.get("name", Path(path).stem)),
+        description=str(raw.get("description", "")),
+        settings=_load_settings(path, raw.get("settings")),
+        fixed=_load_axes(path, "fixed", _need(path, "fixed", raw.get("fixed") or {}, dict,
+                                              "a mapping"), as_lists=False),
+        sweep=_load_axes(path, "sweep", _need(path, "sweep", raw.get("sweep") or {}, dict,
+                                              "a mapping"), as_lists=True),
+        zip=_load_zip(path, raw.get("zip")),
+        exclude=_load_exclude(path, raw.get("exclude")),
+    )
+    _check_overlaps(suite)
+    expand(suite)  # every combination must resolve before anything runs
+    return suite
+
+
+def _check_overlaps(suite: Suite) -> None:
+    seen: dict[str, str] = {}
+    sections = [("fixed", suite.fixed), ("sweep", suite.sweep)]
+    sections += [(f"zip[{i}]", g) for i, g in enumerate(suite.zip)]
+    for section, axes in sections:
+        for axis in axes:
+            if axis in seen:
+                raise SuiteError(suite.path, f"{section}.{axis}", f"already set in {seen[axis]}")
+            seen[axis] = section
+
+
+# ---- expansion -------------------------------------------------------------------------
+
+
+def _combinations(suite: Suite) -> list[dict]:
+    dims = [[{axis: v} for v in values] for axis, values in suite.sweep.items()]
+    for group in suite.zip:
+        n = len(next(iter(group.values())))
+        dims.append([{axis: values[i] for axis, values in group.items()} for i in range(n)])
+    combos = []
+    for picks in itertools.product(*dims):
+        combo = dict(suite.fixed)
+        for pick in picks:
+            combo.update(pick)
+        combos.append(combo)
+    return combos
+
+
+def _excluded(combo: dict, rules: list) -> bool:
+    def matches(rule: dict) -> bool:
+        return all(combo.get(axis) in (v if isinstance(v, list) else [v])
+                   for axis, v in rule.items())
+
+    return any(matches(rule) for rule in rules)
+
+
+def resolve(path: str, combo: dict) -> Case:
+    """One combination of axis values -> a Case (preset shape filled in, GQA resolved)."""
+    combo = dict(combo)
+    model = combo.pop("model", "custom")
+    shape = {}
+    if model != "custom":
+        preset = PRESETS[model]
+        shape = {k: getattr(preset, k) for k in ("n_layers", "n_q_heads", "n_kv_heads",
+                                                  "head_dim")}
+    gqa = combo.pop("gqa_ratio", None)
+    if gqa is not None:
+        if "n_kv_heads" in combo:
+            raise SuiteError(path, "gqa_ratio", "give n_kv_heads or gqa_ratio, not both")
+        shape.update(combo)
+        q_heads = shape.get("n_q_heads")
+        if q_heads is None:
+            raise SuiteError(path, "n_q_heads", f"missing (model={model} does not define it)")
+        if q_heads % gqa:
+            raise SuiteError(path, "gqa_ratio", f"n_q_heads={q_heads} is not divisible by "
+                             f"gqa_ratio={gqa}")
+        combo["n_kv_heads"] = q_heads // gqa
+    shape.update(combo)
+    for needed in ("n_layers", "n_q_heads", "n_kv_heads", "head_dim", "context_len"):
+        if needed not in shape:
+            raise SuiteError(path, needed, f"missing (model={model} does not define it)")
+    if shape["n_q_heads"] % shape["n_kv_heads"]:
+        raise SuiteError(path, "n_kv_heads", f"n_q_heads={shape['n_q_heads']} is not divisible "
+                         f"by n_kv_heads={shape['n_kv_heads']}")
+    return Case(model=model, **shape)
+
+
+def expand(suite: Suite) -> list[Case]:
+    cases, seen = [], set()
+    for combo in _combinations(suite):
+        if _excluded(combo, suite.exclude):
+            continue
+        case = resolve(suite.path, combo)
+        if case.case_id not in seen:
+            seen.add(case.case_id)
+            cases.append(case)
+    if not cases:
+        raise SuiteError(suite.path, "exclude", "no cases left to run")
+    return cases
+
+
+def apply_filters(cases: list[Case], filters: list[str], path: str = "--filter") -> list[Case]:
+    """Keep cases whose field KEY equals VALUE (compared as text) for every KEY=VALUE."""
+    for item in filters:
+        key, sep, value = item.partition("=")
+        if not sep or key not in AXES:
+            raise SuiteError(path, item, f"expected KEY=VALUE with KEY one of {', '.join(AXES)}")
+        cases = [c for c in cases if str(getattr(c, key)) == value]
+    return cases

@@ -1,0 +1,45 @@
+"""Terminal summaries of result rows (pandas only; no mlx)."""
+
+from __future__ import annotations
+
+import pandas as pd
+
+SHOW = {
+    "model": "model",
+    "phase": "phase",
+    "context_len": "ctx",
+    "gqa_ratio": "gqa",
+    "n_seqs": "seqs",
+    "kv_dtype": "dtype",
+    "kernel": "kernel",
+    "tile_kv": "tile",
+    "status": "status",
+    "median_ms": "median_ms",
+    "ci": "95% CI ms",
+    "cv": "cv",
+    "write_ms": "write_ms",
+    "attend_ms": "attend_ms",
+    "gbps": "GB/s",
+    "pct_peak_bw": "%peak",
+    "kv_mib": "KV MiB",
+    "peak_mib": "peak MiB",
+    "rel_err": "rel_err",
+}
+
+
+def table(df: pd.DataFrame) -> str:
+    """A compact, aligned table of the rows a person reads first."""
+    df = df.copy()
+    df["ci"] = [f"{lo:.3g}-{hi:.3g}" if pd.notna(lo) else "" for lo, hi in
+                zip(df.get("ci_low_ms", []), df.get("ci_high_ms", []))]
+    df["kv_mib"] = df["kv_bytes"] / 2**20
+    df["peak_mib"] = df["peak_mem_bytes"] / 2**20
+    if df["cv"].notna().any():
+        df["cv"] = [f"{c:.2f}{'!' if u is True or u == 'True' else ''}" if pd.notna(c) else ""
+                    for c, u in zip(df["cv"], df["unstable"])]
+    cols = [c for c in SHOW if c in df and df[c].notna().any() and (df[c] != "").any()]
+    out = df[cols].rename(columns=SHOW)
+    text = out.to_string(index=False, float_format=lambda v: f"{v:.4g}", na_rep="")
+    notes = [f"  {r.case_id} {r.status}: {r.error}" for r in df.itertuples()
+             if r.status != "ok" and isinstance(r.error, str)]
+    return text + ("\n" + "\n".join(notes) if notes else "")

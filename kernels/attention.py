@@ -1,0 +1,92 @@
+"""Decode / prefill attention kernels over a KV cache.
+
+Every kernel has one signature:
+    fn(q, k, v, fmt, *, mask, scale, tile_kv) -> out
+q [B, Hq, Lq, D]; k and v are the format's stored dicts ([B, Hkv, Lk, ...]); mask is None,
+"causal" (query i sees keys j <= i + Lk - Lq, i.e. queries are the last Lq positions) or a
+boolean array broadcastable to [B, Hq, Lq, Lk] (True = visible); out [B, Hq, Lq, D].
+`reference` is the float32 oracle every other kernel is checked against before it is timed.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+import mlx.core as mx
+
+
+def causal_mask(lq: int, lk: int) -> mx.array:
+    """Boolean [Lq, Lk]: query i (the (Lk-Lq+i)-th position) sees keys at or before it."""
+    rows = mx.arange(lq)[:, None] + (lk - lq)
+    return mx.arange(lk)[None, :] <= rows
+
+
+def _bool_mask(mask, lq: int, lk: int) -> mx.array | None:
+    if mask is None:
+        return None
+    return causal_mask(lq, lk) if isinstance(mask, str) else mask
+
+
+def reference(q, k, v, fmt, *, mask=None, scale: float, tile_kv=None) -> mx.array:
+    """float32 oracle: K/V decoded to float32 and repeated per query head, plain softmax."""
+    kf, vf = fmt.decode(k, mx.float32), fmt.decode(v, mx.float32)
+    group = q.shape[1] // kf.shape[1]
+    kf, vf = mx.repeat(kf, group, axis=1), mx.repeat(vf, group, axis=1)  # [B, Hq, Lk, D]
+    scores = (q.astype(mx.float32) * scale) @ kf.swapaxes(-1, -2)  # [B, Hq, Lq, Lk]
+    visible = _bool_mask(mask, q.shape[2], kf.shape[2])
+    if visible is not None:
+        scores = mx.where(visible, scores, -mx.inf)
+    return mx.softmax(scores, axis=-1) @ vf
+
+
+def sdpa(q, k, v, fmt, *, mask=None, scale: float, tile_kv=None) -> mx.array:
+    """MLX's fused scaled_dot_product_attention on a dense cache (GQA handled inside)."""
+    return mx.fast.scaled_dot_product_attention(q, k["data"], v["data"], scale=scale, mask=mask)
+
+
+def ops(q, k, v, fmt, *, mask=None, scale: float, tile_kv=None) -> mx.array:
+    """Plain MLX ops, GQA folded into rows: each KV head serves its G query heads in one matmul,
+    so K/V are never repeated."""
+    kd, vd = k["data"], v["data"]
+    b, hq, lq, d = q.shape
+    hkv, lk = kd.shape[1], kd.shape[2]
+    group = hq // hkv
+    qg = (q * scale).reshape(b, hkv, group * lq, d)  # [B, Hkv, G*Lq, D], rows g-major
+    scores = (qg @ kd.swapaxes(-1, -2)).astype(mx.float32)  # [B, Hkv, G*Lq, Lk]
+    visible = _bool_mask(mask, lq, lk)
+    if visible is not None:
+        visible = mx.broadcast_to(visible, (b, hq, lq, lk)).reshape(b, hkv, group * lq, lk)
+        scores = mx.where(visible, scores, -mx.inf)
+    probs = mx.softmax(scores, axis=-1).astype(vd.dtype)
+    return (probs @ vd).reshape(b, hq, lq, d)  # [B, Hkv, G*Lq, D] -> [B, Hq, Lq, D]
+
+
+def dense_only(fmt) -> str | None:
+    return f"needs a dense cache, {fmt.name} is quantized" if fmt.quantized else None
+
+
+def any_format(fmt) -> str | None:
+    return None
+
+
+@dataclass(frozen=True)
+class Kernel:
+    fn: Callable
+    accepts: Callable  # fmt -> None if supported, else the reason it is not
+    backends: tuple[str, ...] = ("cpu", "metal", "cuda")
+
+
+KERNELS = {
+    "reference": Kernel(reference, any_format),
+    "sdpa": Kernel(sdpa, dense_only),
+    "ops": Kernel(ops, dense_only),
+}
+
+
+def unsupported_reason(kernel: str, fmt, backend: str) -> str | None:
+    """Why `kernel` cannot run `fmt` on `backend`, or None when it can."""
+    spec = KERNELS[kernel]
+    if backend not in spec.backends:
+        return f"kernel {kernel} runs on {'/'.join(spec.backends)}, not {backend}"
+    return spec.accepts(fmt)

@@ -1,0 +1,63 @@
+"""KV-cache storage formats.
+
+A format turns float K/V rows (last axis = head_dim) into the arrays a cache stores, and back.
+Every format stores a dict of named arrays whose leading axes are [n_seqs, n_kv_heads, positions]
+so that the cache can write and slice positions without knowing the format. `nbytes` is the
+exact storage formula (data + scales + biases) that byte-accounting tests check by hand.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from functools import partial
+
+import mlx.core as mx
+
+Stored = dict[str, mx.array]
+
+
+@dataclass(frozen=True)
+class Dense:
+    """Plain floating-point storage: one array `data` of shape [B, H, L, D] in `dtype`."""
+
+    name: str
+    dtype: mx.Dtype
+    group_size: int | None = None  # dense formats have no scales; kept for a uniform signature
+
+    quantized = False
+
+    @property
+    def compute_dtype(self) -> mx.Dtype:
+        return self.dtype
+
+    @property
+    def bits_per_element(self) -> float:
+        return 8.0 * self.dtype.size
+
+    def alloc(self, shape: tuple[int, ...]) -> Stored:
+        return {"data": mx.zeros(shape, dtype=self.dtype)}
+
+    def encode(self, x: mx.array) -> Stored:
+        return {"data": x.astype(self.dtype)}
+
+    def decode(self, stored: Stored, dtype: mx.Dtype | None = None) -> mx.array:
+        return stored["data"].astype(dtype or self.dtype)
+
+    def nbytes(self, n_rows: int, head_dim: int) -> int:
+        """Exact bytes to store `n_rows` rows of `head_dim` values."""
+        return n_rows * head_dim * self.dtype.size
+
+
+# name -> constructor taking group_size (None for formats without scales)
+FORMATS = {
+    "fp16": partial(Dense, "fp16", mx.float16),
+    "bf16": partial(Dense, "bf16", mx.bfloat16),
+    "fp32": partial(Dense, "fp32", mx.float32),
+}
+
+
+def get_format(name: str, group_size: int | None = None):
+    """The format `name` with scale granularity `group_size` (None: per row / not applicable)."""
+    if name not in FORMATS:
+        raise KeyError(f"unknown kv_dtype {name!r}; known: {', '.join(FORMATS)}")
+    return FORMATS[name](group_size=group_size)
