@@ -8,7 +8,7 @@ measured on the same machine, not a spec sheet.
 
 from __future__ import annotations
 
-from functools import lru_cache
+from functools import lru_cache, partial
 
 import mlx.core as mx
 
@@ -22,12 +22,13 @@ def peak_read_bandwidth(backend: str, nbytes: int | None = None) -> dict:
     nbytes = nbytes or DEFAULT_BYTES.get(backend, DEFAULT_BYTES["cpu"])
     x = mx.ones((nbytes // 4,), dtype=mx.float32)
     mx.eval(x)
-    fn = lambda: mx.sum(x)  # noqa: E731
+    fn = partial(mx.sum, x)
     for _ in range(3):
         run_once(fn)
     stats = summarize(sample(fn, budget_s=1.0, min_samples=10, max_samples=30, target_ci=0.01))
-    del x
     gbps = nbytes / (stats["median_ms"] / 1e3) / 1e9
-    method = (f"mx.sum over {nbytes / 2**20:.0f} MiB float32, median of {stats['n_samples']} "
-              f"({stats['median_ms']:.2f} ms)")
+    method = (
+        f"mx.sum over {nbytes / 2**20:.0f} MiB float32, median of {stats['n_samples']} "
+        f"({stats['median_ms']:.2f} ms)"
+    )
     return {"peak_gbps": gbps, "peak_method": method}

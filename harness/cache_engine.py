@@ -1,12 +1,12 @@
 """The cache engine: kvbench's full KV cache (kernels/cache.py) with a kernel from KERNELS.
 
-  * decode: the cache holds context_len - 1 prefilled positions; one timed step writes the new
-    token's K/V into every layer (encoding on write) and attends over all context_len positions.
-    Every sample rewrites the same position, so every sample is the same context_len-th step.
-  * prefill: one timed call writes the whole prompt's K/V into every layer and attends causally.
-  * stages: beside the step, the write stage and the attend stage are timed alone.
-  * check: layer 0's output against the float32 reference over the same stored cache (parity),
-    then accuracy against the float32 reference over the un-quantized K/V.
+* decode: the cache holds context_len - 1 prefilled positions; one timed step writes the new
+  token's K/V into every layer (encoding on write) and attends over all context_len positions.
+  Every sample rewrites the same position, so every sample is the same context_len-th step.
+* prefill: one timed call writes the whole prompt's K/V into every layer and attends causally.
+* stages: beside the step, the write stage and the attend stage are timed alone.
+* check: layer 0's output against the float32 reference over the same stored cache (parity),
+  then accuracy against the float32 reference over the un-quantized K/V.
 """
 
 from __future__ import annotations
@@ -31,15 +31,19 @@ def build(case: Case) -> State:
     """Allocate and fill the cache for `case` (untimed) and return its stages."""
     fmt = get_format(case.kv_dtype, case.group_size)
     lq = 1 if case.phase == "decode" else case.context_len
-    q32, k32, v32 = make_qkv(case.kv_data, (case.n_seqs, case.n_q_heads, lq, case.head_dim),
-                             (case.n_seqs, case.n_kv_heads, case.context_len, case.head_dim),
-                             case.seed)
+    q32, k32, v32 = make_qkv(
+        case.kv_data,
+        (case.n_seqs, case.n_q_heads, lq, case.head_dim),
+        (case.n_seqs, case.n_kv_heads, case.context_len, case.head_dim),
+        case.seed,
+    )
     act = fmt.compute_dtype
     q, k_act, v_act = q32.astype(act), k32.astype(act), v32.astype(act)
     mx.eval(q32, k32, v32, q, k_act, v_act)
     baseline = memory_baseline()
-    cache = KVCache(fmt, case.n_layers, case.n_seqs, case.n_kv_heads, case.context_len,
-                    case.head_dim)
+    cache = KVCache(
+        fmt, case.n_layers, case.n_seqs, case.n_kv_heads, case.context_len, case.head_dim
+    )
     mx.eval(cache.arrays())
     alloc = mx.get_active_memory() - baseline
     pos = case.context_len - lq  # decode: L-1 prefilled positions; prefill: none
@@ -74,8 +78,9 @@ def build(case: Case) -> State:
         out = attend(0)
         k, v = cache.view(0, case.context_len)
         parity_gate(case.kernel, out, reference(q32, k, v, fmt, mask=mask, scale=scale), act)
-        exact = reference(q32, {"data": k32}, {"data": v32}, get_format("fp32"), mask=mask,
-                          scale=scale)
+        exact = reference(
+            q32, {"data": k32}, {"data": v32}, get_format("fp32"), mask=mask, scale=scale
+        )
         return compare_outputs(out, exact)
 
     stages = {"step": step, "write": write, "attend": attend_all}

@@ -21,8 +21,10 @@ def cmd_run(args) -> int:
     if args.dry_run:
         for case in cases:
             print(f"{case.case_id}  {case.label()}")
-        print(f"{len(cases)} cases, {suite.settings.rounds} rounds, budget "
-              f"{suite.settings.budget_s:g} s per case")
+        print(
+            f"{len(cases)} cases, {suite.settings.rounds} rounds, budget "
+            f"{suite.settings.budget_s:g} s per case"
+        )
         return 0
     if not cases:
         raise UserError(f"{args.suite}: --filter: no case matches")
@@ -58,15 +60,20 @@ def cmd_env(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="kvbench", description="Benchmark LLM KV-cache "
-                                "configurations on MLX.")
+    p = argparse.ArgumentParser(
+        prog="kvbench", description="Benchmark LLM KV-cache configurations on MLX."
+    )
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a suite and write results/<run-id>.csv")
     run.add_argument("suite", help="suite YAML file")
     run.add_argument("--out", default="results", help="output directory (default: results)")
-    run.add_argument("--filter", action="append", metavar="KEY=VALUE",
-                     help="keep only cases whose KEY equals VALUE (repeatable)")
+    run.add_argument(
+        "--filter",
+        action="append",
+        metavar="KEY=VALUE",
+        help="keep only cases whose KEY equals VALUE (repeatable)",
+    )
     run.add_argument("--dry-run", action="store_true", help="list the expanded cases and stop")
     run.add_argument("--device", choices=("cpu", "gpu"), help="MLX device (default: MLX's)")
     run.set_defaults(func=cmd_run)

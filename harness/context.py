@@ -18,8 +18,9 @@ REPO = Path(__file__).resolve().parent.parent
 
 def _git(*args: str) -> str | None:
     try:
-        out = subprocess.run(["git", "-C", str(REPO), *args], capture_output=True, text=True,
-                             timeout=10)
+        out = subprocess.run(
+            ["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=10
+        )
     except (OSError, subprocess.TimeoutExpired):
         return None
     return out.stdout.strip() if out.returncode == 0 else None

@@ -13,8 +13,11 @@ from kernels.formats import FORMATS, get_format
 def inventory() -> str:
     backend = backend_name()
     lines = ["presets (n_layers, n_q_heads, n_kv_heads, head_dim; source):"]
-    lines += [f"  {name:<15} {s.n_layers:>3} {s.n_q_heads:>3} {s.n_kv_heads:>3} {s.head_dim:>4}"
-              f"  {s.source}" for name, s in PRESETS.items()]
+    lines += [
+        f"  {name:<15} {s.n_layers:>3} {s.n_q_heads:>3} {s.n_kv_heads:>3} {s.head_dim:>4}"
+        f"  {s.source}"
+        for name, s in PRESETS.items()
+    ]
     lines.append("kv dtypes (bits per element incl. scales at the default group):")
     lines += [f"  {name:<10} {get_format(name).bits_per_element:g}" for name in FORMATS]
     lines.append(f"kernels (on backend {backend}: formats each can run):")
@@ -28,8 +31,18 @@ def inventory() -> str:
 def environment() -> str:
     ctx = run_context()
     bw = peak_read_bandwidth(ctx["backend"])
-    keys = ("device", "backend", "mlx_version", "kvbench_version", "schema_version", "commit",
-            "dirty", "branch", "host", "os")
+    keys = (
+        "device",
+        "backend",
+        "mlx_version",
+        "kvbench_version",
+        "schema_version",
+        "commit",
+        "dirty",
+        "branch",
+        "host",
+        "os",
+    )
     lines = [f"{k:<16} {ctx[k]}" for k in keys]
     lines.append(f"{'peak_read_gbps':<16} {bw['peak_gbps']:.1f}  ({bw['peak_method']})")
     return "\n".join(lines)

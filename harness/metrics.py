@@ -18,8 +18,13 @@ from harness.case import Case
 
 def traffic_bytes(case: Case, fmt) -> tuple[int, int]:
     """(bytes_read, bytes_written) of one timed call of the case, all layers."""
-    b, hq, hkv, d, ctx = case.n_seqs, case.n_q_heads, case.n_kv_heads, case.head_dim, \
-        case.context_len
+    b, hq, hkv, d, ctx = (
+        case.n_seqs,
+        case.n_q_heads,
+        case.n_kv_heads,
+        case.head_dim,
+        case.context_len,
+    )
     act = fmt.compute_dtype.size  # queries, outputs and incoming K/V travel in this dtype
     new = 1 if case.phase == "decode" else ctx  # positions written this call
     kv_cache = 2 * fmt.nbytes(b * hkv * ctx, d)  # K and V over the context, as stored
@@ -39,8 +44,11 @@ def flops(case: Case) -> int:
 
 def kv_bytes(case: Case, fmt) -> int:
     """Exact bytes of the full cache (all layers, K and V) at the case's context length."""
-    return 2 * case.n_layers * fmt.nbytes(case.n_seqs * case.n_kv_heads * case.context_len,
-                                          case.head_dim)
+    return (
+        2
+        * case.n_layers
+        * fmt.nbytes(case.n_seqs * case.n_kv_heads * case.context_len, case.head_dim)
+    )
 
 
 def tokens(case: Case) -> int:
@@ -48,8 +56,13 @@ def tokens(case: Case) -> int:
     return case.n_seqs * (1 if case.phase == "decode" else case.context_len)
 
 
-def rates(case: Case, fmt, median_ms: float, peak_gbps: float | None,
-          traffic: tuple[int, int] | None = None) -> dict:
+def rates(
+    case: Case,
+    fmt,
+    median_ms: float,
+    peak_gbps: float | None,
+    traffic: tuple[int, int] | None = None,
+) -> dict:
     """Throughput figures; `traffic` overrides the default byte model (an engine's own)."""
     read, written = traffic or traffic_bytes(case, fmt)
     seconds = median_ms / 1e3

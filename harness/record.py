@@ -54,6 +54,7 @@ class Record:
     unstable: bool | None = None
     write_ms: float | None = None  # median of the write (and quantize) stage alone
     attend_ms: float | None = None  # median of the attention stage alone
+    mask_ms: float | None = None  # median of the mask-building stage alone (unified layout)
     # traffic and throughput (explicit model, harness/metrics.py)
     bytes_read: int | None = None
     bytes_written: int | None = None
@@ -66,12 +67,14 @@ class Record:
     tokens_per_s: float | None = None
     # memory
     kv_bytes: int | None = None  # exact format formula at context_len
+    bits_per_elem: float | None = None  # stored bits per K/V element, scales included
     alloc_bytes: int | None = None  # measured: active-memory growth when the cache is allocated
     peak_mem_bytes: int | None = None  # measured: peak above the pre-cache baseline
     # accuracy vs the float32 reference on the un-quantized K/V
     max_abs_err: float | None = None
     rel_err: float | None = None
     cosine: float | None = None
+    kv_recon_err: float | None = None  # relative L2 error of decoded K/V vs the originals
     # context
     commit: str | None = None
     dirty: bool | None = None
@@ -131,6 +134,5 @@ class ResultsWriter:
     def add(self, record: Record, samples: list[tuple] = ()) -> None:
         self.records.append(record)
         self.samples.extend(samples)
-        write_csv_atomic(self.csv_path, COLUMNS,
-                         [dataclasses.astuple(r) for r in self.records])
+        write_csv_atomic(self.csv_path, COLUMNS, [dataclasses.astuple(r) for r in self.records])
         write_csv_atomic(self.samples_path, SAMPLE_COLUMNS, self.samples)

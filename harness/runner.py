@@ -10,8 +10,9 @@ from __future__ import annotations
 
 import dataclasses
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, NamedTuple
+from typing import NamedTuple
 
 import mlx.core as mx
 
@@ -72,12 +73,17 @@ def measure_round(run: CaseRun, settings: Settings, round_no: int) -> None:
         weight = STAGE_WEIGHT.get(stage, OTHER_WEIGHT)
         timer.warm_up(fn, settings.warmup_s * weight)
         prior = run.samples.setdefault(stage, [])
-        new = timer.sample(fn, budget_s=settings.budget_s * share * weight,
-                           min_samples=math.ceil(settings.min_samples * (round_no + 1) * share),
-                           max_samples=math.ceil(settings.max_samples * share),
-                           target_ci=settings.target_ci, prior_ms=prior)
-        run.sample_rows += [(run.case.case_id, stage, round_no, len(prior) + i, ms)
-                            for i, ms in enumerate(new)]
+        new = timer.sample(
+            fn,
+            budget_s=settings.budget_s * share * weight,
+            min_samples=math.ceil(settings.min_samples * (round_no + 1) * share),
+            max_samples=math.ceil(settings.max_samples * share),
+            target_ci=settings.target_ci,
+            prior_ms=prior,
+        )
+        run.sample_rows += [
+            (run.case.case_id, stage, round_no, len(prior) + i, ms) for i, ms in enumerate(new)
+        ]
         prior.extend(new)
     mx.synchronize()
     run.peak_mem_bytes = max(run.peak_mem_bytes, mx.get_peak_memory() - state.baseline_bytes)
@@ -88,19 +94,34 @@ def case_fields(case: Case) -> dict:
     return {**dataclasses.asdict(case), "gqa_ratio": case.gqa_ratio, "case_id": case.case_id}
 
 
-def finish(run: CaseRun, settings: Settings, common: dict, status: str = "ok",
-           error: str | None = None) -> Record:
+def finish(
+    run: CaseRun, settings: Settings, common: dict, status: str = "ok", error: str | None = None
+) -> Record:
     """The row for a measured case (status ok, or partial when interrupted)."""
     case = run.case
     fmt = get_format(case.kv_dtype, case.group_size)
     stats = timer.summarize(run.samples["step"], settings.cv_warn)
-    stage_ms = {f"{s}_ms": timer.summarize(x)["median_ms"]
-                for s, x in run.samples.items() if s != "step" and x}
+    stage_ms = {
+        f"{s}_ms": timer.summarize(x)["median_ms"]
+        for s, x in run.samples.items()
+        if s != "step" and x
+    }
     rates = metrics.rates(case, fmt, stats["median_ms"], common.get("peak_gbps"), run.traffic)
-    return make_record(**common, **case_fields(case), status=status, error=error, **stats,
-                       **stage_ms, **rates, kv_bytes=metrics.kv_bytes(case, fmt),
-                       alloc_bytes=run.alloc_bytes, peak_mem_bytes=run.peak_mem_bytes,
-                       **run.accuracy, **run.extra)
+    return make_record(
+        **common,
+        **case_fields(case),
+        status=status,
+        error=error,
+        **stats,
+        **stage_ms,
+        **rates,
+        kv_bytes=metrics.kv_bytes(case, fmt),
+        bits_per_elem=fmt.bits_per_element,
+        alloc_bytes=run.alloc_bytes,
+        peak_mem_bytes=run.peak_mem_bytes,
+        **run.accuracy,
+        **run.extra,
+    )
 
 
 def failed(case: Case, common: dict, status: str, error: str) -> Record:

@@ -25,8 +25,12 @@ from harness.suite import Suite
 
 def common_fields(suite: Suite) -> dict:
     ctx = run_context()
-    return {**ctx, **peak_read_bandwidth(ctx["backend"]), "suite": suite.name,
-            "run_id": run_id(ctx["commit"])}
+    return {
+        **ctx,
+        **peak_read_bandwidth(ctx["backend"]),
+        "suite": suite.name,
+        "run_id": run_id(ctx["commit"]),
+    }
 
 
 def _error_text(exc: BaseException) -> str:
@@ -34,8 +38,9 @@ def _error_text(exc: BaseException) -> str:
     return text[:500]
 
 
-def run_suite(suite: Suite, cases: list[Case], out_dir: str | Path,
-              progress: Progress | None = None) -> ResultsWriter:
+def run_suite(
+    suite: Suite, cases: list[Case], out_dir: str | Path, progress: Progress | None = None
+) -> ResultsWriter:
     common = common_fields(suite)
     writer = ResultsWriter(out_dir, common["run_id"])
     settings = suite.settings
@@ -67,8 +72,7 @@ def run_suite(suite: Suite, cases: list[Case], out_dir: str | Path,
         for run in runs.values():
             if run.rounds_done:
                 note = f"interrupted after {run.rounds_done} of {settings.rounds} rounds"
-                writer.add(runner.finish(run, settings, common, "partial", note),
-                           run.sample_rows)
+                writer.add(runner.finish(run, settings, common, "partial", note), run.sample_rows)
         progress.close()
         raise
     progress.close()

@@ -9,8 +9,8 @@ baseline for peak memory, extra row fields, an optional override of the byte mod
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable
 
 import mlx.core as mx
 
@@ -50,8 +50,10 @@ def parity_gate(name: str, out: mx.array, ref: mx.array, compute_dtype: mx.Dtype
     parity = compare_outputs(out, ref)
     tol = PARITY_REL_TOL[compute_dtype]
     if not parity["rel_err"] <= tol:  # NaN fails too
-        raise ParityError(f"kernel {name} disagrees with the float32 reference on the same "
-                          f"cache: rel_err {parity['rel_err']:.3g} > {tol:g}")
+        raise ParityError(
+            f"kernel {name} disagrees with the float32 reference on the same "
+            f"cache: rel_err {parity['rel_err']:.3g} > {tol:g}"
+        )
     return parity
 
 

@@ -134,8 +134,9 @@ def _load_settings(path: str, raw) -> Settings:
         else:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
         if not ok:
-            raise SuiteError(path, where, f"must be a positive {type(default).__name__}, "
-                             f"got {value!r}")
+            raise SuiteError(
+                path, where, f"must be a positive {type(default).__name__}, got {value!r}"
+            )
     settings = Settings(**raw)
     if settings.min_samples > settings.max_samples:
         raise SuiteError(path, "settings.min_samples", "is larger than settings.max_samples")
@@ -196,10 +197,18 @@ def load_suite(path: str | Path) -> Suite:
         name=str(raw.get("name", Path(path).stem)),
         description=str(raw.get("description", "")),
         settings=_load_settings(path, raw.get("settings")),
-        fixed=_load_axes(path, "fixed", _need(path, "fixed", raw.get("fixed") or {}, dict,
-                                              "a mapping"), as_lists=False),
-        sweep=_load_axes(path, "sweep", _need(path, "sweep", raw.get("sweep") or {}, dict,
-                                              "a mapping"), as_lists=True),
+        fixed=_load_axes(
+            path,
+            "fixed",
+            _need(path, "fixed", raw.get("fixed") or {}, dict, "a mapping"),
+            as_lists=False,
+        ),
+        sweep=_load_axes(
+            path,
+            "sweep",
+            _need(path, "sweep", raw.get("sweep") or {}, dict, "a mapping"),
+            as_lists=True,
+        ),
         zip=_load_zip(path, raw.get("zip")),
         exclude=_load_exclude(path, raw.get("exclude")),
     )
@@ -238,8 +247,9 @@ def _combinations(suite: Suite) -> list[dict]:
 
 def _excluded(combo: dict, rules: list) -> bool:
     def matches(rule: dict) -> bool:
-        return all(combo.get(axis) in (v if isinstance(v, list) else [v])
-                   for axis, v in rule.items())
+        return all(
+            combo.get(axis) in (v if isinstance(v, list) else [v]) for axis, v in rule.items()
+        )
 
     return any(matches(rule) for rule in rules)
 
@@ -251,8 +261,7 @@ def resolve(path: str, combo: dict) -> Case:
     shape = {}
     if model != "custom":
         preset = PRESETS[model]
-        shape = {k: getattr(preset, k) for k in ("n_layers", "n_q_heads", "n_kv_heads",
-                                                  "head_dim")}
+        shape = {k: getattr(preset, k) for k in ("n_layers", "n_q_heads", "n_kv_heads", "head_dim")}
     gqa = combo.pop("gqa_ratio", None)
     if gqa is not None:
         if "n_kv_heads" in combo:
@@ -262,16 +271,20 @@ def resolve(path: str, combo: dict) -> Case:
         if q_heads is None:
             raise SuiteError(path, "n_q_heads", f"missing (model={model} does not define it)")
         if q_heads % gqa:
-            raise SuiteError(path, "gqa_ratio", f"n_q_heads={q_heads} is not divisible by "
-                             f"gqa_ratio={gqa}")
+            raise SuiteError(
+                path, "gqa_ratio", f"n_q_heads={q_heads} is not divisible by gqa_ratio={gqa}"
+            )
         combo["n_kv_heads"] = q_heads // gqa
     shape.update(combo)
     for needed in ("n_layers", "n_q_heads", "n_kv_heads", "head_dim", "context_len"):
         if needed not in shape:
             raise SuiteError(path, needed, f"missing (model={model} does not define it)")
     if shape["n_q_heads"] % shape["n_kv_heads"]:
-        raise SuiteError(path, "n_kv_heads", f"n_q_heads={shape['n_q_heads']} is not divisible "
-                         f"by n_kv_heads={shape['n_kv_heads']}")
+        raise SuiteError(
+            path,
+            "n_kv_heads",
+            f"n_q_heads={shape['n_q_heads']} is not divisible by n_kv_heads={shape['n_kv_heads']}",
+        )
     return Case(model=model, **shape)
 
 

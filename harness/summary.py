@@ -30,16 +30,23 @@ SHOW = {
 def table(df: pd.DataFrame) -> str:
     """A compact, aligned table of the rows a person reads first."""
     df = df.copy()
-    df["ci"] = [f"{lo:.3g}-{hi:.3g}" if pd.notna(lo) else "" for lo, hi in
-                zip(df.get("ci_low_ms", []), df.get("ci_high_ms", []))]
+    df["ci"] = [
+        f"{lo:.3g}-{hi:.3g}" if pd.notna(lo) else ""
+        for lo, hi in zip(df.get("ci_low_ms", []), df.get("ci_high_ms", []))
+    ]
     df["kv_mib"] = df["kv_bytes"] / 2**20
     df["peak_mib"] = df["peak_mem_bytes"] / 2**20
     if df["cv"].notna().any():
-        df["cv"] = [f"{c:.2f}{'!' if u is True or u == 'True' else ''}" if pd.notna(c) else ""
-                    for c, u in zip(df["cv"], df["unstable"])]
+        df["cv"] = [
+            f"{c:.2f}{'!' if u is True or u == 'True' else ''}" if pd.notna(c) else ""
+            for c, u in zip(df["cv"], df["unstable"])
+        ]
     cols = [c for c in SHOW if c in df and df[c].notna().any() and (df[c] != "").any()]
     out = df[cols].rename(columns=SHOW)
     text = out.to_string(index=False, float_format=lambda v: f"{v:.4g}", na_rep="")
-    notes = [f"  {r.case_id} {r.status}: {r.error}" for r in df.itertuples()
-             if r.status != "ok" and isinstance(r.error, str)]
+    notes = [
+        f"  {r.case_id} {r.status}: {r.error}"
+        for r in df.itertuples()
+        if r.status != "ok" and isinstance(r.error, str)
+    ]
     return text + ("\n" + "\n".join(notes) if notes else "")

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import math
 import time
-from typing import Callable
+from collections.abc import Callable
 
 import mlx.core as mx
 import numpy as np
@@ -79,8 +79,16 @@ def warm_up(fn: Callable[[], object], warmup_s: float, clock=time.perf_counter) 
     return calls
 
 
-def sample(fn: Callable[[], object], *, budget_s: float, min_samples: int, max_samples: int,
-           target_ci: float, prior_ms=(), clock=time.perf_counter) -> list[float]:
+def sample(
+    fn: Callable[[], object],
+    *,
+    budget_s: float,
+    min_samples: int,
+    max_samples: int,
+    target_ci: float,
+    prior_ms=(),
+    clock=time.perf_counter,
+) -> list[float]:
     """Take samples of fn until the CI target (judged with `prior_ms`, samples from earlier
     rounds, included) is met after min_samples, max_samples are taken, or budget_s ends."""
     out: list[float] = []

@@ -10,8 +10,8 @@ boolean array broadcastable to [B, Hq, Lq, Lk] (True = visible); out [B, Hq, Lq,
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Callable
 
 import mlx.core as mx
 

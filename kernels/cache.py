@@ -14,8 +14,9 @@ from kernels.formats import Stored
 
 
 class KVCache:
-    def __init__(self, fmt, n_layers: int, n_seqs: int, n_kv_heads: int, capacity: int,
-                 head_dim: int):
+    def __init__(
+        self, fmt, n_layers: int, n_seqs: int, n_kv_heads: int, capacity: int, head_dim: int
+    ):
         self.fmt = fmt
         self.capacity = capacity
         shape = (n_seqs, n_kv_heads, capacity, head_dim)
