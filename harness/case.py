@@ -31,6 +31,7 @@ class Case:
     group_size: int | None = None
     kv_data: str = "gaussian"
     seed: int = 0
+    window: int | None = None  # attention window (mlx_lm_rotating's max_size); None: whole context
 
     @property
     def gqa_ratio(self) -> int:
@@ -46,6 +47,8 @@ class Case:
             parts.append(f"seqs{self.n_seqs}")
         if self.tile_kv:
             parts.append(f"tile{self.tile_kv}")
+        if self.window:
+            parts.append(f"win{self.window}")
         return " ".join(parts)
 
 

@@ -16,11 +16,12 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
-from harness import cache_engine, metrics, timer
+from harness import cache_engine, metrics, peers_engine, timer
 from harness.case import Case
 from harness.record import Record, make_record
 from harness.suite import Settings
 from kernels.formats import get_format
+from kernels.peers import PEERS
 
 
 class Engine(NamedTuple):
@@ -30,11 +31,12 @@ class Engine(NamedTuple):
 
 ENGINES = {
     "cache": Engine(cache_engine.build, cache_engine.skip_reason),
+    "peers": Engine(peers_engine.build, peers_engine.skip_reason),
 }
 
 
 def engine_for(case: Case) -> Engine:
-    return ENGINES["cache"]
+    return ENGINES["peers" if case.kernel in PEERS else "cache"]
 
 
 STAGE_WEIGHT = {"step": 1.0}  # share of the case's budget; stages not listed get OTHER_WEIGHT
@@ -56,7 +58,7 @@ class CaseRun:
     extra: dict = field(default_factory=dict)
     traffic: tuple | None = None
     alloc_bytes: int | None = None
-    peak_mem_bytes: int = 0
+    peak_mem_bytes: int | None = None
     rounds_done: int = 0
 
 
@@ -86,7 +88,9 @@ def measure_round(run: CaseRun, settings: Settings, round_no: int) -> None:
         ]
         prior.extend(new)
     mx.synchronize()
-    run.peak_mem_bytes = max(run.peak_mem_bytes, mx.get_peak_memory() - state.baseline_bytes)
+    if state.baseline_bytes is not None:
+        peak = mx.get_peak_memory() - state.baseline_bytes
+        run.peak_mem_bytes = max(run.peak_mem_bytes or 0, peak)
     run.rounds_done += 1
 
 
