@@ -27,7 +27,7 @@ from harness.state import State, compare_outputs, memory_baseline, parity_gate
 from kernels.attention import reference
 from kernels.data import make_qkv
 from kernels.formats import get_format
-from kernels.peers import PEERS, DecodeData, unsupported_reason
+from kernels.peers import PEERS, DecodeData, unsupported_reason, version
 
 
 def _torch_cuda_reason() -> str | None:
@@ -92,4 +92,10 @@ def build(case: Case) -> State:
         exact = reference(q32, {"data": k0}, {"data": v0}, dense, scale=scale)
         return {**compare_outputs(out, exact), "kv_recon_err": recon_err((k, v), (k0, v0))}
 
-    return State(impl.stages(), check, alloc_bytes=impl.nbytes, baseline_bytes=baseline)
+    return State(
+        impl.stages(),
+        check,
+        alloc_bytes=impl.nbytes,
+        baseline_bytes=baseline,
+        extra={"peer_version": version(case.kernel)},
+    )

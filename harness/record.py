@@ -88,6 +88,7 @@ class Record:
     mlx_version: str | None = None
     kvbench_version: str | None = None
     schema_version: int | None = None
+    peer_version: str | None = None  # peer kernels: their package and version ("mlx-lm 0.32.2")
 
 
 COLUMNS = tuple(f.name for f in dataclasses.fields(Record))

@@ -14,8 +14,10 @@ harness: it gets arrays and returns arrays.
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 import sys
+import types
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -92,15 +94,29 @@ class DecodePeer:
 # ---- mlx-lm ------------------------------------------------------------------------------
 
 
+def mlx_lm_models():
+    """mlx_lm.models.cache and mlx_lm.models.base. mlx_lm/__init__ imports its generate and
+    convert stack (transformers, and torch when installed: 6-9 s on the 2-core CPU) that these
+    two modules do not use; unless mlx_lm is already imported, they are loaded under a bare
+    package object instead (the process then has no mlx_lm.load / generate)."""
+    if "mlx_lm" not in sys.modules:
+        spec = importlib.util.find_spec("mlx_lm")
+        pkg = types.ModuleType("mlx_lm", "mlx-lm's models only, loaded by kvbench")
+        pkg.__path__, pkg.__spec__ = list(spec.submodule_search_locations), spec
+        sys.modules["mlx_lm"] = pkg
+    import mlx_lm.models.base as base
+    import mlx_lm.models.cache as cache
+
+    return cache, base
+
+
 class MlxLm(DecodePeer):
     """mlx-lm's cache classes with mlx-lm's attention function, one layer at a time as its
     models call them: `keys, values = cache.update_and_fetch(k, v)` then
     `scaled_dot_product_attention(queries, keys, values, cache=cache, scale, mask)`."""
 
     def __init__(self, data: DecodeData, make_cache: Callable, act: mx.Dtype):
-        from mlx_lm.models.base import scaled_dot_product_attention
-
-        self.sdpa = scaled_dot_product_attention
+        self.sdpa = mlx_lm_models()[1].scaled_dot_product_attention
         self.n_layers, self.scale = data.n_layers, data.scale
         ctx = data.context_len
         self.q = data.q.astype(act)
@@ -137,6 +153,9 @@ class MlxLm(DecodePeer):
     def done(self, outs: list):
         return outs + [self.cache_arrays(c) for c in self.caches]
 
+    def output(self, layer: int) -> mx.array:
+        return self.last[layer].astype(mx.float32)
+
     @property
     def nbytes(self) -> int:
         return sum(c.nbytes for c in self.caches)  # capacity, mlx-lm's 256-step padding included
@@ -147,15 +166,12 @@ class MlxLm(DecodePeer):
 
 
 def mlx_lm(data: DecodeData) -> MlxLm:
-    from mlx_lm.models.cache import KVCache
-
-    return MlxLm(data, KVCache, MX_DTYPES[data.kv_dtype])
+    return MlxLm(data, mlx_lm_models()[0].KVCache, MX_DTYPES[data.kv_dtype])
 
 
 class MlxLmQuant(MlxLm):
     def __init__(self, data: DecodeData):
-        from mlx_lm.models.cache import QuantizedKVCache
-
+        QuantizedKVCache = mlx_lm_models()[0].QuantizedKVCache
         self.bits, self.group_size = QUANT_BITS[data.kv_dtype], data.group_size or 64
         make = lambda: QuantizedKVCache(group_size=self.group_size, bits=self.bits)  # noqa: E731
         super().__init__(data, make, mx.float16)
@@ -168,8 +184,7 @@ class MlxLmQuant(MlxLm):
 
 class MlxLmRotating(MlxLm):
     def __init__(self, data: DecodeData):
-        from mlx_lm.models.cache import RotatingKVCache
-
+        RotatingKVCache = mlx_lm_models()[0].RotatingKVCache
         size = data.window or data.context_len
         super().__init__(data, lambda: RotatingKVCache(max_size=size), MX_DTYPES[data.kv_dtype])
 
@@ -313,6 +328,15 @@ PEERS = {
     "torch_sdpa": Peer(TorchSdpa, "torch", TORCH, DENSE, ("cpu", "cuda"), uses_mlx=False),
     "numpy_ref": Peer(NumpyRef, "numpy", "numpy not installed", ("fp32",), ("cpu",), False),
 }
+
+
+def version(name: str) -> str:
+    """The peer's package and version, e.g. "mlx-lm 0.32.2" (recorded on its rows)."""
+    dist = {"mlx_lm": "mlx-lm"}.get(PEERS[name].module, PEERS[name].module)
+    try:
+        return f"{dist} {importlib.metadata.version(dist)}"
+    except importlib.metadata.PackageNotFoundError:
+        return dist
 
 
 def missing_reason(name: str) -> str | None:
