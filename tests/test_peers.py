@@ -171,3 +171,10 @@ def test_peer_suites_load(path):
     cases = expand(load_suite(path))
     kernels = {c.kernel for c in cases}
     assert {"sdpa", "mlx_lm", "torch_sdpa"} <= kernels
+
+
+def test_inventory_lists_the_peers():
+    from harness.inventory import inventory
+
+    text = inventory()
+    assert "peer kernels" in text and "numpy_ref" in text and "mlx_lm_quant" in text
