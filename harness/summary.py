@@ -13,6 +13,7 @@ SHOW = {
     "kv_dtype": "dtype",
     "kernel": "kernel",
     "tile_kv": "tile",
+    "window": "win",
     "status": "status",
     "median_ms": "median_ms",
     "ci": "95% CI ms",
