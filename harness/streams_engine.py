@@ -95,27 +95,23 @@ class Run:
         self.scale = 1.0 / math.sqrt(case.head_dim)
         self.kernel = KERNELS[case.kernel].fn
         self.masks = self.build_masks()
-        mx.eval(self.masks, [w[2:] for w in self.writes], [c.q for c in self.calls])
+        mx.eval(self.masks, self.writes, [c.q for c in self.calls])
 
-    def _plan_writes(self, k_tab, v_tab) -> list[tuple]:
-        """(stream, cells, k, v) per stream the step writes; k, v [1, Hkv, n, D]."""
+    def _plan_writes(self, k_tab, v_tab) -> tuple:
+        """(streams, cells, k, v) of the step's tokens; k, v [n, Hkv, D]."""
         act = self.fmt.compute_dtype
-        by_stream: dict[int, list] = {}
-        for s, (st, cell) in enumerate(self.rp.step_slots):
-            by_stream.setdefault(st, []).append((cell, self.rp.seq_tokens[s][-1]))
-        out = []
-        for st, items in by_stream.items():
-            toks = mx.array([t for _, t in items])
-            k, v = (mx.take(tab, toks, axis=2).astype(act) for tab in (k_tab, v_tab))
-            out.append((st, mx.array([c for c, _ in items]), k, v))
-        return out
+        toks = mx.array([t[-1] for t in self.rp.seq_tokens])
+        k, v = (
+            mx.take(tab, toks, axis=2)[0].transpose(1, 0, 2).astype(act) for tab in (k_tab, v_tab)
+        )
+        streams = mx.array([st for st, _ in self.rp.step_slots])
+        return streams, mx.array([c for _, c in self.rp.step_slots]), k, v
 
     def build_masks(self) -> list[mx.array]:
         return [mx.array(self.layout.mask(c.groups, c.n_kv)) for c in self.calls]
 
     def write(self, layer: int) -> None:
-        for st, cells, k, v in self.writes:
-            self.store.write(layer, st, cells, k, v)
+        self.store.write(layer, *self.writes)
 
     def attend(self, layer: int, masks: list[mx.array]) -> list[mx.array]:
         outs = []

@@ -205,11 +205,12 @@ class LayoutStore:
                     store[name] = mx.array(part)
             mx.eval(self.layer_arrays(layer))  # one layer at a time bounds peak memory
 
-    def write(self, layer: int, stream: int, cells: mx.array, k: mx.array, v: mx.array) -> None:
-        """Store k, v [1, Hkv, n, D] into `cells` (n indices) of `stream` (encoding on write)."""
+    def write(self, layer: int, streams: mx.array, cells: mx.array, k, v) -> None:
+        """Store token i's k, v [n, Hkv, D] at (streams[i], cells[i]) of `layer`, encoding on
+        write: one scatter over all streams (llama.cpp's set_rows with global indices)."""
         for store, x in ((self.keys[layer], k), (self.values[layer], v)):
             for name, part in self.fmt.encode(x).items():
-                store[name][stream : stream + 1, :, cells] = part
+                store[name][streams, :, cells] = part
 
     def view(self, layer: int, streams: slice, n_kv: int) -> tuple[dict, dict]:
         """Streams `streams`, cells [0, n_kv) of `layer` (slices, no copy)."""

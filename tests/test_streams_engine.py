@@ -112,3 +112,16 @@ def test_streams_suites_load():
     for path in ("suites/streams.yaml", "suites/streams-gpu.yaml"):
         cases = expand(load_suite(path))
         assert {c.layout for c in cases} == {"per-stream", "unified"}
+
+
+@pytest.mark.parametrize("kind", ["per-stream", "unified"])
+def test_write_stage_stores_the_step_tokens(kind):
+    c = case(workload="shared-prefix", prefix_frac=0.5, churn=2)
+    tables = make_tables(c, workload_of(c).n_tokens)
+    run = Run(c, kind, tables, n_layers=1)
+    streams, cells, k, v = run.writes
+    run.store.write(0, streams, cells, mx.zeros_like(k), mx.zeros_like(v))  # wipe them
+    oracle = own_oracle(c, run.rp, tables)
+    assert not np.allclose(np.array(run.output(0)), oracle, atol=1e-3)
+    run.write(0)
+    np.testing.assert_allclose(np.array(run.output(0)), oracle, atol=2e-5)
