@@ -164,3 +164,11 @@ def test_workload_rejects_impossible_settings():
         Workload(2, 8, prefix_len=8)
     with pytest.raises(ValueError, match="churn"):
         Workload(2, 8, churn=3)
+
+
+def test_n_kv_per_stream_is_per_call():
+    # churn example above: stream 0 holds 6 cells (n_kv pad(6, 4) = 8), streams 1, 2 hold 9
+    # (pad(9, 4) = 12). A call over all streams uses the largest; a call over one its own.
+    w = Workload(n_seqs=3, context_len=9, prefix_len=3, churn=1)
+    per, _ = build_layout(w, "per-stream", pad=4)
+    assert (per.n_kv(), per.n_kv([0]), per.n_kv([1])) == (12, 8, 12)
