@@ -7,7 +7,7 @@ OUT ?= results
 DEVICE ?=
 DEVICE_FLAG := $(if $(DEVICE),--device $(DEVICE),)
 
-.PHONY: install bench test lint fmt clean
+.PHONY: install bench test lint fmt clean bench-streams
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,3 +33,8 @@ fmt: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+# per-stream vs unified KV caches for many sequences (docs/streams.md); on a GPU use
+# SUITE=suites/streams-gpu.yaml with `make bench`
+bench-streams: install
+	$(PY) -m harness run suites/streams.yaml --out $(OUT) $(DEVICE_FLAG)

@@ -5,6 +5,7 @@ from __future__ import annotations
 from harness.bandwidth import peak_read_bandwidth
 from harness.context import backend_name, run_context
 from harness.presets import PRESETS
+from harness.suite import DECODE_ORDERS, LAYOUTS, WORKLOADS
 from kernels.attention import KERNELS, unsupported_reason
 from kernels.data import KV_DATA
 from kernels.formats import FORMATS, get_format
@@ -25,6 +26,8 @@ def inventory() -> str:
         ok = [f for f in FORMATS if unsupported_reason(name, get_format(f), backend) is None]
         lines.append(f"  {name:<12} {', '.join(ok) if ok else '(none on this backend)'}")
     lines.append(f"kv data: {', '.join(KV_DATA)}")
+    lines.append(f"layouts: {', '.join(LAYOUTS)}  (docs/streams.md)")
+    lines.append(f"workloads: {', '.join(WORKLOADS)}; decode orders: {', '.join(DECODE_ORDERS)}")
     return "\n".join(lines)
 
 

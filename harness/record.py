@@ -42,6 +42,10 @@ class Record:
     kernel: str | None = None
     tile_kv: int | None = None
     seed: int | None = None
+    workload: str | None = None
+    prefix_frac: float | None = None
+    decode_order: str | None = None
+    churn: int | None = None
     # latency of one timed call (decode step over all layers, or the whole prefill)
     median_ms: float | None = None
     p10_ms: float | None = None
@@ -70,6 +74,15 @@ class Record:
     bits_per_elem: float | None = None  # stored bits per K/V element, scales included
     alloc_bytes: int | None = None  # measured: active-memory growth when the cache is allocated
     peak_mem_bytes: int | None = None  # measured: peak above the pre-cache baseline
+    # many-sequence layouts (docs/streams.md): cells per layer, bytes over all layers, K and V
+    cells_alloc: int | None = None  # cells allocated (all streams)
+    cells_used: int | None = None  # occupied cells at the timed step (a shared cell once)
+    n_kv: int | None = None  # extent attended over (largest of the step's calls), padded
+    bytes_alloc: int | None = None  # format bytes of cells_alloc
+    bytes_used: int | None = None  # format bytes of cells_used
+    kv_util: float | None = None  # cells_used / cells_alloc
+    bytes_touched: int | None = None  # K/V bytes the step's attention covers (n_kv per seq)
+    bytes_needed: int | None = None  # K/V bytes of each sequence's own cells only
     # accuracy vs the float32 reference on the un-quantized K/V
     max_abs_err: float | None = None
     rel_err: float | None = None

@@ -16,7 +16,7 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
-from harness import cache_engine, metrics, timer
+from harness import cache_engine, metrics, streams_engine, timer
 from harness.case import Case
 from harness.record import Record, make_record
 from harness.suite import Settings
@@ -30,10 +30,14 @@ class Engine(NamedTuple):
 
 ENGINES = {
     "cache": Engine(cache_engine.build, cache_engine.skip_reason),
+    "streams": Engine(streams_engine.build, streams_engine.skip_reason),
 }
 
 
 def engine_for(case: Case) -> Engine:
+    """The streams engine for many-sequence workloads and the unified layout; else the cache."""
+    if case.layout == "unified" or case.workload != "none":
+        return ENGINES["streams"]
     return ENGINES["cache"]
 
 

@@ -27,7 +27,9 @@ from kernels.data import KV_DATA
 from kernels.formats import FORMATS
 
 PHASES = ("decode", "prefill")
-LAYOUTS = ("per-stream",)
+LAYOUTS = ("per-stream", "unified")
+WORKLOADS = ("none", "independent", "shared-prefix")
+DECODE_ORDERS = ("interleaved", "sequential")
 TOP_KEYS = ("name", "description", "settings", "fixed", "sweep", "zip", "exclude")
 
 
@@ -74,6 +76,11 @@ def non_negative_int(v) -> str | None:
     return None if _int(v) and v >= 0 else f"must be a non-negative integer, got {v!r}"
 
 
+def fraction(v) -> str | None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1
+    return None if ok else f"must be a number in [0, 1), got {v!r}"
+
+
 def one_of(choices) -> callable:
     def check(v) -> str | None:
         return None if v in choices else f"unknown value {v!r}; known: {', '.join(choices)}"
@@ -98,6 +105,10 @@ CHECKS = {
     "group_size": optional_positive_int,
     "kv_data": one_of(tuple(KV_DATA)),
     "seed": non_negative_int,
+    "workload": one_of(WORKLOADS),
+    "prefix_frac": fraction,
+    "decode_order": one_of(DECODE_ORDERS),
+    "churn": non_negative_int,
 }
 assert set(CHECKS) == set(AXES), "every Case axis needs a check"
 
@@ -306,7 +317,36 @@ def resolve(path: str, combo: dict) -> Case:
             "n_kv_heads",
             f"n_q_heads={shape['n_q_heads']} is not divisible by n_kv_heads={shape['n_kv_heads']}",
         )
-    return Case(model=model, **shape)
+    case = Case(model=model, **shape)
+    _check_streams(path, case)
+    return case
+
+
+def _check_streams(path: str, case: Case) -> None:
+    """Combinations of the many-sequence axes that cannot run (docs/streams.md)."""
+    streams = case.workload != "none"
+    if case.layout == "unified" and not streams:
+        raise SuiteError(path, "layout", "unified needs workload: independent or shared-prefix")
+    off = [a for a in ("prefix_frac", "churn") if getattr(case, a)]
+    off += ["decode_order"] if case.decode_order != "interleaved" else []
+    if off and not streams:
+        raise SuiteError(path, off[0], "needs workload: independent or shared-prefix")
+    if streams and case.phase != "decode":
+        raise SuiteError(path, "phase", f"workload {case.workload} runs decode only")
+    if case.workload == "shared-prefix" and not 0 < case.prefix_len < case.context_len:
+        raise SuiteError(
+            path,
+            "prefix_frac",
+            f"shared prefix of int({case.prefix_frac} * {case.context_len}) = "
+            f"{case.prefix_len} tokens must be at least 1 and less than context_len",
+        )
+    if case.workload == "independent" and case.prefix_frac:
+        raise SuiteError(path, "prefix_frac", "independent prompts share no prefix: use 0")
+    gen = case.context_len - 1 - case.prefix_len
+    if case.churn > case.n_seqs:
+        raise SuiteError(path, "churn", f"{case.churn} is more than n_seqs={case.n_seqs}")
+    if case.churn and gen < 4:
+        raise SuiteError(path, "churn", f"needs >= 4 generated tokens per sequence, got {gen}")
 
 
 def expand(suite: Suite) -> list[Case]:

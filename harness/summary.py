@@ -10,6 +10,11 @@ SHOW = {
     "context_len": "ctx",
     "gqa_ratio": "gqa",
     "n_seqs": "seqs",
+    "layout": "layout",
+    "workload": "workload",
+    "prefix_frac": "prefix",
+    "decode_order": "order",
+    "churn": "churn",
     "kv_dtype": "dtype",
     "kernel": "kernel",
     "tile_kv": "tile",
@@ -19,11 +24,23 @@ SHOW = {
     "cv": "cv",
     "write_ms": "write_ms",
     "attend_ms": "attend_ms",
+    "mask_ms": "mask_ms",
     "gbps": "GB/s",
     "pct_peak_bw": "%peak",
     "kv_mib": "KV MiB",
     "peak_mib": "peak MiB",
+    "kv_util": "kv_util",
     "rel_err": "rel_err",
+}
+
+
+# columns left out when every row has this value (the plain single-cache case)
+HIDE_IF_ALL = {
+    "layout": "per-stream",
+    "workload": "none",
+    "prefix_frac": 0,
+    "decode_order": "interleaved",
+    "churn": 0,
 }
 
 
@@ -42,6 +59,7 @@ def table(df: pd.DataFrame) -> str:
             for c, u in zip(df["cv"], df["unstable"])
         ]
     cols = [c for c in SHOW if c in df and df[c].notna().any() and (df[c] != "").any()]
+    cols = [c for c in cols if not (c in HIDE_IF_ALL and (df[c] == HIDE_IF_ALL[c]).all())]
     out = df[cols].rename(columns=SHOW)
     text = out.to_string(index=False, float_format=lambda v: f"{v:.4g}", na_rep="")
     notes = [
