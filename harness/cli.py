@@ -69,12 +69,17 @@ def _emit(text: str, out: str | None) -> None:
 
 def cmd_compare(args) -> int:
     from harness.compare import Rules, compare
-    from harness.compare_format import FORMATS
     from harness.results import load
 
     rules = Rules(args.threshold, args.alpha, args.min_samples)
     base, new = load(args.base, args.results), load(args.new, args.results)
-    cmp = compare(base, new, args.metric, rules)
+    return _report(compare(base, new, args.metric, rules), args)
+
+
+def _report(cmp, args) -> int:
+    """Print (and write) a comparison; exit status 1 when it holds a regression."""
+    from harness.compare_format import FORMATS
+
     for w in cmp.warnings:
         print(f"kvbench: warning: {w}", file=sys.stderr)
     _emit(FORMATS[args.format](cmp), args.output)
@@ -100,9 +105,12 @@ def cmd_import(args) -> int:
 
 
 def cmd_gate(args) -> int:
+    from harness.compare import Rules
     from harness.gate import gate
 
-    return gate(args)
+    rules = Rules(args.threshold, args.alpha, args.min_samples)
+    cmp = gate(args.base, args.suite, args.results, args.metric, rules, args.device)
+    return _report(cmp, args)
 
 
 def _stats_options(p: argparse.ArgumentParser) -> None:
@@ -188,6 +196,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     gate.add_argument("base", help="git ref to compare against")
     gate.add_argument("--suite", default="suites/gate.yaml", help="suite YAML to run")
+    gate.add_argument("--device", choices=("cpu", "gpu"), help="MLX device for the runs")
     _compare_options(gate)
     gate.set_defaults(func=cmd_gate)
     return p
