@@ -19,7 +19,7 @@ This module imports neither mlx nor kernels/.
 from __future__ import annotations
 
 import subprocess
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
@@ -39,6 +39,7 @@ class ResultSet:
     rows: pd.DataFrame  # every row of every run loaded
     samples: pd.DataFrame  # run_id, case_id, stage, round, sample, ms
     prefer_clean: bool = False  # a git ref: runs of a clean tree first
+    _by_key: dict | None = field(default=None, repr=False)  # (run, case, stage) -> samples
 
     def pick(self) -> pd.DataFrame:
         """One row per case_id, by the ranking in the module docstring, in first-seen order."""
@@ -51,9 +52,10 @@ class ResultSet:
         )
         if stage is None or self.samples.empty:
             return np.array([])
-        s = self.samples
-        hit = s[(s["run_id"] == row["run_id"]) & (s["case_id"] == row["case_id"])]
-        return hit.loc[hit["stage"] == stage, "ms"].to_numpy(dtype=float)
+        if self._by_key is None:
+            groups = self.samples.groupby(["run_id", "case_id", "stage"], sort=False)["ms"]
+            self._by_key = {k: g.to_numpy(dtype=float) for k, g in groups}
+        return self._by_key.get((row["run_id"], row["case_id"], stage), np.array([]))
 
 
 def pick_rows(rows: pd.DataFrame, prefer_clean: bool = False) -> pd.DataFrame:
