@@ -77,6 +77,7 @@ def worktree(repo: Path, sha: str) -> Iterator[Path]:
         yield tmp
     finally:
         _git(repo, "worktree", "remove", "--force", str(tmp))
+        tmp.parent.rmdir()
 
 
 def only_suite(rs: ResultSet, suite: str) -> ResultSet:
