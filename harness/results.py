@@ -86,6 +86,14 @@ def samples_path(csv_path: Path) -> Path:
     return csv_path.with_name(csv_path.name[: -len(".csv")] + ".samples.csv")
 
 
+def is_results_csv(path: Path) -> bool:
+    try:
+        header = set(pd.read_csv(path, nrows=0).columns)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
+        return False
+    return {"run_id", "case_id", "status"} <= header
+
+
 def load_run(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     """One run's rows and raw samples (samples empty when the file is missing)."""
     path = Path(path)
@@ -112,7 +120,8 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
 def load_dir(path: str | Path) -> ResultSet:
     path = Path(path)
     files = sorted(p for p in path.glob("*.csv") if not p.name.endswith(".samples.csv"))
-    loaded = [load_run(p) for p in files]
+    # other CSVs in the directory (a saved compare table, say) are not runs: skip them
+    loaded = [load_run(p) for p in files if is_results_csv(p)]
     rows = _concat([r for r, _ in loaded])
     if rows.empty:
         raise UserError(f"{path}: no kvbench results in this directory")

@@ -61,6 +61,7 @@ def test_latest_measured_run_wins_and_ref_prefers_a_clean_tree(repo):
 def test_directory_loads_every_run_and_csv_brings_its_samples(tmp_path):
     a = write_run(tmp_path, "a", {"c1": draw(7), "c2": draw(7)})
     write_run(tmp_path, "b", {"c3": draw(4)})
+    (tmp_path / "compare.csv").write_text("case_id,verdict\nc1,slower\n")  # not a run: skipped
     rs = load(str(tmp_path))
     assert sorted(rs.pick()["case_id"]) == ["c1", "c2", "c3"]
     one = load(str(a))
