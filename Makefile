@@ -7,7 +7,7 @@ OUT ?= results
 DEVICE ?=
 DEVICE_FLAG := $(if $(DEVICE),--device $(DEVICE),)
 
-.PHONY: install bench test lint fmt clean bench-streams
+.PHONY: install bench test lint fmt clean bench-streams bench-pytest compare
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -38,3 +38,20 @@ clean:
 # SUITE=suites/streams-gpu.yaml with `make bench`
 bench-streams: install
 	$(PY) -m harness run suites/streams.yaml --out $(OUT) $(DEVICE_FLAG)
+
+# pytest-benchmark: the decode cases in tests/benchmarks (skipped by `make test`), raw data kept
+# in the JSON so `kvbench import` can rebuild samples. BENCH_JSON names the output.
+BENCH_JSON ?= $(OUT)/pytest-benchmark.json
+bench-pytest: install
+	mkdir -p $(dir $(BENCH_JSON))
+	KVBENCH_BENCH=1 $(PY) -m pytest tests/benchmarks --benchmark-only \
+		--benchmark-save-data --benchmark-json $(BENCH_JSON)
+
+# make compare BASE=<git ref> [SUITE=...] [FORMAT=markdown]: measure the current tree and BASE
+# (in a temporary git worktree) where OUT has no results for them yet, then compare; exits 1
+# on a significant regression. SUITE defaults to suites/gate.yaml here (enough samples).
+COMPARE_SUITE = $(if $(filter command line environment,$(origin SUITE)),$(SUITE),suites/gate.yaml)
+compare: install
+	@test -n "$(BASE)" || { echo "make compare: give BASE=<git ref>" >&2; exit 2; }
+	$(PY) -m harness gate $(BASE) --suite $(COMPARE_SUITE) --results $(OUT) $(DEVICE_FLAG) \
+		$(if $(FORMAT),--format $(FORMAT),)

@@ -59,6 +59,93 @@ def cmd_env(args) -> int:
     return 0
 
 
+def _emit(text: str, out: str | None) -> None:
+    print(text)
+    if out:
+        from pathlib import Path
+
+        Path(out).write_text(text if text.endswith("\n") else text + "\n")
+
+
+def cmd_compare(args) -> int:
+    from harness.compare import Rules, compare
+    from harness.results import load
+
+    rules = Rules(args.threshold, args.alpha, args.min_samples)
+    base, new = load(args.base, args.results), load(args.new, args.results)
+    return _report(compare(base, new, args.metric, rules), args)
+
+
+def _report(cmp, args) -> int:
+    """Print (and write) a comparison; exit status 1 when it holds a regression."""
+    from harness.compare_format import FORMATS
+
+    for w in cmp.warnings:
+        print(f"kvbench: warning: {w}", file=sys.stderr)
+    _emit(FORMATS[args.format](cmp), args.output)
+    return 1 if len(cmp.regressions) else 0
+
+
+def cmd_history(args) -> int:
+    from harness.compare import Rules
+    from harness.history import FORMATS, history
+
+    rules = Rules(args.threshold, args.alpha, args.min_samples)
+    hist = history(args.dir, args.metric, rules)
+    _emit(FORMATS[args.format](hist), args.output)
+    return 0
+
+
+def cmd_import(args) -> int:
+    from harness.importer import import_file
+
+    csv_path, n = import_file(args.file, args.out)
+    print(f"imported {n} benchmarks: {csv_path}")
+    return 0
+
+
+def cmd_gate(args) -> int:
+    from harness.compare import Rules
+    from harness.gate import gate
+
+    rules = Rules(args.threshold, args.alpha, args.min_samples)
+    cmp = gate(args.base, args.suite, args.results, args.metric, rules, args.device)
+    return _report(cmp, args)
+
+
+def _stats_options(p: argparse.ArgumentParser) -> None:
+    from harness.compare import Rules
+
+    d = Rules()
+    p.add_argument("--metric", default="median_ms", help="column to compare (default median_ms)")
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=d.threshold,
+        help=f"ratio a change must exceed to count (default {d.threshold})",
+    )
+    p.add_argument(
+        "--alpha", type=float, default=d.alpha, help=f"rank-test significance (default {d.alpha})"
+    )
+    p.add_argument(
+        "--min-samples",
+        type=int,
+        default=d.min_samples,
+        help=f"fewer raw samples on a side: inconclusive (default {d.min_samples})",
+    )
+    p.add_argument("-o", "--output", metavar="FILE", help="also write the output to FILE")
+
+
+def _compare_options(p: argparse.ArgumentParser) -> None:
+    _stats_options(p)
+    p.add_argument("--format", choices=("terminal", "markdown", "csv", "json"), default="terminal")
+    p.add_argument(
+        "--results",
+        default="results",
+        help="where a git ref's results are found (default: results)",
+    )
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvbench", description="Benchmark LLM KV-cache configurations on MLX."
@@ -84,6 +171,34 @@ def build_parser() -> argparse.ArgumentParser:
     env = sub.add_parser("env", help="device, backend, versions, measured peak bandwidth")
     env.add_argument("--device", choices=("cpu", "gpu"))
     env.set_defaults(func=cmd_env)
+
+    cmp = sub.add_parser(
+        "compare", help="compare two result sets (CSV, directory or git ref); exit 1 on regression"
+    )
+    cmp.add_argument("base", help="results CSV, results directory, or git ref")
+    cmp.add_argument("new", help="results CSV, results directory, or git ref")
+    _compare_options(cmp)
+    cmp.set_defaults(func=cmd_compare)
+
+    hist = sub.add_parser("history", help="every case's median across commits, step changes")
+    hist.add_argument("dir", help="results directory")
+    _stats_options(hist)
+    hist.add_argument("--format", choices=("terminal", "csv", "json"), default="terminal")
+    hist.set_defaults(func=cmd_history)
+
+    imp = sub.add_parser("import", help="pytest-benchmark JSON -> kvbench results CSV")
+    imp.add_argument("file", help="pytest-benchmark JSON (--benchmark-json)")
+    imp.add_argument("--out", default="results", help="output directory (default: results)")
+    imp.set_defaults(func=cmd_import)
+
+    gate = sub.add_parser(
+        "gate", help="run SUITE here and at BASE where results are missing, then compare"
+    )
+    gate.add_argument("base", help="git ref to compare against")
+    gate.add_argument("--suite", default="suites/gate.yaml", help="suite YAML to run")
+    gate.add_argument("--device", choices=("cpu", "gpu"), help="MLX device for the runs")
+    _compare_options(gate)
+    gate.set_defaults(func=cmd_gate)
     return p
 
 

@@ -25,6 +25,7 @@ class Record:
     case_id: str | None = None
     status: str | None = None  # ok | error | skipped | partial
     error: str | None = None
+    bench_name: str | None = None  # imported rows: the benchmark's own name (pytest-benchmark)
     # the case
     model: str | None = None
     n_layers: int | None = None

@@ -9,13 +9,12 @@ when the median's 95% confidence interval is within `target_ci` of the median (a
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable
 
 import mlx.core as mx
-import numpy as np
-from scipy.stats import binom
+
+from harness.stats import ci_rel_halfwidth, median_ci, summarize  # noqa: F401 (re-exported)
 
 
 def run_once(fn: Callable[[], object], clock=time.perf_counter) -> float:
@@ -26,48 +25,6 @@ def run_once(fn: Callable[[], object], clock=time.perf_counter) -> float:
         mx.eval(out)
     mx.synchronize()
     return (clock() - t0) * 1e3
-
-
-def median_ci(samples_ms, confidence: float = 0.95) -> tuple[float, float]:
-    """Distribution-free CI of the median: order statistics chosen by the Binomial(n, 1/2)
-    quantiles (no normality assumption; timing samples are skewed). NaN below 2 samples."""
-    x = np.sort(np.asarray(samples_ms, dtype=float))
-    n = len(x)
-    if n < 2:
-        return math.nan, math.nan
-    alpha = 1 - confidence
-    lo = int(binom.ppf(alpha / 2, n, 0.5))  # number of samples below the lower bound
-    lo = max(lo - 1, 0)
-    hi = min(n - 1 - lo, n - 1)
-    return float(x[lo]), float(x[hi])
-
-
-def ci_rel_halfwidth(samples_ms) -> float:
-    lo, hi = median_ci(samples_ms)
-    med = float(np.median(samples_ms))
-    return (hi - lo) / (2 * med) if med > 0 and not math.isnan(lo) else math.inf
-
-
-def summarize(samples_ms, cv_warn: float = 0.10) -> dict:
-    """median, p10, p90, IQR, CV, 95% CI of the median, n, unstable flag."""
-    x = np.asarray(samples_ms, dtype=float)
-    if len(x) == 0:
-        return {"n_samples": 0}
-    q10, q25, med, q75, q90 = np.percentile(x, [10, 25, 50, 75, 90])
-    mean = float(x.mean())
-    cv = float(x.std(ddof=1) / mean) if len(x) > 1 and mean > 0 else math.nan
-    lo, hi = median_ci(x)
-    return {
-        "median_ms": float(med),
-        "p10_ms": float(q10),
-        "p90_ms": float(q90),
-        "iqr_ms": float(q75 - q25),
-        "cv": cv,
-        "ci_low_ms": lo,
-        "ci_high_ms": hi,
-        "n_samples": int(len(x)),
-        "unstable": bool(not math.isnan(cv) and cv > cv_warn),
-    }
 
 
 def warm_up(fn: Callable[[], object], warmup_s: float, clock=time.perf_counter) -> int:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 import pytest
 
@@ -36,3 +38,8 @@ def write_suite(tmp_path):
         return str(path)
 
     return write
+
+
+# tests/benchmarks holds pytest-benchmark timings, not checks: skipped unless `make bench-pytest`
+# (which sets KVBENCH_BENCH=1) selects them.
+collect_ignore_glob = [] if os.environ.get("KVBENCH_BENCH") == "1" else ["benchmarks/*"]
