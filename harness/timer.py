@@ -4,7 +4,9 @@ A sample is the wall time of `fn()` followed by `mx.eval` of everything it retur
 device synchronize, so lazy MLX work is inside the timed region and nothing else is. Warm-up
 runs the same call (compilation and allocation land there, never in a sample). Sampling stops
 when the median's 95% confidence interval is within `target_ci` of the median (after
-`min_samples`), at `max_samples`, or when the time budget ends. Every raw sample is returned.
+`min_samples`), at `max_samples`, or when the time budget ends - but never before `min_samples`
+(as pytest-benchmark's min_rounds: a slow case overruns its budget rather than reporting
+statistics from one or two samples). Every raw sample is returned.
 """
 
 from __future__ import annotations
@@ -46,15 +48,14 @@ def sample(
     prior_ms=(),
     clock=time.perf_counter,
 ) -> list[float]:
-    """Take samples of fn until the CI target (judged with `prior_ms`, samples from earlier
-    rounds, included) is met after min_samples, max_samples are taken, or budget_s ends."""
+    """Take samples of fn until, with at least min_samples (counting `prior_ms`, samples from
+    earlier rounds), the CI target is met or budget_s has passed; or max_samples are taken."""
     out: list[float] = []
     start = clock()
     while len(out) < max_samples:
         out.append(run_once(fn, clock))
-        taken = len(out) + len(prior_ms)
-        if taken >= min_samples and ci_rel_halfwidth([*prior_ms, *out]) <= target_ci:
-            break
-        if clock() - start >= budget_s and len(out) >= 1:
+        if len(out) + len(prior_ms) < min_samples:
+            continue
+        if clock() - start >= budget_s or ci_rel_halfwidth([*prior_ms, *out]) <= target_ci:
             break
     return out

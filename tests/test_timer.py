@@ -61,6 +61,14 @@ def test_sampling_stops_at_budget_when_noisy():
     assert 1.0 <= sum(out) / 1e3 < 1.1  # stopped at the first call past the 1 s budget
 
 
+def test_min_samples_are_taken_even_past_the_budget():
+    clock = FakeClock([2.0] * 10)  # each call alone overruns the 1 s budget
+    out = timer.sample(
+        clock.work, budget_s=1.0, min_samples=4, max_samples=10, target_ci=0.5, clock=clock
+    )
+    assert len(out) == 4
+
+
 def test_sampling_respects_max_samples_and_prior():
     clock = FakeClock([0.001 * (1 + i % 7) for i in range(1000)])
     out = timer.sample(
