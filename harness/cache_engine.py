@@ -21,10 +21,28 @@ from kernels.attention import KERNELS, reference, unsupported_reason
 from kernels.cache import KVCache
 from kernels.data import make_qkv
 from kernels.formats import get_format
+from kernels.gpu_kernels import DTYPE_NAMES, kv_code
+from kernels.launch import Problem
+
+
+def problem_of(case: Case, fmt) -> Problem:
+    """The attention call a case makes, as the GPU kernels' launch planner sees it."""
+    return Problem(
+        n_seqs=case.n_seqs,
+        n_q_heads=case.n_q_heads,
+        n_kv_heads=case.n_kv_heads,
+        head_dim=case.head_dim,
+        kv_len=case.context_len,
+        dtype=DTYPE_NAMES.get(fmt.compute_dtype, str(fmt.compute_dtype)),
+        kv_code=kv_code(fmt) or fmt.name,
+        group_size=case.group_size,
+        q_len=1 if case.phase == "decode" else case.context_len,
+    )
 
 
 def skip_reason(case: Case, backend: str) -> str | None:
-    return unsupported_reason(case.kernel, get_format(case.kv_dtype, case.group_size), backend)
+    fmt = get_format(case.kv_dtype, case.group_size)
+    return unsupported_reason(case.kernel, fmt, backend, problem_of(case, fmt), case.tile_kv)
 
 
 def build(case: Case) -> State:

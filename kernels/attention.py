@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from kernels import gpu_kernels
+from kernels.tiled import tiled
+
 
 def causal_mask(lq: int, lk: int) -> mx.array:
     """Boolean [Lq, Lk]: query i (the (Lk-Lq+i)-th position) sees keys at or before it."""
@@ -75,18 +78,29 @@ class Kernel:
     fn: Callable
     accepts: Callable  # fmt -> None if supported, else the reason it is not
     backends: tuple[str, ...] = ("cpu", "metal", "cuda")
+    # (fmt, launch.Problem, tile_kv) -> why this shape / tile config cannot launch, or None
+    fits: Callable | None = None
 
 
 KERNELS = {
     "reference": Kernel(reference, any_format),
     "sdpa": Kernel(sdpa, dense_only),
     "ops": Kernel(ops, dense_only),
+    "tiled": Kernel(tiled, any_format),
+    "metal": Kernel(gpu_kernels.metal, gpu_kernels.accepts, ("metal",), gpu_kernels.fits("metal")),
+    "cuda": Kernel(gpu_kernels.cuda, gpu_kernels.accepts, ("cuda",), gpu_kernels.fits("cuda")),
 }
 
 
-def unsupported_reason(kernel: str, fmt, backend: str) -> str | None:
-    """Why `kernel` cannot run `fmt` on `backend`, or None when it can."""
+def unsupported_reason(
+    kernel: str, fmt, backend: str, problem=None, tile_kv: int | None = None
+) -> str | None:
+    """Why `kernel` cannot run `fmt` on `backend` (and, given the problem, this shape and tile
+    configuration, e.g. over the threadgroup memory limit), or None when it can."""
     spec = KERNELS[kernel]
     if backend not in spec.backends:
         return f"kernel {kernel} runs on {'/'.join(spec.backends)}, not {backend}"
-    return spec.accepts(fmt)
+    reason = spec.accepts(fmt)
+    if reason is None and problem is not None and spec.fits is not None:
+        reason = spec.fits(fmt, problem, tile_kv)
+    return reason
