@@ -45,6 +45,16 @@ def skip_reason(case: Case, backend: str) -> str | None:
     return unsupported_reason(case.kernel, fmt, backend, problem_of(case, fmt), case.tile_kv)
 
 
+def recon_err(fmt, stored: tuple, originals: tuple) -> float:
+    """Relative L2 error of the decoded K and V (together) against the float32 originals."""
+    num = den = 0.0
+    for s, x in zip(stored, originals):
+        diff = fmt.decode(s, mx.float32) - x
+        num += mx.sum(diff * diff).item()
+        den += mx.sum(x * x).item()
+    return (num / den) ** 0.5
+
+
 def build(case: Case) -> State:
     """Allocate and fill the cache for `case` (untimed) and return its stages."""
     fmt = get_format(case.kv_dtype, case.group_size)
@@ -54,6 +64,7 @@ def build(case: Case) -> State:
         (case.n_seqs, case.n_q_heads, lq, case.head_dim),
         (case.n_seqs, case.n_kv_heads, case.context_len, case.head_dim),
         case.seed,
+        case.kv_file,
     )
     act = fmt.compute_dtype
     q, k_act, v_act = q32.astype(act), k32.astype(act), v32.astype(act)
@@ -99,7 +110,7 @@ def build(case: Case) -> State:
         exact = reference(
             q32, {"data": k32}, {"data": v32}, get_format("fp32"), mask=mask, scale=scale
         )
-        return compare_outputs(out, exact)
+        return {**compare_outputs(out, exact), "kv_recon_err": recon_err(fmt, (k, v), (k32, v32))}
 
     stages = {"step": step, "write": write, "attend": attend_all}
     return State(stages, check, alloc_bytes=alloc, baseline_bytes=baseline)

@@ -31,6 +31,7 @@ class Case:
     group_size: int | None = None
     kv_data: str = "gaussian"
     seed: int = 0
+    kv_file: str | None = None  # .npz of captured K/V, only for kv_data=file (kernels/data.py)
 
     @property
     def gqa_ratio(self) -> int:
@@ -46,6 +47,10 @@ class Case:
             parts.append(f"seqs{self.n_seqs}")
         if self.tile_kv:
             parts.append(f"tile{self.tile_kv}")
+        if self.group_size:
+            parts.append(f"g{self.group_size}")
+        if self.kv_data != "gaussian":
+            parts.append(self.kv_data)
         return " ".join(parts)
 
 

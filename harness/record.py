@@ -42,6 +42,7 @@ class Record:
     kernel: str | None = None
     tile_kv: int | None = None
     seed: int | None = None
+    kv_file: str | None = None
     # latency of one timed call (decode step over all layers, or the whole prefill)
     median_ms: float | None = None
     p10_ms: float | None = None

@@ -11,6 +11,8 @@ SHOW = {
     "gqa_ratio": "gqa",
     "n_seqs": "seqs",
     "kv_dtype": "dtype",
+    "group_size": "G",
+    "kv_data": "data",
     "kernel": "kernel",
     "tile_kv": "tile",
     "status": "status",
@@ -22,8 +24,10 @@ SHOW = {
     "gbps": "GB/s",
     "pct_peak_bw": "%peak",
     "kv_mib": "KV MiB",
+    "alloc_mib": "alloc MiB",
     "peak_mib": "peak MiB",
     "rel_err": "rel_err",
+    "kv_recon_err": "kv_err",
 }
 
 
@@ -36,11 +40,14 @@ def table(df: pd.DataFrame) -> str:
     ]
     df["kv_mib"] = df["kv_bytes"] / 2**20
     df["peak_mib"] = df["peak_mem_bytes"] / 2**20
+    df["alloc_mib"] = df["alloc_bytes"] / 2**20
     if df["cv"].notna().any():
         df["cv"] = [
             f"{c:.2f}{'!' if u is True or u == 'True' else ''}" if pd.notna(c) else ""
             for c, u in zip(df["cv"], df["unstable"])
         ]
+    if "kv_data" in df and (df["kv_data"] == "gaussian").all():
+        df = df.drop(columns="kv_data")  # the default: shown only when a run varies it
     cols = [c for c in SHOW if c in df and df[c].notna().any() and (df[c] != "").any()]
     out = df[cols].rename(columns=SHOW)
     text = out.to_string(index=False, float_format=lambda v: f"{v:.4g}", na_rep="")
