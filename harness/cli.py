@@ -59,6 +59,15 @@ def cmd_env(args) -> int:
     return 0
 
 
+def cmd_profile(args) -> int:
+    from harness.context import set_device
+    from harness.profile import profile
+
+    set_device(args.device)
+    print(profile(args.suite, args.case, args.metal_capture))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvbench", description="Benchmark LLM KV-cache configurations on MLX."
@@ -84,6 +93,17 @@ def build_parser() -> argparse.ArgumentParser:
     env = sub.add_parser("env", help="device, backend, versions, measured peak bandwidth")
     env.add_argument("--device", choices=("cpu", "gpu"))
     env.set_defaults(func=cmd_env)
+
+    prof = sub.add_parser("profile", help="per-stage time breakdown of one case of a suite")
+    prof.add_argument("suite", help="suite YAML file")
+    prof.add_argument("--case", required=True, help="case id (or a unique prefix; see --dry-run)")
+    prof.add_argument(
+        "--metal-capture",
+        metavar="PATH.gputrace",
+        help="also write a Metal GPU capture of one step (Apple silicon; MTL_CAPTURE_ENABLED=1)",
+    )
+    prof.add_argument("--device", choices=("cpu", "gpu"))
+    prof.set_defaults(func=cmd_profile)
     return p
 
 

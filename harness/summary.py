@@ -57,3 +57,12 @@ def table(df: pd.DataFrame) -> str:
         if r.status != "ok" and isinstance(r.error, str)
     ]
     return text + ("\n" + "\n".join(notes) if notes else "")
+
+
+def tile_heatmap(df: pd.DataFrame, value: str = "median_ms") -> pd.DataFrame:
+    """Measured rows pivoted for a tile x context heatmap: one row per (kernel, dtype, GQA,
+    context), one column per tile_kv, cells = `value` (e.g. median_ms, gbps)."""
+    ok = df[(df["status"] == "ok") & df["tile_kv"].notna()].copy()
+    ok["tile_kv"] = ok["tile_kv"].astype(int)
+    keys = ["kernel", "kv_dtype", "gqa_ratio", "context_len"]
+    return ok.pivot_table(index=keys, columns="tile_kv", values=value, aggfunc="median")
