@@ -7,7 +7,7 @@ OUT ?= results
 DEVICE ?=
 DEVICE_FLAG := $(if $(DEVICE),--device $(DEVICE),)
 
-.PHONY: install bench test lint fmt clean
+.PHONY: install bench test lint fmt clean tiles
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,3 +33,7 @@ fmt: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+# tile_kv x context x dtype x GQA sweep of the flash-decoding kernels (docs/kernels.md)
+tiles: install
+	$(PY) -m harness run suites/tiles.yaml --out $(OUT) $(DEVICE_FLAG)
