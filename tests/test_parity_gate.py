@@ -3,6 +3,7 @@
 import mlx.core as mx
 import pandas as pd
 
+from harness import session
 from harness.case import Case
 from harness.session import run_suite
 from harness.suite import Settings, Suite
@@ -19,6 +20,9 @@ def wrong_tiled(q, k, v, fmt, *, mask=None, scale, tile_kv=None):
 
 def test_wrong_kernel_gets_an_error_row_and_no_time(monkeypatch, tmp_path):
     monkeypatch.setitem(KERNELS, "wrong", Kernel(wrong_tiled, any_format))
+    monkeypatch.setattr(  # the peak-bandwidth probe reads 256 MiB: not what is tested here
+        session, "peak_read_bandwidth", lambda backend: {"peak_gbps": None, "peak_method": None}
+    )
     settings = Settings(warmup_s=0.01, min_samples=2, max_samples=3, budget_s=0.05, rounds=1)
     suite = Suite(path="-", name="gate", settings=settings)
     base = dict(model="tiny", n_layers=1, n_q_heads=8, n_kv_heads=2, head_dim=64, tile_kv=32)
