@@ -16,7 +16,7 @@ import mlx.core as mx
 
 # parity tolerance (relative L2 error vs the float32 reference on the same stored cache), by
 # the dtype the kernel computes in: rounding of q, scores and probabilities, not the format's
-PARITY_REL_TOL = {mx.float32: 1e-4, mx.float16: 1e-2, mx.bfloat16: 5e-2}
+PARITY_REL_TOL = {mx.float32: 1e-4, mx.float16: 5e-3, mx.bfloat16: 3e-2}
 
 
 class ParityError(RuntimeError):

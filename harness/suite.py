@@ -124,6 +124,25 @@ def _need(path: str, key: str, value, kind: type, what: str):
 # ---- loading ---------------------------------------------------------------------------
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key, line: int):
+        super().__init__(key)
+        self.key, self.line = key, line
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise _DuplicateKey(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def _load_settings(path: str, raw) -> Settings:
     raw = _need(path, "settings", raw or {}, dict, "a mapping")
     known = {f.name: f for f in dataclasses.fields(Settings)}
@@ -132,16 +151,16 @@ def _load_settings(path: str, raw) -> Settings:
         if key not in known:
             raise SuiteError(path, where, f"unknown setting; known: {', '.join(known)}")
         default = known[key].default
+        least = 0 if key == "warmup_s" else 1e-12  # only the warm-up may be zero
+        kind = "non-negative" if key == "warmup_s" else "positive"
         if isinstance(default, bool):
-            ok = isinstance(value, bool)
+            ok, kind = isinstance(value, bool), "a"
         elif isinstance(default, int):
-            ok = _int(value) and value > 0
+            ok = _int(value) and value >= least
         else:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= least
         if not ok:
-            raise SuiteError(
-                path, where, f"must be a positive {type(default).__name__}, got {value!r}"
-            )
+            raise SuiteError(path, where, f"must be {kind} {type(default).__name__}, got {value!r}")
     settings = Settings(**raw)
     if settings.min_samples > settings.max_samples:
         raise SuiteError(path, "settings.min_samples", "is larger than settings.max_samples")
@@ -188,7 +207,9 @@ def load_suite(path: str | Path) -> Suite:
     except OSError as e:
         raise SuiteError(path, "-", f"cannot read: {e.strerror}") from None
     try:
-        raw = yaml.safe_load(text) or {}
+        raw = yaml.load(text, Loader=_StrictLoader) or {}
+    except _DuplicateKey as e:
+        raise SuiteError(path, str(e.key), f"duplicate key (line {e.line})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "-"
