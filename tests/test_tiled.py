@@ -37,7 +37,10 @@ def test_decode_parity(group, d, lk, kv_dtype):
     assert rel_err(fmt, q, k, v, None, 32) <= PARITY_REL_TOL[fmt.compute_dtype]
 
 
-@pytest.mark.parametrize("kv_dtype,group_size", [("fp4", 32), ("int4", 32), ("int8", None)])
+@pytest.mark.parametrize(
+    "kv_dtype,group_size",
+    [("fp4", 32), ("int4", 32), ("int8", None), ("mxfp4", None), ("nvfp4", None), ("affine4", 64)],
+)
 def test_grouped_scales_and_other_formats(kv_dtype, group_size):
     fmt = get_format(kv_dtype, group_size)
     q, k, v = make(fmt, 2, 2, 4, 1, 77, 64)
