@@ -7,7 +7,7 @@ OUT ?= results
 DEVICE ?=
 DEVICE_FLAG := $(if $(DEVICE),--device $(DEVICE),)
 
-.PHONY: install bench test lint fmt clean bench-streams bench-pytest compare
+.PHONY: install bench test lint fmt clean bench-streams bench-pytest compare tiles
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -55,3 +55,7 @@ compare: install
 	@test -n "$(BASE)" || { echo "make compare: give BASE=<git ref>" >&2; exit 2; }
 	$(PY) -m harness gate $(BASE) --suite $(COMPARE_SUITE) --results $(OUT) $(DEVICE_FLAG) \
 		$(if $(FORMAT),--format $(FORMAT),)
+
+# tile_kv x context x dtype x GQA sweep of the flash-decoding kernels (docs/kernels.md)
+tiles: install
+	$(PY) -m harness run suites/tiles.yaml --out $(OUT) $(DEVICE_FLAG)

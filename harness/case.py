@@ -37,6 +37,7 @@ class Case:
     prefix_frac: float = 0.0  # shared prefix = int(prefix_frac * context_len) tokens
     decode_order: str = "interleaved"  # interleaved | sequential
     churn: int = 0  # sequences that finish and are replaced before the timed step
+    kv_file: str | None = None  # .npz of captured K/V, only for kv_data=file (kernels/data.py)
 
     @property
     def gqa_ratio(self) -> int:
@@ -66,6 +67,10 @@ class Case:
             parts.append(self.decode_order)
         if self.churn:
             parts.append(f"churn{self.churn}")
+        if self.group_size:
+            parts.append(f"g{self.group_size}")
+        if self.kv_data != "gaussian":
+            parts.append(self.kv_data)
         return " ".join(parts)
 
 

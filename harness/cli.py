@@ -146,6 +146,15 @@ def _compare_options(p: argparse.ArgumentParser) -> None:
     )
 
 
+def cmd_profile(args) -> int:
+    from harness.context import set_device
+    from harness.profile import profile
+
+    set_device(args.device)
+    print(profile(args.suite, args.case, args.metal_capture))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvbench", description="Benchmark LLM KV-cache configurations on MLX."
@@ -199,6 +208,17 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("--device", choices=("cpu", "gpu"), help="MLX device for the runs")
     _compare_options(gate)
     gate.set_defaults(func=cmd_gate)
+
+    prof = sub.add_parser("profile", help="per-stage time breakdown of one case of a suite")
+    prof.add_argument("suite", help="suite YAML file")
+    prof.add_argument("--case", required=True, help="case id (or a unique prefix; see --dry-run)")
+    prof.add_argument(
+        "--metal-capture",
+        metavar="PATH.gputrace",
+        help="also write a Metal GPU capture of one step (Apple silicon; MTL_CAPTURE_ENABLED=1)",
+    )
+    prof.add_argument("--device", choices=("cpu", "gpu"))
+    prof.set_defaults(func=cmd_profile)
     return p
 
 

@@ -47,6 +47,7 @@ class Record:
     prefix_frac: float | None = None
     decode_order: str | None = None
     churn: int | None = None
+    kv_file: str | None = None
     # latency of one timed call (decode step over all layers, or the whole prefill)
     median_ms: float | None = None
     p10_ms: float | None = None

@@ -20,7 +20,7 @@ from harness import cache_engine, metrics, streams_engine, timer
 from harness.case import Case
 from harness.record import Record, make_record
 from harness.suite import Settings
-from kernels.formats import get_format
+from kernels.formats import bits_per_elem, get_format
 
 
 class Engine(NamedTuple):
@@ -120,7 +120,7 @@ def finish(
         **stage_ms,
         **rates,
         kv_bytes=metrics.kv_bytes(case, fmt),
-        bits_per_elem=fmt.bits_per_element,
+        bits_per_elem=bits_per_elem(fmt, case.head_dim),
         alloc_bytes=run.alloc_bytes,
         peak_mem_bytes=run.peak_mem_bytes,
         **run.accuracy,

@@ -58,8 +58,11 @@ def parity_gate(name: str, out: mx.array, ref: mx.array, compute_dtype: mx.Dtype
 
 
 def memory_baseline() -> int:
-    """Synchronize, take active memory as the baseline and reset the peak counter."""
+    """Synchronize, empty MLX's buffer cache, take active memory as the baseline and reset the
+    peak counter. Without the clear, a new array may reuse a larger cached buffer and active
+    memory grows by that buffer's size, not the array's (seen as alloc_bytes > the formula)."""
     mx.synchronize()
+    mx.clear_cache()
     baseline = mx.get_active_memory()
     mx.reset_peak_memory()
     return baseline

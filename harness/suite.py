@@ -23,8 +23,8 @@ from harness.case import AXES, Case
 from harness.errors import SuiteError
 from harness.presets import PRESETS
 from kernels.attention import KERNELS
-from kernels.data import KV_DATA
-from kernels.formats import FORMATS
+from kernels.data import KV_DATA, load_kv_file
+from kernels.formats import FORMATS, get_format
 
 PHASES = ("decode", "prefill")
 LAYOUTS = ("per-stream", "unified")
@@ -81,6 +81,10 @@ def fraction(v) -> str | None:
     return None if ok else f"must be a number in [0, 1), got {v!r}"
 
 
+def optional_string(v) -> str | None:
+    return None if v is None or (isinstance(v, str) and v) else f"must be a path, got {v!r}"
+
+
 def one_of(choices) -> callable:
     def check(v) -> str | None:
         return None if v in choices else f"unknown value {v!r}; known: {', '.join(choices)}"
@@ -109,6 +113,7 @@ CHECKS = {
     "prefix_frac": fraction,
     "decode_order": one_of(DECODE_ORDERS),
     "churn": non_negative_int,
+    "kv_file": optional_string,
 }
 assert set(CHECKS) == set(AXES), "every Case axis needs a check"
 
@@ -317,9 +322,29 @@ def resolve(path: str, combo: dict) -> Case:
             "n_kv_heads",
             f"n_q_heads={shape['n_q_heads']} is not divisible by n_kv_heads={shape['n_kv_heads']}",
         )
+    if shape.get("kv_data", "gaussian") != "file":
+        shape.pop("kv_file", None)  # only file data reads it; keeps other cases' ids stable
     case = Case(model=model, **shape)
+    _check_case(path, case)
     _check_streams(path, case)
     return case
+
+
+def _check_case(path: str, case: Case) -> None:
+    """Combinations of axes: the format's group size vs head_dim, the K/V file vs the shape."""
+    try:
+        fmt = get_format(case.kv_dtype, case.group_size)
+        fmt.nbytes(1, case.head_dim)
+    except ValueError as e:
+        raise SuiteError(path, "group_size", str(e)) from None
+    if case.kv_data == "file":
+        if not case.kv_file:
+            raise SuiteError(path, "kv_file", "kv_data=file needs kv_file (an .npz path)")
+        shape = (case.n_seqs, case.n_kv_heads, case.context_len, case.head_dim)
+        try:
+            load_kv_file(case.kv_file, shape)
+        except ValueError as e:
+            raise SuiteError(path, "kv_file", str(e)) from None
 
 
 def _check_streams(path: str, case: Case) -> None:
