@@ -7,7 +7,7 @@ OUT ?= results
 DEVICE ?=
 DEVICE_FLAG := $(if $(DEVICE),--device $(DEVICE),)
 
-.PHONY: install bench test lint fmt clean
+.PHONY: install bench test lint fmt clean report
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,3 +33,7 @@ fmt: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+# The newest run in $(OUT) (older runs there feed the history figure): $(OUT)/report.html
+report: install
+	$(PY) -m harness report $(OUT) --latest -o $(OUT)/report.html
