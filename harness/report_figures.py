@@ -50,32 +50,52 @@ LAT_TABLE = {
 }
 
 
+def _series(d: pd.DataFrame) -> pd.DataFrame:
+    """Colour = format (and other varying axes), line dash = kernel; facets = GQA (and phase)."""
+    d = add_series(d, exclude=FACETS + ("kernel",))
+    d["gqa"] = gqa_facet(d)
+    return d.sort_values(["series", "kernel", "context_len"])
+
+
 def _line(d: pd.DataFrame, y: str, labels: dict, facet_row: str | None, **kw) -> go.Figure:
-    n = d["series"].nunique()
+    dash = "kernel" if d["kernel"].nunique() > 1 else None
     fig = px.line(
         d,
         x="context_len",
         y=y,
         color="series",
+        line_dash=dash,
+        symbol=dash,
         facet_col="gqa",
         facet_row=facet_row,
         markers=True,
         log_x=True,
         hover_name="label",
         labels=labels,
-        color_discrete_sequence=colors(n),
+        color_discrete_sequence=colors(d["series"].nunique()),
         **kw,
     )
     fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
+    ctx = sorted(d["context_len"].unique())
+    if len(ctx) <= 10:  # label the measured contexts, not log-axis minor ticks
+        fig.update_xaxes(tickvals=ctx, ticktext=[str(int(c)) for c in ctx])
     return fig
+
+
+def match_within_rows(fig: go.Figure, n_rows: int, n_cols: int) -> None:
+    """One y scale per facet row (decode and prefill differ by orders), shared along it."""
+    for r in range(1, n_rows + 1):
+        first = fig.get_subplot(r, 1).yaxis.plotly_name.replace("axis", "")
+        for c in range(1, n_cols + 1):
+            axis = fig.get_subplot(r, c).yaxis
+            axis.update(matches=None if c == 1 else first, showticklabels=c == 1)
 
 
 def latency(cur: pd.DataFrame) -> Figure | None:
     d = measured(cur)
     if d.empty or d["context_len"].isna().all():
         return None
-    d = add_series(d, exclude=FACETS).sort_values(["series", "context_len"])
-    d["gqa"] = gqa_facet(d)
+    d = _series(d)
     d["err_plus"] = d["p90_ms"] - d["median_ms"]
     d["err_minus"] = d["median_ms"] - d["p10_ms"]
     rows = "phase" if d["phase"].nunique() > 1 else None
@@ -90,8 +110,10 @@ def latency(cur: pd.DataFrame) -> Figure | None:
         error_y_minus="err_minus",
         hover_data={"p10_ms": ":.4g", "p90_ms": ":.4g", "n_samples": True, "gqa": False},
     )
-    fig.update_yaxes(matches=None, showticklabels=True)
     n_rows = d["phase"].nunique() if rows else 1
+    fig.update_yaxes(dtick="D2")
+    if rows:
+        match_within_rows(fig, n_rows, d["gqa"].nunique())
     title = "Latency vs context per format (median; bars p10–p90 of the samples; log–log)"
     note = (
         "One timed call: a decode step over all layers (write + attend), or the whole prefill. "
@@ -107,8 +129,7 @@ def bandwidth(cur: pd.DataFrame) -> Figure | None:
     d = d[(d["phase"] == "decode") & d["gbps"].notna() & d["context_len"].notna()]
     if d.empty:
         return None
-    d = add_series(d, exclude=FACETS).sort_values(["series", "context_len"])
-    d["gqa"] = gqa_facet(d)
+    d = _series(d)
     labels = {"context_len": "context length (tokens)", "gbps": "achieved bandwidth (GB/s)"}
     hover = {"pct_peak_bw": ":.1f", "bytes_read": True, "bytes_written": True, "gqa": False}
     fig = _line(d, "gbps", labels, None, hover_data=hover)
@@ -129,7 +150,8 @@ def bandwidth(cur: pd.DataFrame) -> Figure | None:
         "Achieved GB/s = (bytes read + bytes written by the byte model, harness/metrics.py) / "
         "median time. The dashed line is the streaming-read peak kvbench measured on the same "
         "device in the same run (peak_method in the header). Decode rows only: prefill is not "
-        "bandwidth-bound. % of peak is in the hover and the table."
+        "bandwidth-bound. % of peak is in the hover and the table. A point above the line means "
+        "the traffic was served from CPU caches, or the peak measurement was disturbed."
     )
     cols = {
         "label": "case",
@@ -291,6 +313,7 @@ def accuracy(cur: pd.DataFrame) -> Figure | None:
         )  # fmt: skip
     fig.update_xaxes(title_text="stored bits per K/V element (scales included; bytes = bits / 8)")
     fig.update_yaxes(title_text="relative error of attention output (vs fp32)", type="log")
+    fig.update_yaxes(dtick="D2" if g["y"].max() / g["y"].min() < 1e4 else 1)
     title = "Accuracy vs memory per element: the trade-off frontier"
     note = (
         "One point per (format, kernel, K/V data): median relative L2 error of the attention "

@@ -171,6 +171,7 @@ def history_fig(history: pd.DataFrame, order: list) -> Figure | None:
         labels={"run": "run (commit, date; oldest left)", "median_ms": "latency (ms)"},
         color_discrete_sequence=colors(g["label"].nunique()),
     )  # fmt: skip
+    fig.update_yaxes(dtick="D2")
     title = "History across commits: median latency per case (bars: 95% CI; log y)"
     note = "One point per run that measured the case, runs ordered by timestamp."
     wide = g.pivot_table(index="label", columns="pos", values="median_ms")
@@ -197,6 +198,7 @@ def compare(cmp: pd.DataFrame | None) -> Figure | None:
         color_discrete_map=VERDICT_COLORS,
         labels={"ratio": "ratio new / base (log; < 1: new is smaller)", "label": "case"},
     )  # fmt: skip
+    fig.update_xaxes(dtick="D2")
     fig.add_vline(x=1.0, line_dash="dash", line_color="#444")
     fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
     fig.update_yaxes(automargin=True)
