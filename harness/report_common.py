@@ -110,3 +110,13 @@ def table(df: pd.DataFrame, columns: dict) -> pd.DataFrame:
     """The columns of df named in `columns` (old -> shown name), present ones only."""
     cols = [c for c in columns if c in df]
     return df[cols].rename(columns=columns).reset_index(drop=True)
+
+
+def log_dtick(values) -> str | int | None:
+    """Log-axis tick step: 1-2-5 labels over one to four decades, powers of ten beyond, and
+    plotly's own choice under one decade (where 2 and 5 might label nothing)."""
+    v = pd.Series(values, dtype=float)
+    v = v[v > 0]
+    if v.empty or v.max() / v.min() < 10:
+        return None
+    return "D2" if v.max() / v.min() < 1e4 else 1

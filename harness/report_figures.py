@@ -21,6 +21,7 @@ from harness.report_common import (
     add_series,
     colors,
     gqa_facet,
+    log_dtick,
     measured,
     style,
     table,
@@ -73,6 +74,10 @@ def _line(d: pd.DataFrame, y: str, labels: dict, facet_row: str | None, **kw) ->
         hover_name="label",
         labels=labels,
         color_discrete_sequence=colors(d["series"].nunique()),
+        category_orders={
+            "gqa": list(d.sort_values("gqa_ratio")["gqa"].unique()),
+            "phase": sorted(d["phase"].dropna().unique()),  # px: first one is the top row
+        },
         **kw,
     )
     fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
@@ -111,9 +116,12 @@ def latency(cur: pd.DataFrame) -> Figure | None:
         hover_data={"p10_ms": ":.4g", "p90_ms": ":.4g", "n_samples": True, "gqa": False},
     )
     n_rows = d["phase"].nunique() if rows else 1
-    fig.update_yaxes(dtick="D2")
     if rows:
         match_within_rows(fig, n_rows, d["gqa"].nunique())
+        for r, (_, p) in enumerate(d.groupby("phase", sort=True), start=1):
+            fig.update_yaxes(dtick=log_dtick(p[["p10_ms", "p90_ms"]].stack()), row=n_rows - r + 1)
+    else:
+        fig.update_yaxes(dtick=log_dtick(d[["p10_ms", "p90_ms"]].stack()))
     title = "Latency vs context per format (median; bars p10–p90 of the samples; log–log)"
     note = (
         "One timed call: a decode step over all layers (write + attend), or the whole prefill. "
@@ -313,7 +321,7 @@ def accuracy(cur: pd.DataFrame) -> Figure | None:
         )  # fmt: skip
     fig.update_xaxes(title_text="stored bits per K/V element (scales included; bytes = bits / 8)")
     fig.update_yaxes(title_text="relative error of attention output (vs fp32)", type="log")
-    fig.update_yaxes(dtick="D2" if g["y"].max() / g["y"].min() < 1e4 else 1)
+    fig.update_yaxes(dtick=log_dtick(g["y"]))
     title = "Accuracy vs memory per element: the trade-off frontier"
     note = (
         "One point per (format, kernel, K/V data): median relative L2 error of the attention "

@@ -12,7 +12,16 @@ import pandas as pd
 import plotly.express as px
 from plotly.subplots import make_subplots
 
-from harness.report_common import MIB, Figure, add_series, colors, measured, style, table
+from harness.report_common import (
+    MIB,
+    Figure,
+    add_series,
+    colors,
+    log_dtick,
+    measured,
+    style,
+    table,
+)
 
 VERDICT_COLORS = {
     "faster": "#2ca02c",
@@ -171,7 +180,7 @@ def history_fig(history: pd.DataFrame, order: list) -> Figure | None:
         labels={"run": "run (commit, date; oldest left)", "median_ms": "latency (ms)"},
         color_discrete_sequence=colors(g["label"].nunique()),
     )  # fmt: skip
-    fig.update_yaxes(dtick="D2")
+    fig.update_yaxes(dtick=log_dtick(g[["ci_low_ms", "ci_high_ms", "median_ms"]].stack()))
     title = "History across commits: median latency per case (bars: 95% CI; log y)"
     note = "One point per run that measured the case, runs ordered by timestamp."
     wide = g.pivot_table(index="label", columns="pos", values="median_ms")
@@ -198,7 +207,7 @@ def compare(cmp: pd.DataFrame | None) -> Figure | None:
         color_discrete_map=VERDICT_COLORS,
         labels={"ratio": "ratio new / base (log; < 1: new is smaller)", "label": "case"},
     )  # fmt: skip
-    fig.update_xaxes(dtick="D2")
+    fig.update_xaxes(dtick=log_dtick(d[["ratio_ci_low", "ratio_ci_high"]].stack()))
     fig.add_vline(x=1.0, line_dash="dash", line_color="#444")
     fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
     fig.update_yaxes(automargin=True)
