@@ -34,7 +34,8 @@ COMPARE_COLUMNS = (
     "base_n",
     "new_n",
 )
-MEASURED = ("ok", "partial")  # statuses whose rows carry times
+# Read as text: a 12-digit commit or case id made only of digits must not become a number.
+TEXT = {c: str for c in ("run_id", "case_id", "commit", "branch", "suite", "label", "host")}
 
 
 def _csv_files(paths) -> list[Path]:
@@ -98,7 +99,7 @@ def load(paths) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     results, compares = [], []
     for f in _csv_files(paths):
         try:
-            df = pd.read_csv(f)
+            df = pd.read_csv(f, dtype=TEXT)
         except (pd.errors.EmptyDataError, pd.errors.ParserError) as e:
             raise UserError(f"{f}: not a readable CSV ({e})") from e
         if _is_compare(df):
@@ -127,7 +128,7 @@ def load_compare_frames(frames: list[pd.DataFrame]) -> pd.DataFrame | None:
 
 def load_compare(path: str | Path) -> pd.DataFrame:
     try:
-        df = pd.read_csv(path)
+        df = pd.read_csv(path, dtype=TEXT)
     except (OSError, pd.errors.EmptyDataError, pd.errors.ParserError) as e:
         raise UserError(f"{path}: cannot read compare CSV ({e})") from e
     return load_compare_frames([df])

@@ -8,14 +8,18 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
+from harness.record import COLUMNS
+
 MEASURED = ("ok", "partial")  # statuses whose rows carry times
 MIB = 2**20
 
-# Axes that tell two cases apart, in the order a series name lists them.
+# Axes that tell two cases apart, in the order a series name lists them; case axes that later
+# Record versions add (the block from `model` to `median_ms`) follow in their column order.
 SERIES_AXES = (
     "device",
     "model",
     "phase",
+    "context_len",
     "fmt",
     "kernel",
     "layout",
@@ -27,7 +31,11 @@ SERIES_AXES = (
     "n_layers",
     "seed",
 )
+_BLOCK = COLUMNS[COLUMNS.index("model") : COLUMNS.index("median_ms")]
+_COVERED = ("kv_dtype", "group_size", "n_q_heads", "n_kv_heads")  # fmt and gqa_ratio name them
+SERIES_AXES += tuple(c for c in _BLOCK if c not in SERIES_AXES + _COVERED)
 PREFIX = {
+    "context_len": "ctx ",
     "n_seqs": "seqs ",
     "tile_kv": "tile ",
     "gqa_ratio": "GQA ",

@@ -25,8 +25,11 @@ from harness.report_common import (
 
 VERDICT_COLORS = {
     "faster": "#2ca02c",
+    "better": "#2ca02c",
     "slower": "#d62728",
+    "worse": "#d62728",
     "unchanged": "#7f7f7f",
+    "inconclusive": "#ff7f0e",
     "noisy": "#ff7f0e",
 }
 
@@ -61,6 +64,7 @@ def tiles(cur: pd.DataFrame) -> Figure | None:
         coloraxis={
             "colorscale": "Viridis_r",
             "cmin": 1.0,
+            "cmax": max(float(d["rel"].max()), 1.1),
             "colorbar": {"title": {"text": "× best"}},
         }
     )
@@ -97,6 +101,9 @@ def layouts(cur: pd.DataFrame) -> Figure | None:
     if d.empty or d["layout"].nunique() < 2:
         return None
     d = add_series(d, exclude=("layout",), always=("context_len", "n_seqs"))
+    d = d[d.groupby("series")["layout"].transform("nunique") > 1]  # only pairs that differ
+    if d.empty:
+        return None
     d = d.sort_values(["context_len", "n_seqs", "series"])
     alloc, used, source = _layout_memory(d)
     fig = make_subplots(1, 2, subplot_titles=("latency (median, bars p10–p90)", "KV memory"))
@@ -200,23 +207,29 @@ def compare(cmp: pd.DataFrame | None) -> Figure | None:
         d["verdict"] = "unknown"
     d["verdict"] = d["verdict"].fillna("unknown").astype(str)
     d = d.sort_values(["metric", "ratio"])
+    plotted = d[pd.to_numeric(d["ratio"], errors="coerce").gt(0)]  # base_only, error: no ratio
+    if plotted.empty:
+        return None
     fig = px.scatter(
-        d, x="ratio", y="label", color="verdict", facet_col="metric", log_x=True,
-        error_x=d["ratio_ci_high"] - d["ratio"], error_x_minus=d["ratio"] - d["ratio_ci_low"],
+        plotted, x="ratio", y="label", color="verdict", facet_col="metric", log_x=True,
+        error_x=plotted["ratio_ci_high"] - plotted["ratio"],
+        error_x_minus=plotted["ratio"] - plotted["ratio_ci_low"],
         hover_name="label", hover_data={c: True for c in ("base", "new", "p_value") if c in d},
         color_discrete_map=VERDICT_COLORS,
         labels={"ratio": "ratio new / base (log; < 1: new is smaller)", "label": "case"},
     )  # fmt: skip
-    fig.update_xaxes(dtick=log_dtick(d[["ratio_ci_low", "ratio_ci_high"]].stack()))
+    fig.update_xaxes(dtick=log_dtick(plotted[["ratio", "ratio_ci_low", "ratio_ci_high"]].stack()))
     fig.add_vline(x=1.0, line_dash="dash", line_color="#444")
     fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
     fig.update_yaxes(automargin=True)
     title = "Compare: ratio of medians (new / base) with its confidence interval"
     note = (
         "From a compare CSV (kvbench compare): each row's ratio new / base of the metric with "
-        "its confidence interval, coloured by the verdict. Dashed line: no change."
+        "its confidence interval, coloured by the verdict. Dashed line: no change. "
+        f"Rows without a ratio (one side only, errors): {len(d) - len(plotted)}, in the table."
     )
     cols = {c: c for c in ("label", "metric", "base", "new", "ratio", "ratio_ci_low")}
     cols.update({c: c for c in ("ratio_ci_high", "p_value", "verdict", "base_n", "new_n")})
-    height = 200 + 24 * d["label"].nunique()
+    cols["note"] = "note"
+    height = 200 + 24 * plotted["label"].nunique()
     return Figure("compare", title, style(fig, max(height, 360)), table(d, cols), note)

@@ -98,6 +98,7 @@ def test_current_takes_newest_row_per_case(tmp_path):
     rows, _ = load(syn.write(tmp_path, compare=False))
     cur = current(rows)
     assert len(cur) == len(syn.rows(0)) and set(cur["run_id"]) == {syn.rows(1)["run_id"][0]}
+    assert set(rows["commit"]) == {"0" * 12, "1" * 12}  # digits stay text
     latest = current(rows, latest=True)
     assert set(latest["run_id"]) == set(cur["run_id"])
 
@@ -149,3 +150,8 @@ def test_every_figure_renders_in_headless_chromium(full_report):
     assert got["errors"] == [] and got["console"] == [], got
     assert got["plots"] == got["drawn"] == len(ALL), got
     assert got["plotly"] and got["svgs"] >= len(ALL)
+
+
+def test_layout_memory_uses_cell_bytes_when_present(full_report):
+    text = full_report[1]
+    assert "Memory plotted: bytes_alloc / bytes_used" in text
