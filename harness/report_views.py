@@ -158,7 +158,8 @@ def _run_names(d: pd.DataFrame, order: list) -> dict:
             continue
         r = r.iloc[0]
         commit = str(r["commit"])[:8] + ("+dirty" if r["dirty"] is True else "")
-        names[run] = f"{commit}<br>{str(r['timestamp'])[:16].replace('T', ' ')}"
+        name = f"{commit}<br>{str(r['timestamp'])[:16].replace('T', ' ')}"
+        names[run] = name if name not in names.values() else f"{name} ({run})"
     return names
 
 
