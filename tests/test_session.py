@@ -118,3 +118,12 @@ def test_ctrl_c_keeps_completed_rows(write_suite, tmp_path, monkeypatch):
     assert rows["status"].tolist() == ["ok", "ok", "partial", "partial"]
     assert rows.loc[rows.status == "partial", "error"].str.contains("1 of 2 rounds").all()
     assert rows["median_ms"].notna().all()
+
+
+def test_run_ids_never_overwrite_an_earlier_run(tmp_path):
+    from harness.session import unique_run_id
+
+    assert unique_run_id(tmp_path, "r") == "r"
+    (tmp_path / "r.csv").write_text("x")
+    (tmp_path / "r-2.csv").write_text("x")
+    assert unique_run_id(tmp_path, "r") == "r-3"
