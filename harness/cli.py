@@ -65,7 +65,7 @@ def cmd_report(args) -> int:
     path, n = write_report(
         args.results, args.output, latest=args.latest, compare=args.compare, title=args.title
     )
-    print(f"report: {path} ({n} figures)")
+    print(f"report: {path} ({n} figure{'' if n == 1 else 's'})")
     return 0
 
 

@@ -217,7 +217,7 @@ def memory(cur: pd.DataFrame) -> Figure | None:
         for col, name, color in stack:
             fig.add_bar(
                 x=x, y=cache[col] / MIB, name=name, marker_color=color, legendgroup=name,
-                showlegend=i == 0, hovertext=cache["label"], **pos,
+                showlegend=i == 0, hovertext=panel + " · ctx " + x, **pos,
             )  # fmt: skip
         alloc = p.groupby("context_len")["alloc_bytes"].max()
         fig.add_scatter(

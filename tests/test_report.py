@@ -132,6 +132,10 @@ def test_cli_report_and_compare_option(tmp_path, capsys):
     assert "(4 figures)" in capsys.readouterr().out  # latency, bandwidth, memory, compare
     assert 'id="compare"' in out.read_text()
     assert main(["report", str(tmp_path / "missing"), "-o", str(out)]) == 2
+    assert main(["report", str(cmp), "-o", str(out)]) == 0  # a compare table alone
+    assert "(1 figure)" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty"), "-o", str(out)]) == 2
 
 
 def test_report_imports_no_mlx():
