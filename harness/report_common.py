@@ -83,10 +83,17 @@ def _show(axis: str, v) -> str:
     return f"{PREFIX.get(axis, '')}{v}"
 
 
+def _implied_by_model(df: pd.DataFrame, axis: str) -> bool:
+    """A shape axis that the model preset already names (one value per model)."""
+    if axis not in ("n_layers", "head_dim") or "model" not in df or df["model"].isna().any():
+        return False
+    return bool((df.groupby("model")[axis].nunique() <= 1).all())
+
+
 def add_series(df: pd.DataFrame, exclude=(), always=("fmt",)) -> pd.DataFrame:
     """A `series` column naming each line by the axes that vary (besides x and facets)."""
     axes = [a for a in SERIES_AXES if a in always or a in varying(df, exclude=exclude)]
-    axes = [a for a in axes if a not in exclude] or ["fmt"]
+    axes = [a for a in axes if a not in exclude and not _implied_by_model(df, a)] or ["fmt"]
     d = df.copy()
     d["series"] = [
         " · ".join(_show(a, r[a]) for a in axes if pd.notna(r[a])) for r in d.to_dict("records")

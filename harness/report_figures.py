@@ -58,6 +58,15 @@ def _series(d: pd.DataFrame) -> pd.DataFrame:
     return d.sort_values(["series", "kernel", "context_len"])
 
 
+def spaced(values: list, factor: float = 1.4) -> list:
+    """Values at least `factor` apart (on a log axis, closer tick labels overlap)."""
+    out = []
+    for v in values:
+        if not out or v >= out[-1] * factor:
+            out.append(v)
+    return out
+
+
 def _line(d: pd.DataFrame, y: str, labels: dict, facet_row: str | None, **kw) -> go.Figure:
     dash = "kernel" if d["kernel"].nunique() > 1 else None
     fig = px.line(
@@ -81,7 +90,7 @@ def _line(d: pd.DataFrame, y: str, labels: dict, facet_row: str | None, **kw) ->
         **kw,
     )
     fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
-    ctx = sorted(d["context_len"].unique())
+    ctx = spaced(sorted(d["context_len"].unique()))
     if len(ctx) <= 10:  # label the measured contexts, not log-axis minor ticks
         fig.update_xaxes(tickvals=ctx, ticktext=[str(int(c)) for c in ctx])
     return fig
@@ -141,17 +150,21 @@ def bandwidth(cur: pd.DataFrame) -> Figure | None:
     labels = {"context_len": "context length (tokens)", "gbps": "achieved bandwidth (GB/s)"}
     hover = {"pct_peak_bw": ":.1f", "bytes_read": True, "bytes_written": True, "gqa": False}
     fig = _line(d, "gbps", labels, None, hover_data=hover)
-    peaks = d.dropna(subset=["peak_gbps"]).drop_duplicates(["device", "peak_gbps"])
+    peaks = d.dropna(subset=["peak_gbps"]).drop_duplicates(["device", "run_id"])
     top = float(d["gbps"].max())
-    for p in peaks.itertuples():
+    for p in peaks.itertuples():  # each run measured its own peak: one line per run
         top = max(top, float(p.peak_gbps))
-        fig.add_hline(
-            y=float(p.peak_gbps),
-            line_dash="dash",
-            line_color="#444",
-            annotation_text=f"measured peak {p.peak_gbps:.3g} GB/s ({p.device})",
-            annotation_position="top left",
+        fig.add_hline(y=float(p.peak_gbps), line_dash="dash", line_color="#444")
+    if len(peaks):
+        text = ", ".join(
+            f"{p.peak_gbps:.3g}" + (f" ({p.suite})" if len(peaks) > 1 else "")
+            for p in peaks.itertuples()
         )
+        devices = ", ".join(peaks["device"].astype(str).unique())
+        fig.add_annotation(
+            xref="x domain", yref="y", x=0, y=float(peaks["peak_gbps"].max()), showarrow=False,
+            xanchor="left", yanchor="bottom", text=f"measured peak {text} GB/s ({devices})",
+        )  # fmt: skip
     fig.update_yaxes(range=[0, top * 1.15], rangemode="tozero")
     title = "Decode bandwidth vs the measured roofline (GB/s, 1 GB = 1e9 B)"
     note = (
