@@ -215,7 +215,8 @@ def memory(cur: pd.DataFrame) -> Figure | None:
     d = add_series(d, exclude=MEM_SAME, always=("fmt",))
     d["panel"] = d["series"]
     d = split_memory(d)
-    panels = list(dict.fromkeys(d.sort_values("bits_per_elem", ascending=False)["panel"]))
+    order = d.sort_values(["bits_per_elem", "gqa_ratio", "panel"], ascending=[False, True, True])
+    panels = list(dict.fromkeys(order["panel"]))
     ncol = min(len(panels), 4)
     nrow = -(-len(panels) // ncol)
     fig = make_subplots(nrow, ncol, subplot_titles=panels, shared_yaxes=True, vertical_spacing=0.12)
@@ -247,6 +248,7 @@ def memory(cur: pd.DataFrame) -> Figure | None:
                         "color": PEAK_COLORS[j % len(PEAK_COLORS)]}, **pos,
             )  # fmt: skip
     fig.update_layout(barmode="stack")
+    fig.update_yaxes(matches="y")  # one scale for every panel: sizes compare across formats
     fig.update_xaxes(type="category")
     fig.update_xaxes(title_text="context length (tokens)", row=nrow)
     fig.update_yaxes(title_text="memory (MiB)", col=1)
