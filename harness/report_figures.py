@@ -249,6 +249,7 @@ def memory(cur: pd.DataFrame) -> Figure | None:
             )  # fmt: skip
     fig.update_layout(barmode="stack")
     fig.update_yaxes(matches="y")  # one scale for every panel: sizes compare across formats
+    fig.layout.yaxis.matches = None  # (the first axis matching itself is a console warning)
     fig.update_xaxes(type="category")
     fig.update_xaxes(title_text="context length (tokens)", row=nrow)
     fig.update_yaxes(title_text="memory (MiB)", col=1)
