@@ -127,11 +127,23 @@ def table(df: pd.DataFrame, columns: dict) -> pd.DataFrame:
     return df[cols].rename(columns=columns).reset_index(drop=True)
 
 
-def log_dtick(values) -> str | int | None:
-    """Log-axis tick step: 1-2-5 labels over one to four decades, powers of ten beyond, and
-    plotly's own choice under one decade (where 2 and 5 might label nothing)."""
+def log_ticks(values) -> dict:
+    """Tick values and full-number labels for a log axis over `values` (1-2-5 steps, finer under
+    a decade, powers of ten over four); {} leaves it to plotly (a range under 2x). Plotly's own
+    minor labels print 0.2 as "2", which reads wrong on a ratio or sub-millisecond axis."""
+    import math
+
     v = pd.Series(values, dtype=float)
     v = v[v > 0]
-    if v.empty or v.max() / v.min() < 10:
-        return None
-    return "D2" if v.max() / v.min() < 1e4 else 1
+    if v.empty or v.max() / v.min() < 2:
+        return {}
+    lo, hi = float(v.min()) / 1.3, float(v.max()) * 1.3
+    span = hi / lo
+    steps = (1,) if span >= 1e4 else (1, 2, 5) if span >= 10 else (1, 1.5, 2, 3, 5, 7)
+    ticks = [
+        m * 10.0**k
+        for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+        for m in steps
+        if lo <= m * 10.0**k <= hi
+    ]
+    return {"tickvals": ticks, "ticktext": [f"{t:g}" for t in ticks]}

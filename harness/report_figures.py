@@ -21,7 +21,7 @@ from harness.report_common import (
     add_series,
     colors,
     gqa_facet,
-    log_dtick,
+    log_ticks,
     measured,
     style,
     table,
@@ -128,9 +128,9 @@ def latency(cur: pd.DataFrame) -> Figure | None:
     if rows:
         match_within_rows(fig, n_rows, d["gqa"].nunique())
         for r, (_, p) in enumerate(d.groupby("phase", sort=True), start=1):
-            fig.update_yaxes(dtick=log_dtick(p[["p10_ms", "p90_ms"]].stack()), row=n_rows - r + 1)
+            fig.update_yaxes(**log_ticks(p[["p10_ms", "p90_ms"]].stack()), row=n_rows - r + 1)
     else:
-        fig.update_yaxes(dtick=log_dtick(d[["p10_ms", "p90_ms"]].stack()))
+        fig.update_yaxes(**log_ticks(d[["p10_ms", "p90_ms"]].stack()))
     title = "Latency vs context per format (median; bars p10–p90 of the samples; log–log)"
     note = (
         "One timed call: a decode step over all layers (write + attend), or the whole prefill. "
@@ -337,7 +337,7 @@ def accuracy(cur: pd.DataFrame) -> Figure | None:
         )  # fmt: skip
     fig.update_xaxes(title_text="stored bits per K/V element (scales included; bytes = bits / 8)")
     fig.update_yaxes(title_text="relative error of attention output (vs fp32)", type="log")
-    fig.update_yaxes(dtick=log_dtick(g["y"]))
+    fig.update_yaxes(**log_ticks(g["y"]))
     title = "Accuracy vs memory per element: the trade-off frontier"
     note = (
         "One point per (format, kernel, K/V data): median relative L2 error of the attention "

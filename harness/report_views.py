@@ -17,7 +17,7 @@ from harness.report_common import (
     Figure,
     add_series,
     colors,
-    log_dtick,
+    log_ticks,
     measured,
     style,
     table,
@@ -188,7 +188,7 @@ def history_fig(history: pd.DataFrame, order: list) -> Figure | None:
         labels={"run": "run (commit, date; oldest left)", "median_ms": "latency (ms)"},
         color_discrete_sequence=colors(g["label"].nunique()),
     )  # fmt: skip
-    fig.update_yaxes(dtick=log_dtick(g[["ci_low_ms", "ci_high_ms", "median_ms"]].stack()))
+    fig.update_yaxes(**log_ticks(g[["ci_low_ms", "ci_high_ms", "median_ms"]].stack()))
     title = "History across commits: median latency per case (bars: 95% CI; log y)"
     note = "One point per run that measured the case, runs ordered by timestamp."
     wide = g.pivot_table(index="label", columns="pos", values="median_ms")
@@ -219,7 +219,7 @@ def compare(cmp: pd.DataFrame | None) -> Figure | None:
         color_discrete_map=VERDICT_COLORS,
         labels={"ratio": "ratio new / base (log; < 1: new is smaller)", "label": "case"},
     )  # fmt: skip
-    fig.update_xaxes(dtick=log_dtick(plotted[["ratio", "ratio_ci_low", "ratio_ci_high"]].stack()))
+    fig.update_xaxes(**log_ticks(plotted[["ratio", "ratio_ci_low", "ratio_ci_high"]].stack()))
     fig.add_vline(x=1.0, line_dash="dash", line_color="#444")
     fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
     fig.update_yaxes(automargin=True)

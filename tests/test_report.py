@@ -161,3 +161,20 @@ def test_every_figure_renders_in_headless_chromium(full_report):
 def test_layout_memory_uses_cell_bytes_when_present(full_report):
     text = full_report[1]
     assert "Memory plotted: bytes_alloc / bytes_used" in text
+
+
+def test_log_ticks_label_full_numbers():
+    from harness.report_common import log_ticks
+
+    t = log_ticks([0.19, 7.0])
+    assert t["tickvals"][:3] == [0.2, 0.5, 1.0] and t["ticktext"][:3] == ["0.2", "0.5", "1"]
+    assert log_ticks([1.0, 1.5]) == {}  # under 2x: plotly's own ticks
+    assert log_ticks([1e-6, 1.0])["ticktext"] == [
+        "1e-06",
+        "1e-05",
+        "0.0001",
+        "0.001",
+        "0.01",
+        "0.1",
+        "1",
+    ]
