@@ -122,7 +122,13 @@ def latency(cur: pd.DataFrame) -> Figure | None:
         log_y=True,
         error_y="err_plus",
         error_y_minus="err_minus",
-        hover_data={"p10_ms": ":.4g", "p90_ms": ":.4g", "n_samples": True, "gqa": False},
+        hover_data={
+            "p10_ms": ":.4g",
+            "p90_ms": ":.4g",
+            "n_samples": True,
+            "cv": ":.2f",
+            "gqa": False,
+        },
     )
     n_rows = d["phase"].nunique() if rows else 1
     if rows:
