@@ -7,7 +7,7 @@ OUT ?= results
 DEVICE ?=
 DEVICE_FLAG := $(if $(DEVICE),--device $(DEVICE),)
 
-.PHONY: install bench test lint fmt clean bench-streams bench-pytest compare tiles
+.PHONY: install bench test lint fmt clean bench-streams bench-pytest compare tiles report
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -59,3 +59,7 @@ compare: install
 # tile_kv x context x dtype x GQA sweep of the flash-decoding kernels (docs/kernels.md)
 tiles: install
 	$(PY) -m harness run suites/tiles.yaml --out $(OUT) $(DEVICE_FLAG)
+
+# The newest run in $(OUT) (older runs there feed the history figure): $(OUT)/report.html
+report: install
+	$(PY) -m harness report $(OUT) --latest -o $(OUT)/report.html

@@ -155,6 +155,16 @@ def cmd_profile(args) -> int:
     return 0
 
 
+def cmd_report(args) -> int:
+    from harness.report import write_report
+
+    path, n = write_report(
+        args.results, args.output, latest=args.latest, compare=args.compare, title=args.title
+    )
+    print(f"report: {path} ({n} figure{'' if n == 1 else 's'})")
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvbench", description="Benchmark LLM KV-cache configurations on MLX."
@@ -219,6 +229,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     prof.add_argument("--device", choices=("cpu", "gpu"))
     prof.set_defaults(func=cmd_profile)
+
+    rep = sub.add_parser("report", help="one self-contained HTML page of plots from result CSVs")
+    rep.add_argument("results", nargs="+", help="result CSV files or directories of them")
+    rep.add_argument("-o", "--output", default="report.html", help="HTML file to write")
+    rep.add_argument(
+        "--latest",
+        action="store_true",
+        help="figures from the newest run only (history still uses every run given)",
+    )
+    rep.add_argument("--compare", metavar="FILE", help="a compare CSV to plot (kvbench compare)")
+    rep.add_argument("--title", help="page title (default: the suites' names)")
+    rep.set_defaults(func=cmd_report)
     return p
 
 
