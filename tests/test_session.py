@@ -127,3 +127,17 @@ def test_run_ids_never_overwrite_an_earlier_run(tmp_path):
     (tmp_path / "r.csv").write_text("x")
     (tmp_path / "r-2.csv").write_text("x")
     assert unique_run_id(tmp_path, "r") == "r-3"
+
+
+def test_peak_memory_is_the_case_not_the_parity_check(write_suite, tmp_path):
+    # tiny, fp32, ctx 1024: the cache is 2 layers x (K+V) x 2 heads x 1024 x 64 x 4 B = 2 MiB.
+    # A decode step adds only per-layer score rows. The parity check's float32 reference
+    # repeats K/V over the 4 query heads per KV head (another 4 MiB): it must not count.
+    text = SUITE.replace(
+        "sweep: {context_len: [16, 40], kernel: [sdpa, ops]}",
+        "sweep: {context_len: [1024], kv_dtype: [fp32]}",
+    )
+    rows, _ = _run(write_suite, tmp_path, text)
+    (row,) = rows.itertuples()
+    assert row.kv_bytes == 2 * 2 * 2 * 1024 * 64 * 4
+    assert row.kv_bytes <= row.peak_mem_bytes < 1.25 * row.kv_bytes
