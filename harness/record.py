@@ -70,7 +70,8 @@ class Record:
     kv_bytes: int | None = None  # exact format formula at context_len
     bits_per_elem: float | None = None  # stored bits per K/V element, scales included
     alloc_bytes: int | None = None  # measured: active-memory growth when the cache is allocated
-    peak_mem_bytes: int | None = None  # measured: peak above the pre-cache baseline
+    peak_mem_bytes: int | None = None  # measured: peak above the pre-cache baseline (stages)
+    fill_peak_bytes: int | None = None  # measured: peak above it while allocating + filling
     # accuracy vs the float32 reference on the un-quantized K/V
     max_abs_err: float | None = None
     rel_err: float | None = None
