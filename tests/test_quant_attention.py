@@ -97,3 +97,12 @@ def test_suite_rejects_group_the_format_cannot_use():
         )
     with pytest.raises(SuiteError, match="group_size"):
         resolve("s.yaml", {"model": "tiny", "context_len": 8, "kv_dtype": "fp4", "group_size": 128})
+
+
+def test_quant_suites_load():
+    from harness.suite import expand, load_suite
+
+    cpu = expand(load_suite("suites/quant.yaml"))
+    assert {c.kv_dtype for c in cpu} == set(QUANTIZED) | {"fp16"}
+    gpu = expand(load_suite("suites/quant-gpu.yaml"))
+    assert {c.group_size for c in gpu} == {None, 32}
