@@ -33,3 +33,6 @@ fmt: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+quant: install
+	$(PY) -m harness run suites/quant.yaml --out $(OUT) $(DEVICE_FLAG)
