@@ -1,5 +1,7 @@
 """Attention over quantized caches, quantize-on-write in the cache engine, K/V data kinds."""
 
+from pathlib import Path
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -102,9 +104,10 @@ def test_suite_rejects_group_the_format_cannot_use():
 def test_quant_suites_load():
     from harness.suite import expand, load_suite
 
-    cpu = expand(load_suite("suites/quant.yaml"))
+    root = Path(__file__).resolve().parent.parent
+    cpu = expand(load_suite(root / "suites/quant.yaml"))
     assert {c.kv_dtype for c in cpu} == set(QUANTIZED) | {"fp16"}
-    gpu = expand(load_suite("suites/quant-gpu.yaml"))
+    gpu = expand(load_suite(root / "suites/quant-gpu.yaml"))
     assert {c.group_size for c in gpu} == {None, 32}
 
 
