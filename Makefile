@@ -7,7 +7,7 @@ OUT ?= results
 DEVICE ?=
 DEVICE_FLAG := $(if $(DEVICE),--device $(DEVICE),)
 
-.PHONY: install bench test lint fmt clean bench-streams bench-pytest compare tiles report
+.PHONY: install bench test lint fmt clean bench-streams bench-pytest compare tiles report quant
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -63,3 +63,6 @@ tiles: install
 # The newest run in $(OUT) (older runs there feed the history figure): $(OUT)/report.html
 report: install
 	$(PY) -m harness report $(OUT) --latest -o $(OUT)/report.html
+
+quant: install
+	$(PY) -m harness run suites/quant.yaml --out $(OUT) $(DEVICE_FLAG)

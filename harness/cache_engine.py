@@ -6,7 +6,10 @@
 * prefill: one timed call writes the whole prompt's K/V into every layer and attends causally.
 * stages: beside the step, the write stage and the attend stage are timed alone.
 * check: layer 0's output against the float32 reference over the same stored cache (parity),
-  then accuracy against the float32 reference over the un-quantized K/V.
+  then accuracy against the float32 reference over the un-quantized K/V, and kv_recon_err.
+* memory: alloc_bytes is the active-memory growth when the (zeroed) cache is allocated;
+  fill_peak_bytes the peak above the same baseline while it is allocated and prefilled
+  (quantize on write); the runner's peak_mem_bytes covers the timed stages.
 """
 
 from __future__ import annotations
@@ -78,6 +81,8 @@ def build(case: Case) -> State:
     pos = case.context_len - lq  # decode: L-1 prefilled positions; prefill: none
     if pos:
         cache.fill(k_act[:, :, :pos], v_act[:, :, :pos])
+    mx.synchronize()
+    fill_peak = mx.get_peak_memory() - baseline  # allocation + prefill writes (quantize)
     k_new, v_new = k_act[:, :, pos:], v_act[:, :, pos:]
     mask = "causal" if case.phase == "prefill" else None
     scale = 1.0 / math.sqrt(case.head_dim)
@@ -113,4 +118,5 @@ def build(case: Case) -> State:
         return {**compare_outputs(out, exact), "kv_recon_err": recon_err(fmt, (k, v), (k32, v32))}
 
     stages = {"step": step, "write": write, "attend": attend_all}
-    return State(stages, check, alloc_bytes=alloc, baseline_bytes=baseline)
+    extra = {"fill_peak_bytes": fill_peak}
+    return State(stages, check, alloc_bytes=alloc, baseline_bytes=baseline, extra=extra)

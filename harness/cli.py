@@ -165,6 +165,18 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_plan(args) -> int:
+    from harness.plan import make_plan, parse_size, render, resolve_shape, to_json
+
+    shape = resolve_shape(args.model, args.n_layers, args.n_kv_heads, args.head_dim)
+    budget = parse_size(args.budget) if args.budget is not None else None
+    plan = make_plan(
+        shape, args.format, args.group_size, args.n_seqs, args.context, budget, args.layout
+    )
+    print(to_json(plan) if args.json else render(plan))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvbench", description="Benchmark LLM KV-cache configurations on MLX."
@@ -241,6 +253,20 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--compare", metavar="FILE", help="a compare CSV to plot (kvbench compare)")
     rep.add_argument("--title", help="page title (default: the suites' names)")
     rep.set_defaults(func=cmd_report)
+
+    plan = sub.add_parser("plan", help="exact KV-cache bytes for a shape, context and format")
+    plan.add_argument("--model", help="preset shape (see `kvbench list`)")
+    plan.add_argument("--n-layers", type=int, help="layers (overrides the preset)")
+    plan.add_argument("--n-kv-heads", type=int, help="KV heads (overrides the preset)")
+    plan.add_argument("--head-dim", type=int, help="head dimension (overrides the preset)")
+    plan.add_argument("--context", type=int, help="context length in tokens")
+    plan.add_argument("--format", default="fp16", help="kv_dtype (default fp16)")
+    plan.add_argument("--group-size", type=int, help="scale group size (default: per row/mode)")
+    plan.add_argument("--n-seqs", type=int, default=1, help="sequences (default 1)")
+    plan.add_argument("--layout", default="per-stream", help="cache layout (per-stream)")
+    plan.add_argument("--budget", help="memory budget, e.g. 8GiB: the longest context that fits")
+    plan.add_argument("--json", action="store_true", help="print JSON for scripts")
+    plan.set_defaults(func=cmd_plan)
     return p
 
 

@@ -75,7 +75,8 @@ class Record:
     kv_bytes: int | None = None  # exact format formula at context_len
     bits_per_elem: float | None = None  # stored bits per K/V element, scales included
     alloc_bytes: int | None = None  # measured: active-memory growth when the cache is allocated
-    peak_mem_bytes: int | None = None  # measured: peak above the pre-cache baseline
+    peak_mem_bytes: int | None = None  # measured: peak above the pre-cache baseline (stages)
+    fill_peak_bytes: int | None = None  # measured: peak above it while allocating + filling
     # many-sequence layouts (docs/streams.md): cells per layer, bytes over all layers, K and V
     cells_alloc: int | None = None  # cells allocated (all streams)
     cells_used: int | None = None  # occupied cells at the timed step (a shared cell once)

@@ -32,6 +32,7 @@ SHOW = {
     "kv_mib": "KV MiB",
     "alloc_mib": "alloc MiB",
     "peak_mib": "peak MiB",
+    "fill_peak_mib": "fill peak MiB",
     "kv_util": "kv_util",
     "rel_err": "rel_err",
     "kv_recon_err": "kv_err",
@@ -58,6 +59,8 @@ def table(df: pd.DataFrame) -> str:
     df["kv_mib"] = df["kv_bytes"] / 2**20
     df["peak_mib"] = df["peak_mem_bytes"] / 2**20
     df["alloc_mib"] = df["alloc_bytes"] / 2**20
+    if "fill_peak_bytes" in df:
+        df["fill_peak_mib"] = df["fill_peak_bytes"] / 2**20
     if df["cv"].notna().any():
         df["cv"] = [
             f"{c:.2f}{'!' if u is True or u == 'True' else ''}" if pd.notna(c) else ""

@@ -78,28 +78,17 @@ def _signbit(x: mx.array) -> mx.array:
 
 
 def fp4_codes(y: mx.array) -> mx.array:
-    """Nearest E2M1 codes (uint32) for values y already divided by their scale."""
+    """Nearest E2M1 codes (uint8) for values y already divided by their scale."""
     a = mx.abs(y)
-    mag = mx.zeros(y.shape, dtype=mx.uint32)
+    mag = mx.zeros(y.shape, dtype=mx.uint8)  # uint8: a quarter of the transient memory
     for c, mid in enumerate(FP4_MIDPOINTS):
-        mag = mag + (a >= mid if c % 2 else a > mid).astype(mx.uint32)
-    return mag | (_signbit(y).astype(mx.uint32) << 3)
-
-
-def fp4_decode_codes(codes: mx.array) -> mx.array:
-    """float32 values of uint32 E2M1 codes."""
-    mag = mx.array(FP4_MAGNITUDES, dtype=mx.float32)[codes & 0b111]
-    return mx.where((codes & 0b1000) > 0, -mag, mag)
+        mag = mag + (a >= mid if c % 2 else a > mid).astype(mx.uint8)
+    return mag | (_signbit(y).astype(mx.uint8) << 3)
 
 
 def int4_codes(y: mx.array) -> mx.array:
     q = mx.clip(mx.round(y), -8, 7).astype(mx.int32)
     return (q & 0xF).astype(mx.uint32)  # two's-complement nibble
-
-
-def int4_decode_codes(codes: mx.array) -> mx.array:
-    c = codes.astype(mx.int32)
-    return mx.where(c >= 8, c - 16, c).astype(mx.float32)
 
 
 # ---- scaled symmetric formats (fp4, int4, int8) -------------------------------------------
@@ -162,20 +151,28 @@ class Scaled:
             data = mx.clip(mx.round(y), -127, 127).astype(mx.int8)
         return {"data": data, "scales": scales}
 
-    def code_values(self, data: mx.array) -> mx.array:
-        """float32 code values [..., D] (before scaling) of the stored data."""
+    def code_table(self) -> mx.array:
+        """float32 value of each of the 16 4-bit codes (before scaling)."""
         if self.name == "fp4":
-            return fp4_decode_codes(unpack_nibbles(data))
+            return mx.array([fp4_value(c) for c in range(16)], dtype=mx.float32)
+        return mx.array([c - 16 if c >= 8 else c for c in range(16)], dtype=mx.float32)
+
+    def code_values(self, data: mx.array, dtype: mx.Dtype = mx.float32) -> mx.array:
+        """Code values [..., D] (before scaling) of the stored data, in `dtype` (exact)."""
         if self.bits == 4:
-            return int4_decode_codes(unpack_nibbles(data))
-        return data.astype(mx.float32)
+            return self.code_table().astype(dtype)[unpack_nibbles(data)]  # one gather
+        return data.astype(dtype)
 
     def decode(self, stored: Stored, dtype: mx.Dtype | None = None) -> mx.array:
-        vals = self.code_values(stored["data"])
+        # Computed directly in the output dtype: code value and scale are both exact there and
+        # their product is rounded once, as a float32 product cast down would be; this keeps
+        # the transient memory of a dequantize at the output's size.
+        dtype = dtype or self.compute_dtype
+        vals = self.code_values(stored["data"], dtype)
         *lead, d = vals.shape
         g = d // stored["scales"].shape[-1]
-        vg = vals.reshape(*lead, d // g, g) * stored["scales"].astype(mx.float32)[..., None]
-        return vg.reshape(*lead, d).astype(dtype or self.compute_dtype)  # [..., D]
+        vg = vals.reshape(*lead, d // g, g) * stored["scales"].astype(dtype)[..., None]
+        return vg.reshape(*lead, d)  # [..., D]
 
     def nbytes(self, n_rows: int, head_dim: int) -> int:
         """Codes (bits/8 per element) + one float16 scale per group, per row."""

@@ -196,3 +196,11 @@ def test_fp4_ties_round_to_even_code():
     stored = get_format("fp4").encode(mx.array(row))
     assert np.array(quant.unpack_nibbles(stored["data"]))[0].tolist() == want
     assert np_fp4_codes(row)[0].tolist() == want
+
+
+@pytest.mark.parametrize("name", ["fp4", "int4", "int8"])
+def test_half_precision_decode_is_float32_decode_rounded_once(name):
+    fmt = get_format(name, 32)
+    stored = fmt.encode(mx.random.normal((4, 128), key=mx.random.key(5)) * 3)
+    want = np.array(fmt.decode(stored, mx.float32).astype(mx.float16))
+    np.testing.assert_array_equal(np.array(fmt.decode(stored, mx.float16)), want)

@@ -1,5 +1,7 @@
 """Attention over quantized caches, quantize-on-write in the cache engine, K/V data kinds."""
 
+from pathlib import Path
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -97,3 +99,41 @@ def test_suite_rejects_group_the_format_cannot_use():
         )
     with pytest.raises(SuiteError, match="group_size"):
         resolve("s.yaml", {"model": "tiny", "context_len": 8, "kv_dtype": "fp4", "group_size": 128})
+
+
+def test_quant_suites_load():
+    from harness.suite import expand, load_suite
+
+    root = Path(__file__).resolve().parent.parent
+    cpu = expand(load_suite(root / "suites/quant.yaml"))
+    assert {c.kv_dtype for c in cpu} == set(QUANTIZED) | {"fp16"}
+    gpu = expand(load_suite(root / "suites/quant-gpu.yaml"))
+    assert {c.group_size for c in gpu} == {None, 32}
+
+
+def test_peak_memory_covers_stages_not_the_check(monkeypatch):
+    """A check that allocates 64 MiB must not show up in peak_mem_bytes."""
+    from harness import runner
+    from harness.suite import Settings
+
+    real_build = runner.cache_engine.build
+
+    def build_with_big_check(case):
+        state = real_build(case)
+        check = state.check
+
+        def heavy_check():
+            mx.eval(mx.zeros((16, 2**20), dtype=mx.float32))  # 64 MiB, freed on return
+            return check()
+
+        state.check = heavy_check
+        return state
+
+    monkeypatch.setitem(runner.ENGINES, "cache", runner.Engine(build_with_big_check, None))
+    case = Case("tiny", 2, 8, 2, 64, 64, kv_dtype="fp4", kernel="dequant_sdpa")
+    run = runner.CaseRun(case)
+    settings = Settings(warmup_s=0.01, min_samples=2, max_samples=3, budget_s=0.02, rounds=1)
+    runner.measure_round(run, settings, 0)
+    kv = metrics.kv_bytes(case, get_format("fp4"))
+    assert kv <= run.peak_mem_bytes < 2**24
+    assert run.extra["fill_peak_bytes"] >= kv
