@@ -7,7 +7,7 @@ OUT ?= results
 DEVICE ?=
 DEVICE_FLAG := $(if $(DEVICE),--device $(DEVICE),)
 
-.PHONY: install bench test lint fmt clean peers
+.PHONY: install bench test lint fmt clean bench-streams bench-pytest compare tiles report quant peers
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,39 @@ fmt: install
 
 clean:
 	rm -rf $(VENV) .pytest_cache build *.egg-info
+
+# per-stream vs unified KV caches for many sequences (docs/streams.md); on a GPU use
+# SUITE=suites/streams-gpu.yaml with `make bench`
+bench-streams: install
+	$(PY) -m harness run suites/streams.yaml --out $(OUT) $(DEVICE_FLAG)
+
+# pytest-benchmark: the decode cases in tests/benchmarks (skipped by `make test`), raw data kept
+# in the JSON so `kvbench import` can rebuild samples. BENCH_JSON names the output.
+BENCH_JSON ?= $(OUT)/pytest-benchmark.json
+bench-pytest: install
+	mkdir -p $(dir $(BENCH_JSON))
+	KVBENCH_BENCH=1 $(PY) -m pytest tests/benchmarks --benchmark-only \
+		--benchmark-save-data --benchmark-json $(BENCH_JSON)
+
+# make compare BASE=<git ref> [SUITE=...] [FORMAT=markdown]: measure the current tree and BASE
+# (in a temporary git worktree) where OUT has no results for them yet, then compare; exits 1
+# on a significant regression. SUITE defaults to suites/gate.yaml here (enough samples).
+COMPARE_SUITE = $(if $(filter command line environment,$(origin SUITE)),$(SUITE),suites/gate.yaml)
+compare: install
+	@test -n "$(BASE)" || { echo "make compare: give BASE=<git ref>" >&2; exit 2; }
+	$(PY) -m harness gate $(BASE) --suite $(COMPARE_SUITE) --results $(OUT) $(DEVICE_FLAG) \
+		$(if $(FORMAT),--format $(FORMAT),)
+
+# tile_kv x context x dtype x GQA sweep of the flash-decoding kernels (docs/kernels.md)
+tiles: install
+	$(PY) -m harness run suites/tiles.yaml --out $(OUT) $(DEVICE_FLAG)
+
+# The newest run in $(OUT) (older runs there feed the history figure): $(OUT)/report.html
+report: install
+	$(PY) -m harness report $(OUT) --latest -o $(OUT)/report.html
+
+quant: install
+	$(PY) -m harness run suites/quant.yaml --out $(OUT) $(DEVICE_FLAG)
 
 # Optional peers (docs/peers.md): mlx-lm, and torch as a CPU build only (a `+cpu` version never
 # resolves to the CUDA wheel and its GBs of packages); where none is at hand, torch_sdpa skips.

@@ -6,7 +6,10 @@
 * prefill: one timed call writes the whole prompt's K/V into every layer and attends causally.
 * stages: beside the step, the write stage and the attend stage are timed alone.
 * check: layer 0's output against the float32 reference over the same stored cache (parity),
-  then accuracy against the float32 reference over the un-quantized K/V.
+  then accuracy against the float32 reference over the un-quantized K/V, and kv_recon_err.
+* memory: alloc_bytes is the active-memory growth when the (zeroed) cache is allocated;
+  fill_peak_bytes the peak above the same baseline while it is allocated and prefilled
+  (quantize on write); the runner's peak_mem_bytes covers the timed stages.
 """
 
 from __future__ import annotations
@@ -21,12 +24,40 @@ from kernels.attention import KERNELS, reference, unsupported_reason
 from kernels.cache import KVCache
 from kernels.data import make_qkv
 from kernels.formats import get_format
+from kernels.gpu_kernels import DTYPE_NAMES, kv_code
+from kernels.launch import Problem
+
+
+def problem_of(case: Case, fmt) -> Problem:
+    """The attention call a case makes, as the GPU kernels' launch planner sees it."""
+    return Problem(
+        n_seqs=case.n_seqs,
+        n_q_heads=case.n_q_heads,
+        n_kv_heads=case.n_kv_heads,
+        head_dim=case.head_dim,
+        kv_len=case.context_len,
+        dtype=DTYPE_NAMES.get(fmt.compute_dtype, str(fmt.compute_dtype)),
+        kv_code=kv_code(fmt) or fmt.name,
+        group_size=case.group_size,
+        q_len=1 if case.phase == "decode" else case.context_len,
+    )
 
 
 def skip_reason(case: Case, backend: str) -> str | None:
     if case.window is not None:
         return "window is implemented by the mlx_lm_rotating peer only"
-    return unsupported_reason(case.kernel, get_format(case.kv_dtype, case.group_size), backend)
+    fmt = get_format(case.kv_dtype, case.group_size)
+    return unsupported_reason(case.kernel, fmt, backend, problem_of(case, fmt), case.tile_kv)
+
+
+def recon_err(fmt, stored: tuple, originals: tuple) -> float:
+    """Relative L2 error of the decoded K and V (together) against the float32 originals."""
+    num = den = 0.0
+    for s, x in zip(stored, originals):
+        diff = fmt.decode(s, mx.float32) - x
+        num += mx.sum(diff * diff).item()
+        den += mx.sum(x * x).item()
+    return (num / den) ** 0.5
 
 
 def build(case: Case) -> State:
@@ -38,6 +69,7 @@ def build(case: Case) -> State:
         (case.n_seqs, case.n_q_heads, lq, case.head_dim),
         (case.n_seqs, case.n_kv_heads, case.context_len, case.head_dim),
         case.seed,
+        case.kv_file,
     )
     act = fmt.compute_dtype
     q, k_act, v_act = q32.astype(act), k32.astype(act), v32.astype(act)
@@ -51,6 +83,8 @@ def build(case: Case) -> State:
     pos = case.context_len - lq  # decode: L-1 prefilled positions; prefill: none
     if pos:
         cache.fill(k_act[:, :, :pos], v_act[:, :, :pos])
+    mx.synchronize()
+    fill_peak = mx.get_peak_memory() - baseline  # allocation + prefill writes (quantize)
     k_new, v_new = k_act[:, :, pos:], v_act[:, :, pos:]
     mask = "causal" if case.phase == "prefill" else None
     scale = 1.0 / math.sqrt(case.head_dim)
@@ -83,7 +117,8 @@ def build(case: Case) -> State:
         exact = reference(
             q32, {"data": k32}, {"data": v32}, get_format("fp32"), mask=mask, scale=scale
         )
-        return compare_outputs(out, exact)
+        return {**compare_outputs(out, exact), "kv_recon_err": recon_err(fmt, (k, v), (k32, v32))}
 
     stages = {"step": step, "write": write, "attend": attend_all}
-    return State(stages, check, alloc_bytes=alloc, baseline_bytes=baseline)
+    extra = {"fill_peak_bytes": fill_peak}
+    return State(stages, check, alloc_bytes=alloc, baseline_bytes=baseline, extra=extra)

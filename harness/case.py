@@ -31,11 +31,22 @@ class Case:
     group_size: int | None = None
     kv_data: str = "gaussian"
     seed: int = 0
+    # many-sequence workloads (harness/streams_engine.py, docs/streams.md); the defaults are
+    # the plain cache engine's case, so existing case ids do not change
+    workload: str = "none"  # none | independent | shared-prefix
+    prefix_frac: float = 0.0  # shared prefix = int(prefix_frac * context_len) tokens
+    decode_order: str = "interleaved"  # interleaved | sequential
+    churn: int = 0  # sequences that finish and are replaced before the timed step
+    kv_file: str | None = None  # .npz of captured K/V, only for kv_data=file (kernels/data.py)
     window: int | None = None  # attention window (mlx_lm_rotating's max_size); None: whole context
 
     @property
     def gqa_ratio(self) -> int:
         return self.n_q_heads // self.n_kv_heads
+
+    @property
+    def prefix_len(self) -> int:
+        return int(self.prefix_frac * self.context_len)
 
     @property
     def case_id(self) -> str:
@@ -47,6 +58,20 @@ class Case:
             parts.append(f"seqs{self.n_seqs}")
         if self.tile_kv:
             parts.append(f"tile{self.tile_kv}")
+        if self.layout != "per-stream":
+            parts.append(self.layout)
+        if self.workload != "none":
+            parts.append(self.workload)
+        if self.prefix_frac:
+            parts.append(f"prefix{self.prefix_frac:g}")
+        if self.decode_order != "interleaved":
+            parts.append(self.decode_order)
+        if self.churn:
+            parts.append(f"churn{self.churn}")
+        if self.group_size:
+            parts.append(f"g{self.group_size}")
+        if self.kv_data != "gaussian":
+            parts.append(self.kv_data)
         if self.window:
             parts.append(f"win{self.window}")
         return " ".join(parts)

@@ -59,6 +59,124 @@ def cmd_env(args) -> int:
     return 0
 
 
+def _emit(text: str, out: str | None) -> None:
+    print(text)
+    if out:
+        from pathlib import Path
+
+        Path(out).write_text(text if text.endswith("\n") else text + "\n")
+
+
+def cmd_compare(args) -> int:
+    from harness.compare import Rules, compare
+    from harness.results import load
+
+    rules = Rules(args.threshold, args.alpha, args.min_samples)
+    base, new = load(args.base, args.results), load(args.new, args.results)
+    return _report(compare(base, new, args.metric, rules), args)
+
+
+def _report(cmp, args) -> int:
+    """Print (and write) a comparison; exit status 1 when it holds a regression."""
+    from harness.compare_format import FORMATS
+
+    for w in cmp.warnings:
+        print(f"kvbench: warning: {w}", file=sys.stderr)
+    _emit(FORMATS[args.format](cmp), args.output)
+    return 1 if len(cmp.regressions) else 0
+
+
+def cmd_history(args) -> int:
+    from harness.compare import Rules
+    from harness.history import FORMATS, history
+
+    rules = Rules(args.threshold, args.alpha, args.min_samples)
+    hist = history(args.dir, args.metric, rules)
+    _emit(FORMATS[args.format](hist), args.output)
+    return 0
+
+
+def cmd_import(args) -> int:
+    from harness.importer import import_file
+
+    csv_path, n = import_file(args.file, args.out)
+    print(f"imported {n} benchmarks: {csv_path}")
+    return 0
+
+
+def cmd_gate(args) -> int:
+    from harness.compare import Rules
+    from harness.gate import gate
+
+    rules = Rules(args.threshold, args.alpha, args.min_samples)
+    cmp = gate(args.base, args.suite, args.results, args.metric, rules, args.device)
+    return _report(cmp, args)
+
+
+def _stats_options(p: argparse.ArgumentParser) -> None:
+    from harness.compare import Rules
+
+    d = Rules()
+    p.add_argument("--metric", default="median_ms", help="column to compare (default median_ms)")
+    p.add_argument(
+        "--threshold",
+        type=float,
+        default=d.threshold,
+        help=f"ratio a change must exceed to count (default {d.threshold})",
+    )
+    p.add_argument(
+        "--alpha", type=float, default=d.alpha, help=f"rank-test significance (default {d.alpha})"
+    )
+    p.add_argument(
+        "--min-samples",
+        type=int,
+        default=d.min_samples,
+        help=f"fewer raw samples on a side: inconclusive (default {d.min_samples})",
+    )
+    p.add_argument("-o", "--output", metavar="FILE", help="also write the output to FILE")
+
+
+def _compare_options(p: argparse.ArgumentParser) -> None:
+    _stats_options(p)
+    p.add_argument("--format", choices=("terminal", "markdown", "csv", "json"), default="terminal")
+    p.add_argument(
+        "--results",
+        default="results",
+        help="where a git ref's results are found (default: results)",
+    )
+
+
+def cmd_profile(args) -> int:
+    from harness.context import set_device
+    from harness.profile import profile
+
+    set_device(args.device)
+    print(profile(args.suite, args.case, args.metal_capture))
+    return 0
+
+
+def cmd_report(args) -> int:
+    from harness.report import write_report
+
+    path, n = write_report(
+        args.results, args.output, latest=args.latest, compare=args.compare, title=args.title
+    )
+    print(f"report: {path} ({n} figure{'' if n == 1 else 's'})")
+    return 0
+
+
+def cmd_plan(args) -> int:
+    from harness.plan import make_plan, parse_size, render, resolve_shape, to_json
+
+    shape = resolve_shape(args.model, args.n_layers, args.n_kv_heads, args.head_dim)
+    budget = parse_size(args.budget) if args.budget is not None else None
+    plan = make_plan(
+        shape, args.format, args.group_size, args.n_seqs, args.context, budget, args.layout
+    )
+    print(to_json(plan) if args.json else render(plan))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvbench", description="Benchmark LLM KV-cache configurations on MLX."
@@ -84,6 +202,71 @@ def build_parser() -> argparse.ArgumentParser:
     env = sub.add_parser("env", help="device, backend, versions, measured peak bandwidth")
     env.add_argument("--device", choices=("cpu", "gpu"))
     env.set_defaults(func=cmd_env)
+
+    cmp = sub.add_parser(
+        "compare", help="compare two result sets (CSV, directory or git ref); exit 1 on regression"
+    )
+    cmp.add_argument("base", help="results CSV, results directory, or git ref")
+    cmp.add_argument("new", help="results CSV, results directory, or git ref")
+    _compare_options(cmp)
+    cmp.set_defaults(func=cmd_compare)
+
+    hist = sub.add_parser("history", help="every case's median across commits, step changes")
+    hist.add_argument("dir", help="results directory")
+    _stats_options(hist)
+    hist.add_argument("--format", choices=("terminal", "csv", "json"), default="terminal")
+    hist.set_defaults(func=cmd_history)
+
+    imp = sub.add_parser("import", help="pytest-benchmark JSON -> kvbench results CSV")
+    imp.add_argument("file", help="pytest-benchmark JSON (--benchmark-json)")
+    imp.add_argument("--out", default="results", help="output directory (default: results)")
+    imp.set_defaults(func=cmd_import)
+
+    gate = sub.add_parser(
+        "gate", help="run SUITE here and at BASE where results are missing, then compare"
+    )
+    gate.add_argument("base", help="git ref to compare against")
+    gate.add_argument("--suite", default="suites/gate.yaml", help="suite YAML to run")
+    gate.add_argument("--device", choices=("cpu", "gpu"), help="MLX device for the runs")
+    _compare_options(gate)
+    gate.set_defaults(func=cmd_gate)
+
+    prof = sub.add_parser("profile", help="per-stage time breakdown of one case of a suite")
+    prof.add_argument("suite", help="suite YAML file")
+    prof.add_argument("--case", required=True, help="case id (or a unique prefix; see --dry-run)")
+    prof.add_argument(
+        "--metal-capture",
+        metavar="PATH.gputrace",
+        help="also write a Metal GPU capture of one step (Apple silicon; MTL_CAPTURE_ENABLED=1)",
+    )
+    prof.add_argument("--device", choices=("cpu", "gpu"))
+    prof.set_defaults(func=cmd_profile)
+
+    rep = sub.add_parser("report", help="one self-contained HTML page of plots from result CSVs")
+    rep.add_argument("results", nargs="+", help="result CSV files or directories of them")
+    rep.add_argument("-o", "--output", default="report.html", help="HTML file to write")
+    rep.add_argument(
+        "--latest",
+        action="store_true",
+        help="figures from the newest run only (history still uses every run given)",
+    )
+    rep.add_argument("--compare", metavar="FILE", help="a compare CSV to plot (kvbench compare)")
+    rep.add_argument("--title", help="page title (default: the suites' names)")
+    rep.set_defaults(func=cmd_report)
+
+    plan = sub.add_parser("plan", help="exact KV-cache bytes for a shape, context and format")
+    plan.add_argument("--model", help="preset shape (see `kvbench list`)")
+    plan.add_argument("--n-layers", type=int, help="layers (overrides the preset)")
+    plan.add_argument("--n-kv-heads", type=int, help="KV heads (overrides the preset)")
+    plan.add_argument("--head-dim", type=int, help="head dimension (overrides the preset)")
+    plan.add_argument("--context", type=int, help="context length in tokens")
+    plan.add_argument("--format", default="fp16", help="kv_dtype (default fp16)")
+    plan.add_argument("--group-size", type=int, help="scale group size (default: per row/mode)")
+    plan.add_argument("--n-seqs", type=int, default=1, help="sequences (default 1)")
+    plan.add_argument("--layout", default="per-stream", help="cache layout (per-stream)")
+    plan.add_argument("--budget", help="memory budget, e.g. 8GiB: the longest context that fits")
+    plan.add_argument("--json", action="store_true", help="print JSON for scripts")
+    plan.set_defaults(func=cmd_plan)
     return p
 
 

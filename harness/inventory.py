@@ -5,9 +5,10 @@ from __future__ import annotations
 from harness.bandwidth import peak_read_bandwidth
 from harness.context import backend_name, run_context
 from harness.presets import PRESETS
+from harness.suite import DECODE_ORDERS, LAYOUTS, WORKLOADS
 from kernels.attention import KERNELS, unsupported_reason
 from kernels.data import KV_DATA
-from kernels.formats import FORMATS, get_format
+from kernels.formats import FORMATS, bits_per_elem, get_format
 from kernels.peers import PEERS, missing_reason
 
 
@@ -19,12 +20,12 @@ def inventory() -> str:
         f"  {s.source}"
         for name, s in PRESETS.items()
     ]
-    lines.append("kv dtypes (bits per element incl. scales at the default group):")
-    lines += [f"  {name:<10} {get_format(name).bits_per_element:g}" for name in FORMATS]
+    lines.append("kv dtypes (stored bits per element at head_dim 128, scales included):")
+    lines += [f"  {name:<10} {bits_per_elem(get_format(name), 128):g}" for name in FORMATS]
     lines.append(f"kernels (on backend {backend}: formats each can run):")
     for name in KERNELS:
         ok = [f for f in FORMATS if unsupported_reason(name, get_format(f), backend) is None]
-        lines.append(f"  {name:<12} {', '.join(ok) if ok else '(none on this backend)'}")
+        lines.append(f"  {name:<16} {', '.join(ok) if ok else '(none on this backend)'}")
     lines.append(f"peer kernels (docs/peers.md; on backend {backend}):")
     for name, peer in PEERS.items():
         ok = ", ".join(f for f in peer.formats if f in FORMATS)
@@ -32,6 +33,8 @@ def inventory() -> str:
         where = None if backend in peer.backends else f"(runs on {'/'.join(peer.backends)})"
         lines.append(f"  {name:<16} {where or missing_reason(name) or ok}")
     lines.append(f"kv data: {', '.join(KV_DATA)}")
+    lines.append(f"layouts: {', '.join(LAYOUTS)}  (docs/streams.md)")
+    lines.append(f"workloads: {', '.join(WORKLOADS)}; decode orders: {', '.join(DECODE_ORDERS)}")
     return "\n".join(lines)
 
 

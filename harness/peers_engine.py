@@ -40,8 +40,8 @@ def skip_reason(case: Case, backend: str) -> str | None:
     peer = PEERS[case.kernel]
     if case.phase != "decode":
         return f"kernel {case.kernel} runs the decode phase only"
-    if case.layout != "per-stream":
-        return f"kernel {case.kernel} has its own cache layout, not {case.layout}"
+    if case.layout != "per-stream" or case.workload != "none":
+        return f"kernel {case.kernel} runs one plain decode case (per-stream, workload none)"
     if case.window is not None and not peer.windowed:
         return "window is implemented by the mlx_lm_rotating peer only"
     try:
@@ -70,6 +70,7 @@ def build(case: Case) -> State:
         (case.n_seqs, case.n_q_heads, 1, case.head_dim),
         (case.n_seqs, case.n_kv_heads, case.context_len, case.head_dim),
         case.seed,
+        case.kv_file,
     )
     mx.eval(q32, k32, v32)
     scale = 1.0 / math.sqrt(case.head_dim)

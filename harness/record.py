@@ -25,6 +25,7 @@ class Record:
     case_id: str | None = None
     status: str | None = None  # ok | error | skipped | partial
     error: str | None = None
+    bench_name: str | None = None  # imported rows: the benchmark's own name (pytest-benchmark)
     # the case
     model: str | None = None
     n_layers: int | None = None
@@ -42,6 +43,11 @@ class Record:
     kernel: str | None = None
     tile_kv: int | None = None
     seed: int | None = None
+    workload: str | None = None
+    prefix_frac: float | None = None
+    decode_order: str | None = None
+    churn: int | None = None
+    kv_file: str | None = None
     window: int | None = None  # attention window (mlx_lm_rotating); empty: the whole context
     # latency of one timed call (decode step over all layers, or the whole prefill)
     median_ms: float | None = None
@@ -70,7 +76,17 @@ class Record:
     kv_bytes: int | None = None  # exact format formula at context_len
     bits_per_elem: float | None = None  # stored bits per K/V element, scales included
     alloc_bytes: int | None = None  # measured: active-memory growth when the cache is allocated
-    peak_mem_bytes: int | None = None  # measured: peak above the pre-cache baseline
+    peak_mem_bytes: int | None = None  # measured: peak above the pre-cache baseline (stages)
+    fill_peak_bytes: int | None = None  # measured: peak above it while allocating + filling
+    # many-sequence layouts (docs/streams.md): cells per layer, bytes over all layers, K and V
+    cells_alloc: int | None = None  # cells allocated (all streams)
+    cells_used: int | None = None  # occupied cells at the timed step (a shared cell once)
+    n_kv: int | None = None  # extent attended over (largest of the step's calls), padded
+    bytes_alloc: int | None = None  # format bytes of cells_alloc
+    bytes_used: int | None = None  # format bytes of cells_used
+    kv_util: float | None = None  # cells_used / cells_alloc
+    bytes_touched: int | None = None  # K/V bytes the step's attention covers (n_kv per seq)
+    bytes_needed: int | None = None  # K/V bytes of each sequence's own cells only
     # accuracy vs the float32 reference on the un-quantized K/V
     max_abs_err: float | None = None
     rel_err: float | None = None

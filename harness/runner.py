@@ -3,7 +3,8 @@
 The runner is generic: an engine (ENGINES, chosen by `engine_for`) builds the case into a State
 (harness/state.py); the runner checks it (first round only: parity gate and accuracy), warms up
 each stage and samples it with the one timer, and tracks peak memory above the engine's
-baseline. The headline stage "step" gets the whole budget; every other stage a quarter of it.
+baseline while the stages run. The headline stage "step" gets the whole budget; every other
+stage a quarter of it.
 """
 
 from __future__ import annotations
@@ -16,11 +17,11 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
-from harness import cache_engine, metrics, peers_engine, timer
+from harness import cache_engine, metrics, peers_engine, streams_engine, timer
 from harness.case import Case
 from harness.record import Record, make_record
 from harness.suite import Settings
-from kernels.formats import get_format
+from kernels.formats import bits_per_elem, get_format
 from kernels.peers import PEERS
 
 
@@ -32,11 +33,18 @@ class Engine(NamedTuple):
 ENGINES = {
     "cache": Engine(cache_engine.build, cache_engine.skip_reason),
     "peers": Engine(peers_engine.build, peers_engine.skip_reason),
+    "streams": Engine(streams_engine.build, streams_engine.skip_reason),
 }
 
 
 def engine_for(case: Case) -> Engine:
-    return ENGINES["peers" if case.kernel in PEERS else "cache"]
+    """The peers engine for peer kernels; the streams engine for many-sequence workloads and the
+    unified layout; else the cache engine."""
+    if case.kernel in PEERS:
+        return ENGINES["peers"]
+    if case.layout == "unified" or case.workload != "none":
+        return ENGINES["streams"]
+    return ENGINES["cache"]
 
 
 STAGE_WEIGHT = {"step": 1.0}  # share of the case's budget; stages not listed get OTHER_WEIGHT
@@ -67,6 +75,11 @@ def measure_round(run: CaseRun, settings: Settings, round_no: int) -> None:
     state = engine_for(run.case).build(run.case)
     if round_no == 0:
         run.accuracy = state.check()
+    # peak memory covers the timed stages (warm-up and samples) with the cache in place; the
+    # build (prefill writes) and the float32 parity check are left out (engines may report the
+    # build's own peak in extra, e.g. fill_peak_bytes)
+    mx.synchronize()
+    mx.reset_peak_memory()
     run.alloc_bytes, run.extra, run.traffic = state.alloc_bytes, state.extra, state.traffic
     share = 1.0 / settings.rounds
     for stage, fn in state.stages.items():
@@ -120,7 +133,7 @@ def finish(
         **stage_ms,
         **rates,
         kv_bytes=metrics.kv_bytes(case, fmt),
-        bits_per_elem=fmt.bits_per_element,
+        bits_per_elem=bits_per_elem(fmt, case.head_dim),
         alloc_bytes=run.alloc_bytes,
         peak_mem_bytes=run.peak_mem_bytes,
         **run.accuracy,

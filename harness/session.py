@@ -23,13 +23,22 @@ from harness.record import ResultsWriter
 from harness.suite import Suite
 
 
-def common_fields(suite: Suite) -> dict:
+def unique_run_id(out_dir: str | Path, base: str) -> str:
+    """base, or base-2, base-3... if a run with that id already exists in out_dir."""
+    rid, n = base, 1
+    while (Path(out_dir) / f"{rid}.csv").exists():
+        n += 1
+        rid = f"{base}-{n}"
+    return rid
+
+
+def common_fields(suite: Suite, out_dir: str | Path) -> dict:
     ctx = run_context()
     return {
         **ctx,
         **peak_read_bandwidth(ctx["backend"]),
         "suite": suite.name,
-        "run_id": run_id(ctx["commit"]),
+        "run_id": unique_run_id(out_dir, run_id(ctx["commit"])),
     }
 
 
@@ -41,7 +50,7 @@ def _error_text(exc: BaseException) -> str:
 def run_suite(
     suite: Suite, cases: list[Case], out_dir: str | Path, progress: Progress | None = None
 ) -> ResultsWriter:
-    common = common_fields(suite)
+    common = common_fields(suite, out_dir)
     writer = ResultsWriter(out_dir, common["run_id"])
     settings = suite.settings
     runs: dict[str, runner.CaseRun] = {}

@@ -16,7 +16,7 @@ import mlx.core as mx
 
 # parity tolerance (relative L2 error vs the float32 reference on the same stored cache), by
 # the dtype the kernel computes in: rounding of q, scores and probabilities, not the format's
-PARITY_REL_TOL = {mx.float32: 1e-4, mx.float16: 1e-2, mx.bfloat16: 5e-2}
+PARITY_REL_TOL = {mx.float32: 1e-4, mx.float16: 5e-3, mx.bfloat16: 3e-2}
 
 
 class ParityError(RuntimeError):
@@ -60,8 +60,11 @@ def parity_gate(name: str, out: mx.array, ref: mx.array, compute_dtype: mx.Dtype
 
 
 def memory_baseline() -> int:
-    """Synchronize, take active memory as the baseline and reset the peak counter."""
+    """Synchronize, empty MLX's buffer cache, take active memory as the baseline and reset the
+    peak counter. Without the clear, a new array may reuse a larger cached buffer and active
+    memory grows by that buffer's size, not the array's (seen as alloc_bytes > the formula)."""
     mx.synchronize()
+    mx.clear_cache()
     baseline = mx.get_active_memory()
     mx.reset_peak_memory()
     return baseline

@@ -23,12 +23,14 @@ from harness.case import AXES, Case
 from harness.errors import SuiteError
 from harness.presets import PRESETS
 from kernels.attention import KERNELS
-from kernels.data import KV_DATA
-from kernels.formats import FORMATS
+from kernels.data import KV_DATA, load_kv_file
+from kernels.formats import FORMATS, get_format
 from kernels.peers import PEERS
 
 PHASES = ("decode", "prefill")
-LAYOUTS = ("per-stream",)
+LAYOUTS = ("per-stream", "unified")
+WORKLOADS = ("none", "independent", "shared-prefix")
+DECODE_ORDERS = ("interleaved", "sequential")
 TOP_KEYS = ("name", "description", "settings", "fixed", "sweep", "zip", "exclude")
 
 
@@ -75,6 +77,15 @@ def non_negative_int(v) -> str | None:
     return None if _int(v) and v >= 0 else f"must be a non-negative integer, got {v!r}"
 
 
+def fraction(v) -> str | None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1
+    return None if ok else f"must be a number in [0, 1), got {v!r}"
+
+
+def optional_string(v) -> str | None:
+    return None if v is None or (isinstance(v, str) and v) else f"must be a path, got {v!r}"
+
+
 def one_of(choices) -> callable:
     def check(v) -> str | None:
         return None if v in choices else f"unknown value {v!r}; known: {', '.join(choices)}"
@@ -99,6 +110,11 @@ CHECKS = {
     "group_size": optional_positive_int,
     "kv_data": one_of(tuple(KV_DATA)),
     "seed": non_negative_int,
+    "workload": one_of(WORKLOADS),
+    "prefix_frac": fraction,
+    "decode_order": one_of(DECODE_ORDERS),
+    "churn": non_negative_int,
+    "kv_file": optional_string,
     "window": optional_positive_int,
 }
 assert set(CHECKS) == set(AXES), "every Case axis needs a check"
@@ -121,6 +137,25 @@ def _need(path: str, key: str, value, kind: type, what: str):
 # ---- loading ---------------------------------------------------------------------------
 
 
+class _DuplicateKey(Exception):
+    def __init__(self, key, line: int):
+        super().__init__(key)
+        self.key, self.line = key, line
+
+
+class _StrictLoader(yaml.SafeLoader):
+    """SafeLoader that refuses duplicate mapping keys (PyYAML silently keeps the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen = set()
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            if key in seen:
+                raise _DuplicateKey(key, key_node.start_mark.line + 1)
+            seen.add(key)
+        return super().construct_mapping(node, deep)
+
+
 def _load_settings(path: str, raw) -> Settings:
     raw = _need(path, "settings", raw or {}, dict, "a mapping")
     known = {f.name: f for f in dataclasses.fields(Settings)}
@@ -129,16 +164,16 @@ def _load_settings(path: str, raw) -> Settings:
         if key not in known:
             raise SuiteError(path, where, f"unknown setting; known: {', '.join(known)}")
         default = known[key].default
+        least = 0 if key == "warmup_s" else 1e-12  # only the warm-up may be zero
+        kind = "non-negative" if key == "warmup_s" else "positive"
         if isinstance(default, bool):
-            ok = isinstance(value, bool)
+            ok, kind = isinstance(value, bool), "a"
         elif isinstance(default, int):
-            ok = _int(value) and value > 0
+            ok = _int(value) and value >= least
         else:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value > 0
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= least
         if not ok:
-            raise SuiteError(
-                path, where, f"must be a positive {type(default).__name__}, got {value!r}"
-            )
+            raise SuiteError(path, where, f"must be {kind} {type(default).__name__}, got {value!r}")
     settings = Settings(**raw)
     if settings.min_samples > settings.max_samples:
         raise SuiteError(path, "settings.min_samples", "is larger than settings.max_samples")
@@ -185,7 +220,9 @@ def load_suite(path: str | Path) -> Suite:
     except OSError as e:
         raise SuiteError(path, "-", f"cannot read: {e.strerror}") from None
     try:
-        raw = yaml.safe_load(text) or {}
+        raw = yaml.load(text, Loader=_StrictLoader) or {}
+    except _DuplicateKey as e:
+        raise SuiteError(path, str(e.key), f"duplicate key (line {e.line})") from None
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "-"
@@ -287,7 +324,56 @@ def resolve(path: str, combo: dict) -> Case:
             "n_kv_heads",
             f"n_q_heads={shape['n_q_heads']} is not divisible by n_kv_heads={shape['n_kv_heads']}",
         )
-    return Case(model=model, **shape)
+    if shape.get("kv_data", "gaussian") != "file":
+        shape.pop("kv_file", None)  # only file data reads it; keeps other cases' ids stable
+    case = Case(model=model, **shape)
+    _check_case(path, case)
+    _check_streams(path, case)
+    return case
+
+
+def _check_case(path: str, case: Case) -> None:
+    """Combinations of axes: the format's group size vs head_dim, the K/V file vs the shape."""
+    try:
+        fmt = get_format(case.kv_dtype, case.group_size)
+        fmt.nbytes(1, case.head_dim)
+    except ValueError as e:
+        raise SuiteError(path, "group_size", str(e)) from None
+    if case.kv_data == "file":
+        if not case.kv_file:
+            raise SuiteError(path, "kv_file", "kv_data=file needs kv_file (an .npz path)")
+        shape = (case.n_seqs, case.n_kv_heads, case.context_len, case.head_dim)
+        try:
+            load_kv_file(case.kv_file, shape)
+        except ValueError as e:
+            raise SuiteError(path, "kv_file", str(e)) from None
+
+
+def _check_streams(path: str, case: Case) -> None:
+    """Combinations of the many-sequence axes that cannot run (docs/streams.md)."""
+    streams = case.workload != "none"
+    if case.layout == "unified" and not streams:
+        raise SuiteError(path, "layout", "unified needs workload: independent or shared-prefix")
+    off = [a for a in ("prefix_frac", "churn") if getattr(case, a)]
+    off += ["decode_order"] if case.decode_order != "interleaved" else []
+    if off and not streams:
+        raise SuiteError(path, off[0], "needs workload: independent or shared-prefix")
+    if streams and case.phase != "decode":
+        raise SuiteError(path, "phase", f"workload {case.workload} runs decode only")
+    if case.workload == "shared-prefix" and not 0 < case.prefix_len < case.context_len:
+        raise SuiteError(
+            path,
+            "prefix_frac",
+            f"shared prefix of int({case.prefix_frac} * {case.context_len}) = "
+            f"{case.prefix_len} tokens must be at least 1 and less than context_len",
+        )
+    if case.workload == "independent" and case.prefix_frac:
+        raise SuiteError(path, "prefix_frac", "independent prompts share no prefix: use 0")
+    gen = case.context_len - 1 - case.prefix_len
+    if case.churn > case.n_seqs:
+        raise SuiteError(path, "churn", f"{case.churn} is more than n_seqs={case.n_seqs}")
+    if case.churn and gen < 4:
+        raise SuiteError(path, "churn", f"needs >= 4 generated tokens per sequence, got {gen}")
 
 
 def expand(suite: Suite) -> list[Case]:

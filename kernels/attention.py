@@ -15,6 +15,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from kernels import gpu_kernels
+from kernels.tiled import tiled
+
 
 def causal_mask(lq: int, lk: int) -> mx.array:
     """Boolean [Lq, Lk]: query i (the (Lk-Lq+i)-th position) sees keys at or before it."""
@@ -62,8 +65,51 @@ def ops(q, k, v, fmt, *, mask=None, scale: float, tile_kv=None) -> mx.array:
     return (probs @ vd).reshape(b, hq, lq, d)  # [B, Hkv, G*Lq, D] -> [B, Hq, Lq, D]
 
 
+def dequant_sdpa(q, k, v, fmt, *, mask=None, scale: float, tile_kv=None) -> mx.array:
+    """Dequantize the whole stored K/V to the compute dtype, then MLX's fused SDPA. The
+    dequantized copies are materialized: this path pays their bytes (and peak memory)."""
+    kd, vd = fmt.decode(k, q.dtype), fmt.decode(v, q.dtype)  # [B, Hkv, Lk, D]
+    return mx.fast.scaled_dot_product_attention(q, kd, vd, scale=scale, mask=mask)
+
+
+def quantized_matmul(q, k, v, fmt, *, mask=None, scale: float, tile_kv=None) -> mx.array:
+    """mx.quantized_matmul straight on the packed cache, as mlx-lm's
+    quantized_scaled_dot_product_attention does: GQA by folding q to [B, Hkv, G, Lq, D],
+    scores = q @ K^T (transpose=True), softmax in float32, out = P @ V (transpose=False)."""
+    b, hq, lq, d = q.shape
+    hkv, lk = k["data"].shape[1], k["data"].shape[2]
+    group = hq // hkv
+    qargs = fmt.qargs()
+    qg = (q * scale).reshape(b, hkv, group, lq, d)  # [B, Hkv, G, Lq, D]
+    kx = {n: mx.expand_dims(a, 2) for n, a in k.items()}  # [B, Hkv, 1, Lk, ...]
+    vx = {n: mx.expand_dims(a, 2) for n, a in v.items()}
+    scores = mx.quantized_matmul(
+        qg, kx["data"], kx["scales"], kx.get("biases"), transpose=True, **qargs
+    )  # [B, Hkv, G, Lq, Lk]
+    scores = scores.astype(mx.float32)
+    visible = _bool_mask(mask, lq, lk)
+    if visible is not None:
+        visible = mx.broadcast_to(visible, (b, hq, lq, lk)).reshape(b, hkv, group, lq, lk)
+        scores = mx.where(visible, scores, mx.finfo(mx.float32).min)
+    probs = mx.softmax(scores, axis=-1).astype(q.dtype)
+    out = mx.quantized_matmul(
+        probs, vx["data"], vx["scales"], vx.get("biases"), transpose=False, **qargs
+    )  # [B, Hkv, G, Lq, D]
+    return out.reshape(b, hq, lq, d)
+
+
 def dense_only(fmt) -> str | None:
     return f"needs a dense cache, {fmt.name} is quantized" if fmt.quantized else None
+
+
+def quantized_only(fmt) -> str | None:
+    return None if fmt.quantized else f"needs a quantized cache, {fmt.name} is dense"
+
+
+def mlx_modes_only(fmt) -> str | None:
+    if hasattr(fmt, "qargs"):
+        return None
+    return f"needs an MLX-native quantized format (mx.quantize), not {fmt.name}"
 
 
 def any_format(fmt) -> str | None:
@@ -75,18 +121,31 @@ class Kernel:
     fn: Callable
     accepts: Callable  # fmt -> None if supported, else the reason it is not
     backends: tuple[str, ...] = ("cpu", "metal", "cuda")
+    # (fmt, launch.Problem, tile_kv) -> why this shape / tile config cannot launch, or None
+    fits: Callable | None = None
 
 
 KERNELS = {
     "reference": Kernel(reference, any_format),
     "sdpa": Kernel(sdpa, dense_only),
     "ops": Kernel(ops, dense_only),
+    "dequant_sdpa": Kernel(dequant_sdpa, quantized_only),
+    "quantized_matmul": Kernel(quantized_matmul, mlx_modes_only),
+    "tiled": Kernel(tiled, any_format),
+    "metal": Kernel(gpu_kernels.metal, gpu_kernels.accepts, ("metal",), gpu_kernels.fits("metal")),
+    "cuda": Kernel(gpu_kernels.cuda, gpu_kernels.accepts, ("cuda",), gpu_kernels.fits("cuda")),
 }
 
 
-def unsupported_reason(kernel: str, fmt, backend: str) -> str | None:
-    """Why `kernel` cannot run `fmt` on `backend`, or None when it can."""
+def unsupported_reason(
+    kernel: str, fmt, backend: str, problem=None, tile_kv: int | None = None
+) -> str | None:
+    """Why `kernel` cannot run `fmt` on `backend` (and, given the problem, this shape and tile
+    configuration, e.g. over the threadgroup memory limit), or None when it can."""
     spec = KERNELS[kernel]
     if backend not in spec.backends:
         return f"kernel {kernel} runs on {'/'.join(spec.backends)}, not {backend}"
-    return spec.accepts(fmt)
+    reason = spec.accepts(fmt)
+    if reason is None and problem is not None and spec.fits is not None:
+        reason = spec.fits(fmt, problem, tile_kv)
+    return reason

@@ -13,6 +13,8 @@ from functools import partial
 
 import mlx.core as mx
 
+from kernels import quant
+
 Stored = dict[str, mx.array]
 
 
@@ -53,11 +55,25 @@ FORMATS = {
     "fp16": partial(Dense, "fp16", mx.float16),
     "bf16": partial(Dense, "bf16", mx.bfloat16),
     "fp32": partial(Dense, "fp32", mx.float32),
+    "fp4": quant.fp4,
+    "int4": quant.int4,
+    "int8": quant.int8,
+    "mxfp4": quant.mlx_native("mxfp4"),
+    "nvfp4": quant.mlx_native("nvfp4"),
+    "affine4": quant.mlx_native("affine4"),
+    "affine8": quant.mlx_native("affine8"),
 }
 
 
 def get_format(name: str, group_size: int | None = None):
-    """The format `name` with scale granularity `group_size` (None: per row / not applicable)."""
+    """The format `name` with scale granularity `group_size` (None: per row / mode default).
+
+    Raises KeyError for an unknown name, ValueError for a group size the format cannot use."""
     if name not in FORMATS:
         raise KeyError(f"unknown kv_dtype {name!r}; known: {', '.join(FORMATS)}")
     return FORMATS[name](group_size=group_size)
+
+
+def bits_per_elem(fmt, head_dim: int) -> float:
+    """Exact stored bits per K/V element at `head_dim`, scales and biases included."""
+    return 8 * fmt.nbytes(1, head_dim) / head_dim

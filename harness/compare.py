@@ -1,0 +1,191 @@
+"""compare: is NEW faster or slower than BASE, case by case, and is the difference real?
+
+Per case (joined on case_id) and metric:
+  * ratio   = new / base of the metric (for median_ms: the ratio of the two medians),
+  * a 95% CI of that ratio: percentile bootstrap of the ratio of medians, each side resampled
+    from its own raw samples (harness/stats.py, fixed seed: same files, same figures),
+  * p_value = two-sided Mann-Whitney U test on the raw samples (no normality assumed),
+  * verdict (see `judge`): slower / faster need p < alpha AND a ratio beyond the threshold.
+Metrics with no raw samples behind them (GB/s, memory, errors) are compared by value alone:
+verdict better / worse / unchanged by the threshold, no p-value, never a regression.
+This module imports neither mlx nor kernels/.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import pandas as pd
+
+from harness import stats
+from harness.errors import UserError
+from harness.results import MEASURED, ResultSet, label
+
+COLUMNS = (
+    "case_id", "label", "metric", "base", "new", "ratio", "ratio_ci_low", "ratio_ci_high",
+    "p_value", "verdict", "base_n", "new_n", "note", "regression",
+)  # fmt: skip
+TESTED = ("median_ms", "write_ms", "attend_ms", "mask_ms")  # metrics with raw samples
+HIGHER_IS_BETTER = ("gbps", "pct_peak_bw", "tflops", "tokens_per_s", "cosine")
+LOWER_IS_BETTER = (
+    *TESTED, "p10_ms", "p90_ms", "iqr_ms", "cv", "kv_bytes", "bits_per_elem", "alloc_bytes",
+    "peak_mem_bytes", "max_abs_err", "rel_err", "kv_recon_err",
+)  # fmt: skip
+METRICS = (*LOWER_IS_BETTER, *HIGHER_IS_BETTER)
+CONTEXT_KEYS = ("device", "backend", "mlx_version")
+
+
+@dataclass(frozen=True)
+class Rules:
+    threshold: float = 1.1  # a change smaller than 10% is never a verdict (asv's factor)
+    alpha: float = 0.002  # significance level of the rank test (asv's)
+    min_samples: int = 5  # fewer raw samples on a side: inconclusive
+    confidence: float = 0.95  # level of the ratio's bootstrap CI
+
+
+@dataclass
+class Comparison:
+    base: str
+    new: str
+    metric: str
+    rules: Rules
+    table: pd.DataFrame  # COLUMNS, one row per case (both sides, one side, or not measured)
+    warnings: list[str] = field(default_factory=list)
+
+    @property
+    def regressions(self) -> pd.DataFrame:
+        return self.table[self.table["regression"]]
+
+
+def check_rules(metric: str, rules: Rules) -> None:
+    if metric not in METRICS:
+        raise UserError(
+            f"--metric: {metric}: not a comparable metric (one of {', '.join(METRICS)})"
+        )
+    if not rules.threshold >= 1:
+        raise UserError(f"--threshold: {rules.threshold}: must be >= 1 (a factor, e.g. 1.1)")
+    if not 0 < rules.alpha < 1:
+        raise UserError(f"--alpha: {rules.alpha}: must be between 0 and 1")
+
+
+def judge(base_x, new_x, rules: Rules) -> dict:
+    """Statistics and verdict for a metric with raw samples on both sides (lower is better)."""
+    nb, nn = len(base_x), len(new_x)
+    out = {"base_n": nb, "new_n": nn, "ratio_ci_low": math.nan, "ratio_ci_high": math.nan}
+    out["p_value"] = math.nan
+    if nb < rules.min_samples or nn < rules.min_samples:
+        return {
+            **out,
+            "verdict": "inconclusive",
+            "note": f"too few samples (< {rules.min_samples})",
+        }
+    ratio = float(np.median(new_x) / np.median(base_x))
+    lo, hi = stats.bootstrap_ratio_ci(base_x, new_x, rules.confidence)
+    p = stats.mann_whitney_p(base_x, new_x)
+    out.update(ratio=ratio, ratio_ci_low=lo, ratio_ci_high=hi, p_value=p)
+    floor = stats.min_two_sided_p(nb, nn)
+    if floor >= rules.alpha:
+        note = f"too few samples to reach alpha (smallest possible p {floor:.2g})"
+        return {**out, "verdict": "inconclusive", "note": note}
+    t = rules.threshold
+    if p < rules.alpha:
+        if ratio > t:
+            return {**out, "verdict": "slower", "note": ""}
+        if ratio < 1 / t:
+            return {**out, "verdict": "faster", "note": ""}
+        return {**out, "verdict": "unchanged", "note": "significant but within the threshold"}
+    if 1 / t <= lo and hi <= t:
+        return {**out, "verdict": "unchanged", "note": ""}
+    return {**out, "verdict": "inconclusive", "note": "too noisy: CI reaches beyond the threshold"}
+
+
+def value_ratio(base: float, new: float) -> float:
+    if base == new:
+        return 1.0
+    if base == 0:
+        return math.inf
+    return new / base
+
+
+def judge_value(base: float, new: float, metric: str, rules: Rules) -> dict:
+    """Verdict by value alone (no raw samples behind the metric): no test, never a regression."""
+    ratio = value_ratio(base, new)
+    worse = ratio if metric not in HIGHER_IS_BETTER else (math.inf if ratio == 0 else 1 / ratio)
+    t = rules.threshold
+    verdict = "worse" if worse > t else "better" if worse < 1 / t else "unchanged"
+    return {"ratio": ratio, "verdict": verdict, "note": "no significance test (no raw samples)"}
+
+
+def _value(row, metric: str, samples: np.ndarray) -> float:
+    v = row.get(metric)
+    if (v is None or pd.isna(v)) and len(samples):
+        return float(np.median(samples))
+    return float(v) if v is not None and not pd.isna(v) else math.nan
+
+
+def _status_note(row) -> str:
+    err = row.get("error")
+    return f"{row['status']}: {err}" if isinstance(err, str) else str(row["status"])
+
+
+def compare_row(b, n, base: ResultSet, new: ResultSet, metric: str, rules: Rules) -> dict:
+    out = {"case_id": b["case_id"], "label": label(b), "metric": metric, "regression": False}
+    if b["status"] not in MEASURED or n["status"] not in MEASURED:
+        verdict = "error" if n["status"] == "error" else "not_measured"
+        note = f"base {_status_note(b)}; new {_status_note(n)}"
+        return {**out, "verdict": verdict, "note": note, "regression": b["status"] in MEASURED}
+    bx, nx = base.samples_of(b, metric), new.samples_of(n, metric)
+    out.update(base=_value(b, metric, bx), new=_value(n, metric, nx))
+    if metric in TESTED:
+        out = {**out, "ratio": value_ratio(out["base"], out["new"]), **judge(bx, nx, rules)}
+        out["regression"] = out["verdict"] == "slower"
+        return out
+    if math.isnan(out["base"]) or math.isnan(out["new"]):
+        return {**out, "verdict": "not_measured", "note": f"no {metric} on a side"}
+    return {**out, **judge_value(out["base"], out["new"], metric, rules)}
+
+
+def one_side(row, verdict: str, metric: str) -> dict:
+    side = "base" if verdict == "base_only" else "new"
+    value = row.get(metric) if row["status"] in MEASURED else None
+    note = "" if row["status"] in MEASURED else _status_note(row)
+    return {
+        "case_id": row["case_id"], "label": label(row), "metric": metric, side: value,
+        "verdict": verdict, "note": note, "regression": False,
+    }  # fmt: skip
+
+
+def context_warnings(b: pd.DataFrame, n: pd.DataFrame) -> list[str]:
+    """Different devices, backends or mlx versions make a comparison of machines, not code."""
+    out = []
+    for key in CONTEXT_KEYS:
+        if key not in b or key not in n:
+            continue
+        bv, nv = set(b[key].dropna().astype(str)), set(n[key].dropna().astype(str))
+        if bv and nv and bv != nv:
+            out.append(f"base and new ran on different {key}: {sorted(bv)} vs {sorted(nv)}")
+    for name, df in (("base", b), ("new", n)):
+        if "dirty" in df and df["dirty"].astype(str).eq("True").any():
+            out.append(f"{name} includes results from a dirty tree (uncommitted changes)")
+    return out
+
+
+def compare(base: ResultSet, new: ResultSet, metric: str = "median_ms", rules=Rules()):
+    """Join the picked rows of both sides on case_id and judge every case."""
+    check_rules(metric, rules)
+    b, n = base.pick(), new.pick()
+    b_by, n_by = b.set_index("case_id", drop=False), n.set_index("case_id", drop=False)
+    rows = []
+    for cid in b["case_id"]:
+        if cid in n_by.index:
+            rows.append(compare_row(b_by.loc[cid], n_by.loc[cid], base, new, metric, rules))
+        else:
+            rows.append(one_side(b_by.loc[cid], "base_only", metric))
+    rows += [one_side(n_by.loc[c], "new_only", metric) for c in n["case_id"] if c not in b_by.index]
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    table["regression"] = table["regression"].fillna(False).astype(bool)
+    table[["base_n", "new_n"]] = table[["base_n", "new_n"]].astype("Int64")
+    both = b[b["case_id"].isin(n["case_id"])], n[n["case_id"].isin(b["case_id"])]
+    return Comparison(base.source, new.source, metric, rules, table, context_warnings(*both))

@@ -1,0 +1,152 @@
+"""history: every case's metric across commits, in commit order, with the step changes.
+
+A point is one code state: a commit, or a commit plus uncommitted changes (dirty), shown as
+`<sha>+`. Within a point, each case uses its latest measured row (harness/results.py). Points
+are in git order (`git rev-list --topo-order --all`) when every commit is in this repository's
+history, else in the order of their first timestamp. A step is a pair of adjacent points of a
+case that compare would call slower or faster (or worse / better for metrics without raw
+samples): the same test, threshold and alpha as `kvbench compare`.
+This module imports neither mlx nor kernels/.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import subprocess
+from dataclasses import dataclass
+from pathlib import Path
+
+import pandas as pd
+
+from harness.compare import TESTED, Rules, check_rules, judge, judge_value, value_ratio
+from harness.results import MEASURED, ResultSet, label, load_dir, pick_rows
+
+COLUMNS = (
+    "case_id", "label", "metric", "point", "commit", "dirty", "timestamp", "run_id", "value",
+    "n", "ratio", "p_value", "step",
+)  # fmt: skip
+STEPS = ("slower", "faster", "worse", "better")
+
+
+@dataclass
+class History:
+    metric: str
+    rules: Rules
+    points: list[str]  # point names in order
+    order: str  # "git" or "timestamp"
+    table: pd.DataFrame  # COLUMNS, one row per case and point
+
+
+def git_order(repo: str | Path = ".") -> dict[str, int]:
+    """Short sha (12) -> position in a topological order of every commit in the repository."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(repo), "rev-list", "--topo-order", "--reverse", "--all"],
+            capture_output=True,
+            text=True,
+            timeout=30,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return {}
+    if out.returncode:
+        return {}
+    return {sha[:12]: i for i, sha in enumerate(out.stdout.split())}
+
+
+def _points(rows: pd.DataFrame, repo) -> tuple[pd.DataFrame, str]:
+    rows = rows.copy()
+    rows["commit"] = rows["commit"].fillna("nogit")
+    rows["dirty"] = rows["dirty"].astype(str).eq("True")
+    rows["point"] = rows["commit"].str[:12] + rows["dirty"].map({True: "+", False: ""})
+    first = rows.groupby("point")["timestamp"].min()
+    order = git_order(repo)
+    if all(c in order for c in rows["commit"].unique()):
+        key = {p: (order[p.rstrip("+")], p.endswith("+"), first[p]) for p in first.index}
+        return rows, "git", sorted(first.index, key=key.get)
+    return rows, "timestamp", sorted(first.index, key=lambda p: (str(first[p]), p))
+
+
+def _step(prev: dict, cur: dict, rs: ResultSet, metric: str, rules: Rules) -> dict:
+    if metric in TESTED:
+        j = judge(rs.samples_of(prev["_row"], metric), rs.samples_of(cur["_row"], metric), rules)
+    else:
+        j = judge_value(prev["value"], cur["value"], metric, rules)
+    step = j["verdict"] if j["verdict"] in STEPS else ""
+    return {
+        "ratio": value_ratio(prev["value"], cur["value"]),
+        "p_value": j.get("p_value"),
+        "step": step,
+    }
+
+
+def history(
+    results_dir, metric: str = "median_ms", rules: Rules | None = None, repo="."
+) -> History:
+    rules = rules or Rules()
+    check_rules(metric, rules)
+    rs = load_dir(results_dir)
+    rows, how, points = _points(rs.rows, repo)
+    out = []
+    for case_id, case_rows in rows.groupby("case_id", sort=False):
+        prev = None
+        for point in points:
+            picked = pick_rows(case_rows[case_rows["point"] == point])
+            if picked.empty or picked.iloc[0]["status"] not in MEASURED:
+                continue
+            row = picked.iloc[0]
+            value = row.get(metric)
+            n = len(rs.samples_of(row, metric)) if metric in TESTED else None
+            cur = {
+                "case_id": case_id, "label": label(row), "metric": metric, "point": point,
+                "commit": row["commit"], "dirty": row["dirty"], "timestamp": row["timestamp"],
+                "run_id": row["run_id"], "value": value, "n": n, "_row": row,
+            }  # fmt: skip
+            if pd.isna(value):
+                continue
+            cur.update(_step(prev, cur, rs, metric, rules) if prev else {"step": ""})
+            out.append(cur)
+            prev = cur
+    table = pd.DataFrame(out).reindex(columns=COLUMNS)
+    return History(metric, rules, points, how, table)
+
+
+def _cell(value: float, step: str) -> str:
+    mark = {"slower": " ^", "worse": " ^", "faster": " v", "better": " v"}.get(step, "")
+    return f"{value:.4g}{mark}"
+
+
+def terminal(h: History) -> str:
+    head = (
+        f"history of {h.metric}: {len(h.points)} code states in {h.order} order "
+        f"(^ slower/worse, v faster/better than the previous state; p < {h.rules.alpha:g}, "
+        f"ratio beyond {h.rules.threshold:g}x)"
+    )
+    if h.table.empty:
+        return head + "\n(no measured rows)"
+    t = h.table.assign(cell=[_cell(v, s) for v, s in zip(h.table["value"], h.table["step"])])
+    wide = t.pivot_table(index="label", columns="point", values="cell", aggfunc="first", sort=False)
+    wide = wide.reindex(columns=[p for p in h.points if p in wide.columns]).fillna("")
+    lines = [head, wide.to_string()]
+    steps = t[t["step"] != ""]
+    for r in steps.itertuples():
+        p = "" if r.p_value is None or pd.isna(r.p_value) else f", p={r.p_value:.2g}"
+        lines.append(f"step: {r.label}: {r.ratio:.3f}x {r.step} at {r.point}{p}")
+    lines.append(f"{len(steps)} step change(s)")
+    return "\n".join(lines)
+
+
+def to_csv(h: History) -> str:
+    return h.table.to_csv(index=False)
+
+
+def to_json(h: History) -> str:
+    records = h.table.astype(object).to_dict("records")
+    clean = [
+        {k: None if isinstance(v, float) and not math.isfinite(v) else v for k, v in r.items()}
+        for r in records
+    ]
+    return json.dumps(clean, indent=1, default=str)
+
+
+FORMATS = {"terminal": terminal, "csv": to_csv, "json": to_json}

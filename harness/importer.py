@@ -1,0 +1,121 @@
+"""import: pytest-benchmark JSON -> kvbench results CSV (+ raw samples), for compare and report.
+
+What maps, and from where (nothing else is filled in; absent means empty, never guessed):
+  * timing: with raw data (`--benchmark-save-data`: stats.data, seconds per call) the samples
+    file gets every round and the statistics are kvbench's own (harness/stats.py summarize);
+    without it, median_ms, iqr_ms, n_samples (rounds) and cv (stddev / mean) from stats.
+  * the case: extra_info["case"] (the Case fields; kvbench's benchmarks store them), so rows
+    join `kvbench run` rows on case_id; a foreign benchmark gets case_id = sha1(fullname)[:12].
+  * context: commit_info (commit, dirty, branch), machine_info (host, os), datetime
+    (timestamp), extra_info (device, backend, mlx_version, kvbench_version).
+This module imports neither mlx nor kernels/.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import datetime as dt
+import hashlib
+import json
+from pathlib import Path
+
+from harness import SCHEMA_VERSION
+from harness.errors import UserError
+from harness.record import COLUMNS, SAMPLE_COLUMNS, make_record, write_csv_atomic
+from harness.stats import summarize
+
+CONTEXT_KEYS = ("device", "backend", "mlx_version", "kvbench_version")
+
+
+def _load(path: Path) -> dict:
+    try:
+        doc = json.loads(path.read_text())
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise UserError(f"{path}: cannot read JSON: {e}") from None
+    if not isinstance(doc, dict) or not isinstance(doc.get("benchmarks"), list):
+        raise UserError(f"{path}: benchmarks: not a pytest-benchmark JSON (--benchmark-json)")
+    return doc
+
+
+def context(doc: dict) -> dict:
+    commit, machine = doc.get("commit_info") or {}, doc.get("machine_info") or {}
+    sha = commit.get("id")
+    os_parts = [machine.get(k) for k in ("system", "release", "machine")]
+    stamp = doc.get("datetime")
+    return {
+        "commit": sha[:12] if sha else None,
+        "dirty": commit.get("dirty"),
+        "branch": commit.get("branch"),
+        "timestamp": _iso(stamp) if stamp else None,
+        "host": machine.get("node"),
+        "os": " ".join(os_parts) if all(os_parts) else None,
+        "schema_version": SCHEMA_VERSION,
+        "suite": "pytest-benchmark",
+    }
+
+
+def _iso(stamp: str) -> str:
+    t = dt.datetime.fromisoformat(stamp)
+    t = t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)
+    return t.astimezone(dt.timezone.utc).isoformat(timespec="seconds")
+
+
+def run_id_for(ctx: dict) -> str:
+    t = dt.datetime.fromisoformat(ctx["timestamp"]) if ctx["timestamp"] else None
+    stamp = t.strftime("%Y%m%dT%H%M%SZ") if t else "undated"
+    return f"{stamp}-{(ctx['commit'] or 'nogit')[:8]}-pytest"
+
+
+def case_fields(bench: dict) -> dict:
+    extra = bench.get("extra_info") or {}
+    case = extra.get("case") if isinstance(extra.get("case"), dict) else {}
+    out = {k: v for k, v in case.items() if k in COLUMNS}
+    if case.get("n_q_heads") and case.get("n_kv_heads"):
+        out["gqa_ratio"] = case["n_q_heads"] // case["n_kv_heads"]  # as kvbench run derives it
+    out["case_id"] = (
+        extra.get("case_id") or hashlib.sha1(bench["fullname"].encode()).hexdigest()[:12]
+    )
+    out.update({k: extra[k] for k in CONTEXT_KEYS if k in extra})
+    return out
+
+
+def timing(stats: dict) -> tuple[dict, list[float]]:
+    """Row statistics and raw samples (ms) from a benchmark's stats."""
+    data = stats.get("data")
+    if data:
+        samples_ms = [float(s) * 1e3 for s in data]  # pytest-benchmark: seconds per call
+        return summarize(samples_ms), samples_ms
+    mean, sd = stats.get("mean"), stats.get("stddev")
+    row = {
+        "median_ms": stats["median"] * 1e3 if stats.get("median") is not None else None,
+        "iqr_ms": stats["iqr"] * 1e3 if stats.get("iqr") is not None else None,
+        "cv": sd / mean if mean and sd is not None else None,
+        "n_samples": stats.get("rounds"),
+    }
+    return row, []
+
+
+def convert(doc: dict) -> tuple[list, list]:
+    """(records, sample rows) for every benchmark in a pytest-benchmark document."""
+    ctx = context(doc)
+    ctx["run_id"] = run_id_for(ctx)
+    records, samples = [], []
+    for bench in doc["benchmarks"]:
+        fields = case_fields(bench)
+        stats, raw = timing(bench.get("stats") or {})
+        records.append(
+            make_record(**ctx, **fields, **stats, status="ok", bench_name=bench["fullname"])
+        )
+        samples += [(fields["case_id"], "step", 0, i, ms) for i, ms in enumerate(raw)]
+    return records, samples
+
+
+def import_file(path: str | Path, out_dir: str | Path = "results") -> tuple[Path, int]:
+    """Write <out_dir>/<run_id>.csv and .samples.csv from a pytest-benchmark JSON file."""
+    records, samples = convert(_load(Path(path)))
+    if not records:
+        raise UserError(f"{path}: benchmarks: empty")
+    csv_path = Path(out_dir) / f"{records[0].run_id}.csv"
+    write_csv_atomic(csv_path, COLUMNS, [dataclasses.astuple(r) for r in records])
+    write_csv_atomic(csv_path.with_name(csv_path.stem + ".samples.csv"), SAMPLE_COLUMNS, samples)
+    return csv_path, len(records)

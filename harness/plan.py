@@ -1,0 +1,194 @@
+"""`kvbench plan`: exact KV-cache bytes for a model shape, context, format and sequence count.
+
+Nothing is allocated or measured: the figures come from each format's exact bytes formula
+(kernels/formats.py), split into K data, V data, scales and biases, per layer and for the model.
+Per-stream layout: every sequence has its own buffer sized for the full context, so
+bytes = 2 (K, V) x n_layers x n_seqs x n_kv_heads x context x bytes_per_row(head_dim).
+`--budget` inverts that: the longest context whose cache fits in the budget.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import asdict, dataclass
+
+from harness.errors import UserError
+from harness.presets import PRESETS
+from kernels.formats import FORMATS, get_format
+
+LAYOUTS = ("per-stream",)  # issue 4 adds unified
+UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
+UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
+
+
+@dataclass(frozen=True)
+class Shape:
+    model: str
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+
+
+@dataclass(frozen=True)
+class Plan:
+    model: str
+    n_layers: int
+    n_kv_heads: int
+    head_dim: int
+    kv_dtype: str
+    group_size: int | None
+    scales: str  # scale granularity in words
+    n_seqs: int
+    layout: str
+    context_len: int
+    bits_per_elem: float
+    bytes_per_token: int  # all layers, K and V, all sequences, per position
+    layer: dict  # k_data, v_data, scales, biases, total (bytes, one layer)
+    model_bytes: dict  # the same for all layers
+    budget_bytes: int | None = None
+
+
+def parse_size(text: str) -> int:
+    """'8GiB' -> 8 * 2**30, '16GB' -> 16e9, '1024' -> 1024 bytes."""
+    m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([A-Za-z]*)\s*", str(text))
+    unit = m.group(2).upper() if m else None
+    if not m or unit not in UNITS:
+        raise UserError(f"--budget: cannot read {text!r}; use e.g. 8GiB, 512MiB, 16GB or bytes")
+    value = int(float(m.group(1)) * UNITS[unit])
+    if value <= 0:
+        raise UserError(f"--budget: must be positive, got {text!r}")
+    return value
+
+
+def resolve_shape(model: str | None, n_layers, n_kv_heads, head_dim) -> Shape:
+    """A preset's shape, with any explicit field overriding it; all three needed without one."""
+    base = {}
+    if model:
+        if model not in PRESETS:
+            raise UserError(f"--model: unknown preset {model!r}; known: {', '.join(PRESETS)}")
+        p = PRESETS[model]
+        base = {"n_layers": p.n_layers, "n_kv_heads": p.n_kv_heads, "head_dim": p.head_dim}
+    given = {"n_layers": n_layers, "n_kv_heads": n_kv_heads, "head_dim": head_dim}
+    base.update({k: v for k, v in given.items() if v is not None})
+    for key in given:
+        if key not in base:
+            raise UserError(f"--{key.replace('_', '-')}: needed without --model")
+        if base[key] <= 0:
+            raise UserError(f"--{key.replace('_', '-')}: must be positive, got {base[key]}")
+    return Shape(model or "custom", **base)
+
+
+def _format(kv_dtype: str, group_size: int | None, head_dim: int):
+    if kv_dtype not in FORMATS:
+        raise UserError(f"--format: unknown {kv_dtype!r}; known: {', '.join(FORMATS)}")
+    try:
+        fmt = get_format(kv_dtype, group_size)
+        fmt.nbytes(1, head_dim)
+    except ValueError as e:
+        raise UserError(f"--group-size: {e}") from None
+    return fmt
+
+
+def describe_scales(fmt, head_dim: int) -> str:
+    if not fmt.quantized:
+        return "no scales"
+    group = getattr(fmt, "group", None)
+    if isinstance(group, int):  # MLX-native modes: None means the mode's default group
+        return f"group {group}" + ("" if fmt.group_size else " (mode default)")
+    return f"group {fmt.group_size}" if fmt.group_size else f"per row (group {head_dim})"
+
+
+def row_parts(fmt, head_dim: int) -> dict:
+    """Bytes of one row (one position x one head) by stored array: data, scales, biases."""
+    parts = {name: a.nbytes for name, a in fmt.alloc((1, 1, 1, head_dim)).items()}  # lazy
+    assert sum(parts.values()) == fmt.nbytes(1, head_dim), "alloc disagrees with nbytes"
+    return parts
+
+
+def make_plan(
+    shape: Shape,
+    kv_dtype: str = "fp16",
+    group_size: int | None = None,
+    n_seqs: int = 1,
+    context_len: int | None = None,
+    budget_bytes: int | None = None,
+    layout: str = "per-stream",
+) -> Plan:
+    """Bytes at `context_len`, or at the longest context that fits `budget_bytes`."""
+    if layout not in LAYOUTS:
+        raise UserError(f"--layout: {layout!r} is not supported yet; known: {', '.join(LAYOUTS)}")
+    if n_seqs <= 0:
+        raise UserError(f"--n-seqs: must be positive, got {n_seqs}")
+    fmt = _format(kv_dtype, group_size, shape.head_dim)
+    per_token = 2 * shape.n_layers * n_seqs * fmt.nbytes(shape.n_kv_heads, shape.head_dim)
+    if context_len is not None and budget_bytes is not None:
+        raise UserError("--budget: give --context or --budget, not both")
+    if context_len is None:
+        if budget_bytes is None:
+            raise UserError("--context: give --context or --budget")
+        context_len = budget_bytes // per_token
+        if context_len == 0:
+            raise UserError(f"--budget: {budget_bytes} B is under one token ({per_token} B)")
+    elif context_len <= 0:
+        raise UserError(f"--context: must be positive, got {context_len}")
+    rows = n_seqs * shape.n_kv_heads * context_len  # rows of K (or of V) in one layer
+    parts = row_parts(fmt, shape.head_dim)
+    layer = {
+        "k_data": rows * parts["data"],
+        "v_data": rows * parts["data"],
+        "scales": 2 * rows * parts.get("scales", 0),
+        "biases": 2 * rows * parts.get("biases", 0),
+    }
+    layer["total"] = sum(layer.values())
+    return Plan(
+        model=shape.model,
+        n_layers=shape.n_layers,
+        n_kv_heads=shape.n_kv_heads,
+        head_dim=shape.head_dim,
+        kv_dtype=kv_dtype,
+        group_size=group_size,
+        scales=describe_scales(fmt, shape.head_dim),
+        n_seqs=n_seqs,
+        layout=layout,
+        context_len=context_len,
+        bits_per_elem=8 * fmt.nbytes(1, shape.head_dim) / shape.head_dim,
+        bytes_per_token=per_token,
+        layer=layer,
+        model_bytes={k: v * shape.n_layers for k, v in layer.items()},
+        budget_bytes=budget_bytes,
+    )
+
+
+def _human(n: int) -> str:
+    return f"{n:>16,} B  {n / 2**20:>12,.2f} MiB  {n / 2**30:>9,.3f} GiB"
+
+
+def render(plan: Plan) -> str:
+    lines = [
+        f"{plan.model}: {plan.n_layers} layers x {plan.n_kv_heads} kv heads x head_dim "
+        f"{plan.head_dim}; {plan.kv_dtype} ({plan.scales}, {plan.bits_per_elem:g} bits/elem); "
+        f"{plan.n_seqs} seq(s), {plan.layout}, context {plan.context_len:,}",
+    ]
+    if plan.budget_bytes is not None:
+        lines.append(
+            f"budget {plan.budget_bytes:,} B ({plan.budget_bytes / 2**30:.3f} GiB): longest "
+            f"context that fits = {plan.context_len:,} tokens "
+            f"({plan.bytes_per_token:,} B per token, all layers and sequences)"
+        )
+    for title, figures in (("per layer", plan.layer), ("model", plan.model_bytes)):
+        lines.append(f"{title}:")
+        for name, label in (
+            ("k_data", "K"),
+            ("v_data", "V"),
+            ("scales", "scales"),
+            ("biases", "biases"),
+        ):
+            if figures[name] or name in ("k_data", "v_data"):
+                lines.append(f"  {label:<7}{_human(figures[name])}")
+        lines.append(f"  {'total':<7}{_human(figures['total'])}")
+    return "\n".join(lines)
+
+
+def to_json(plan: Plan) -> str:
+    return json.dumps(asdict(plan), indent=2)

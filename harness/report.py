@@ -1,0 +1,187 @@
+"""`kvbench report`: result CSVs -> one self-contained, offline HTML page.
+
+Inputs are result CSVs (harness/record.py's columns) or directories of them; raw-sample files
+(`*.samples.csv`) are skipped and compare CSVs (issue 5's columns: ratio, verdict, ...) found
+among the inputs are treated like `--compare FILE`. Which rows the figures use:
+  - the "current" rows: for each (case_id, device, backend) the row of the newest run holding it
+    (runs ordered by their timestamp), so several suites' files combine and a re-run replaces
+    the older row; with `latest=True` only the newest run's rows;
+  - the history figure uses every run given, restricted to the current cases.
+plotly.js is inlined once in the page head; no file, font or script is fetched from anywhere.
+This module imports neither mlx nor kernels/ (only pandas, plotly and harness/record.py).
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pandas as pd
+
+from harness.errors import UserError
+from harness.record import COLUMNS
+
+COMPARE_COLUMNS = (
+    "case_id",
+    "label",
+    "metric",
+    "base",
+    "new",
+    "ratio",
+    "ratio_ci_low",
+    "ratio_ci_high",
+    "p_value",
+    "verdict",
+    "base_n",
+    "new_n",
+)
+# Read as text: a 12-digit commit or case id made only of digits must not become a number.
+TEXT = {c: str for c in ("run_id", "case_id", "commit", "branch", "suite", "label", "host")}
+
+
+def _csv_files(paths) -> list[Path]:
+    files = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            files += sorted(f for f in p.glob("*.csv") if not f.name.endswith(".samples.csv"))
+        elif p.is_file():
+            files.append(p)
+        else:
+            raise UserError(f"{p}: no such file or directory")
+    return files
+
+
+def _is_compare(df: pd.DataFrame) -> bool:
+    return {"ratio", "verdict"} <= set(df.columns) and "status" not in df.columns
+
+
+def _bool(col: pd.Series) -> pd.Series:
+    return col.map(lambda v: v if isinstance(v, bool) else {"True": True, "False": False}.get(v))
+
+
+def normalize(df: pd.DataFrame) -> pd.DataFrame:
+    """Every Record column present (older files lack some), booleans as booleans, a label."""
+    df = df.copy()
+    for c in COLUMNS:
+        if c not in df:
+            df[c] = None
+    for c in ("dirty", "unstable"):
+        df[c] = _bool(df[c])
+    df["label"] = [row_label(r) for r in df.to_dict("records")]
+    return df
+
+
+def _num(v) -> bool:
+    return v is not None and not (isinstance(v, float) and v != v)
+
+
+def row_label(r: dict) -> str:
+    """A readable name for a case, like Case.label() (recomputed: report never imports Case)."""
+    parts = [str(r.get("model")), str(r.get("phase"))]
+    if _num(r.get("context_len")):
+        parts.append(f"ctx{int(r['context_len'])}")
+    parts.append(
+        str(r.get("kv_dtype")) + (f"/g{int(r['group_size'])}" if _num(r.get("group_size")) else "")
+    )
+    parts.append(str(r.get("kernel")))
+    if isinstance(r.get("layout"), str) and r["layout"] != "per-stream":
+        parts.append(r["layout"])
+    if _num(r.get("n_seqs")) and int(r["n_seqs"]) != 1:
+        parts.append(f"seqs{int(r['n_seqs'])}")
+    if _num(r.get("tile_kv")):
+        parts.append(f"tile{int(r['tile_kv'])}")
+    if isinstance(r.get("kv_data"), str) and r["kv_data"] != "gaussian":
+        parts.append(r["kv_data"])
+    return " ".join(parts)
+
+
+def load(paths) -> tuple[pd.DataFrame, pd.DataFrame | None]:
+    """(all result rows, compare rows or None) from CSV files and directories."""
+    results, compares = [], []
+    for f in _csv_files(paths):
+        try:
+            df = pd.read_csv(f, dtype=TEXT)
+        except (pd.errors.EmptyDataError, pd.errors.ParserError) as e:
+            raise UserError(f"{f}: not a readable CSV ({e})") from e
+        if _is_compare(df):
+            compares.append(df)
+        elif "status" in df.columns and "case_id" in df.columns:
+            results.append(df)
+        else:
+            raise UserError(f"{f}: neither a kvbench result CSV nor a compare CSV")
+    rows = (
+        normalize(pd.concat(results, ignore_index=True))
+        if results
+        else normalize(pd.DataFrame(columns=COLUMNS))
+    )
+    return rows, load_compare_frames(compares)
+
+
+def load_compare_frames(frames: list[pd.DataFrame]) -> pd.DataFrame | None:
+    if not frames:
+        return None
+    df = pd.concat(frames, ignore_index=True)
+    missing = [c for c in ("label", "ratio", "ratio_ci_low", "ratio_ci_high") if c not in df]
+    if missing:
+        raise UserError(f"compare CSV: missing columns {', '.join(missing)}")
+    return df
+
+
+def load_compare(path: str | Path) -> pd.DataFrame:
+    try:
+        df = pd.read_csv(path, dtype=TEXT)
+    except (OSError, pd.errors.EmptyDataError, pd.errors.ParserError) as e:
+        raise UserError(f"{path}: cannot read compare CSV ({e})") from e
+    return load_compare_frames([df])
+
+
+def run_order(rows: pd.DataFrame) -> list[str]:
+    """run_ids from oldest to newest (by each run's latest timestamp, then run_id)."""
+    if rows.empty:
+        return []
+    ts = rows.groupby("run_id", dropna=False)["timestamp"].max().fillna("")
+    return sorted(ts.index, key=lambda r: (str(ts[r]), str(r)))
+
+
+def current(rows: pd.DataFrame, latest: bool = False) -> pd.DataFrame:
+    """The rows the figures show: the newest row per (case_id, device, backend)."""
+    order = run_order(rows)
+    if not order:
+        return rows
+    if latest:
+        return rows[rows["run_id"] == order[-1]].reset_index(drop=True)
+    rank = {r: i for i, r in enumerate(order)}
+    ranked = rows.assign(_rank=rows["run_id"].map(rank))
+    keep = ranked.sort_values("_rank").drop_duplicates(
+        ["case_id", "device", "backend"], keep="last"
+    )
+    return keep.drop(columns="_rank").sort_index().reset_index(drop=True)
+
+
+def build(paths, latest: bool = False, compare: str | Path | None = None, title=None) -> str:
+    """The report page's HTML for result paths (files or directories)."""
+    from harness.report_figures import all_figures
+    from harness.report_html import page
+
+    rows, compare_rows = load(paths)
+    if compare is not None:
+        extra = load_compare(compare)
+        compare_rows = extra if compare_rows is None else pd.concat([compare_rows, extra])
+    if rows.empty and compare_rows is None:
+        raise UserError(f"{' '.join(map(str, paths))}: no result rows found")
+    cur = current(rows, latest)
+    history = rows[rows["case_id"].isin(cur["case_id"])] if len(cur) else rows
+    figures = all_figures(cur, history, compare_rows, run_order(rows))
+    return page(cur, figures, title=title)
+
+
+def write_report(
+    paths, out: str | Path, latest: bool = False, compare=None, title=None
+) -> tuple[Path, int]:
+    """Write the report; returns (path, number of figures)."""
+    html = build(paths, latest=latest, compare=compare, title=title)
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_name(f".{out.name}.tmp")
+    tmp.write_text(html, encoding="utf-8")
+    tmp.replace(out)
+    return out, html.count('class="figure"')

@@ -1,0 +1,149 @@
+"""Shared pieces of the report's figures: the Figure record, series names, number formats."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+
+from harness.record import COLUMNS
+
+MEASURED = ("ok", "partial")  # statuses whose rows carry times
+MIB = 2**20
+
+# Axes that tell two cases apart, in the order a series name lists them; case axes that later
+# Record versions add (the block from `model` to `median_ms`) follow in their column order.
+SERIES_AXES = (
+    "device",
+    "model",
+    "phase",
+    "context_len",
+    "fmt",
+    "kernel",
+    "layout",
+    "kv_data",
+    "n_seqs",
+    "tile_kv",
+    "gqa_ratio",
+    "head_dim",
+    "n_layers",
+    "seed",
+)
+_BLOCK = COLUMNS[COLUMNS.index("model") : COLUMNS.index("median_ms")]
+_COVERED = ("kv_dtype", "group_size", "n_q_heads", "n_kv_heads")  # fmt and gqa_ratio name them
+SERIES_AXES += tuple(c for c in _BLOCK if c not in SERIES_AXES + _COVERED)
+PREFIX = {
+    "context_len": "ctx ",
+    "n_seqs": "seqs ",
+    "tile_kv": "tile ",
+    "gqa_ratio": "GQA ",
+    "head_dim": "D=",
+    "seed": "seed ",
+}
+PREFIX["n_layers"] = "layers "
+
+
+@dataclass
+class Figure:
+    key: str  # stable id: the figure's section id in the page
+    title: str
+    fig: go.Figure
+    table: pd.DataFrame  # the figure's numbers, shown beneath it
+    note: str = ""  # how it is computed, in a sentence or two
+
+
+def fmt_name(r) -> str:
+    """Format name with its group size, e.g. fp16, int4/g32."""
+    g = r.get("group_size")
+    return f"{r['kv_dtype']}/g{int(g)}" if pd.notna(g) else str(r["kv_dtype"])
+
+
+def measured(df: pd.DataFrame) -> pd.DataFrame:
+    d = df[df["status"].isin(MEASURED) & df["median_ms"].notna()].copy()
+    d["fmt"] = [fmt_name(r) for r in d.to_dict("records")] if len(d) else []
+    return d
+
+
+def with_fmt(df: pd.DataFrame) -> pd.DataFrame:
+    d = df.copy()
+    d["fmt"] = [fmt_name(r) for r in d.to_dict("records")] if len(d) else []
+    return d
+
+
+def varying(df: pd.DataFrame, axes=SERIES_AXES, exclude=()) -> list[str]:
+    """Axes (among `axes`, minus `exclude`) holding more than one distinct value in df."""
+    return [a for a in axes if a not in exclude and a in df and df[a].nunique(dropna=True) > 1]
+
+
+def _show(axis: str, v) -> str:
+    if isinstance(v, float) and v.is_integer():
+        v = int(v)
+    return f"{PREFIX.get(axis, '')}{v}"
+
+
+def _implied_by_model(df: pd.DataFrame, axis: str) -> bool:
+    """A shape axis that the model preset already names (one value per model)."""
+    if axis not in ("n_layers", "head_dim") or "model" not in df or df["model"].isna().any():
+        return False
+    return bool((df.groupby("model")[axis].nunique() <= 1).all())
+
+
+def add_series(df: pd.DataFrame, exclude=(), always=("fmt",)) -> pd.DataFrame:
+    """A `series` column naming each line by the axes that vary (besides x and facets)."""
+    axes = [a for a in SERIES_AXES if a in always or a in varying(df, exclude=exclude)]
+    axes = [a for a in axes if a not in exclude and not _implied_by_model(df, a)] or ["fmt"]
+    d = df.copy()
+    d["series"] = [
+        " · ".join(_show(a, r[a]) for a in axes if pd.notna(r[a])) for r in d.to_dict("records")
+    ]
+    return d
+
+
+def colors(n: int) -> list[str]:
+    return px.colors.qualitative.Plotly if n <= 10 else px.colors.qualitative.Dark24
+
+
+def gqa_facet(d: pd.DataFrame) -> pd.Series:
+    return d["gqa_ratio"].map(lambda g: f"GQA {int(g)}" if pd.notna(g) else "GQA ?")
+
+
+def style(fig: go.Figure, height: int = 460) -> go.Figure:
+    fig.update_layout(
+        title=None,  # the section's <h2> above the plot carries the title
+        height=height,
+        template="plotly_white",
+        legend={"title": {"text": ""}},
+        margin={"l": 70, "r": 30, "t": 40, "b": 60},
+        hoverlabel={"align": "left"},
+    )
+    return fig
+
+
+def table(df: pd.DataFrame, columns: dict) -> pd.DataFrame:
+    """The columns of df named in `columns` (old -> shown name), present ones only."""
+    cols = [c for c in columns if c in df]
+    return df[cols].rename(columns=columns).reset_index(drop=True)
+
+
+def log_ticks(values) -> dict:
+    """Tick values and full-number labels for a log axis over `values` (1-2-5 steps, finer under
+    a decade, powers of ten over four); {} leaves it to plotly (a range under 2x). Plotly's own
+    minor labels print 0.2 as "2", which reads wrong on a ratio or sub-millisecond axis."""
+    import math
+
+    v = pd.Series(values, dtype=float)
+    v = v[v > 0]
+    if v.empty or v.max() / v.min() < 2:
+        return {}
+    lo, hi = float(v.min()) / 1.3, float(v.max()) * 1.3
+    span = hi / lo
+    steps = (1,) if span >= 1e4 else (1, 2, 5) if span >= 10 else (1, 1.5, 2, 3, 5, 7)
+    ticks = [
+        m * 10.0**k
+        for k in range(math.floor(math.log10(lo)), math.ceil(math.log10(hi)) + 1)
+        for m in steps
+        if lo <= m * 10.0**k <= hi
+    ]
+    return {"tickvals": ticks, "ticktext": [f"{t:g}" for t in ticks]}

@@ -1,0 +1,376 @@
+"""The report's performance figures: latency, bandwidth vs the roofline, memory, accuracy.
+
+Each builder takes the current rows and returns a Figure, or None when the rows lack the axes it
+needs (so the report grows as result files gain columns). Memory is split exactly from the
+Record's columns: kv_bytes is the format's exact formula (data + scales, K and V halves equal);
+the scales' share is 1 - data_bits / bits_per_elem, where data_bits is the format's element code
+width (16 for fp16, 4 for fp4/int4/mxfp4/...).
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.express as px
+import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
+from harness.report_common import (
+    MEASURED,
+    MIB,
+    Figure,
+    add_series,
+    colors,
+    gqa_facet,
+    log_ticks,
+    measured,
+    style,
+    table,
+    with_fmt,
+)
+
+PEAK_COLORS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
+# Width in bits of one stored element's code, scales excluded.
+DATA_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "affine8": 8}
+DATA_BITS.update({k: 4 for k in ("fp4", "int4", "mxfp4", "nvfp4", "affine4")})
+# Axes that do not change the cache's size (memory panels ignore them).
+MEM_SAME = ("context_len", "phase", "kernel", "kv_data", "seed", "tile_kv", "n_kv_heads")
+FACETS = ("context_len", "gqa_ratio", "phase", "n_kv_heads", "n_q_heads")
+LAT_TABLE = {
+    "label": "case",
+    "context_len": "context (tokens)",
+    "gqa_ratio": "GQA",
+    "median_ms": "median (ms)",
+    "p10_ms": "p10 (ms)",
+    "p90_ms": "p90 (ms)",
+    "ci_low_ms": "95% CI low (ms)",
+    "ci_high_ms": "95% CI high (ms)",
+    "n_samples": "samples",
+    "cv": "CV",
+    "unstable": "unstable",
+    "status": "status",
+}
+
+
+def _series(d: pd.DataFrame) -> pd.DataFrame:
+    """Colour = format (and other varying axes), line dash = kernel; facets = GQA (and phase)."""
+    d = add_series(d, exclude=FACETS + ("kernel",))
+    d["gqa"] = gqa_facet(d)
+    return d.sort_values(["series", "kernel", "context_len"])
+
+
+def spaced(values: list, factor: float = 1.4) -> list:
+    """Values at least `factor` apart (on a log axis, closer tick labels overlap)."""
+    out = []
+    for v in values:
+        if not out or v >= out[-1] * factor:
+            out.append(v)
+    return out
+
+
+def _line(d: pd.DataFrame, y: str, labels: dict, facet_row: str | None, **kw) -> go.Figure:
+    dash = "kernel" if d["kernel"].nunique() > 1 else None
+    fig = px.line(
+        d,
+        x="context_len",
+        y=y,
+        color="series",
+        line_dash=dash,
+        symbol=dash,
+        facet_col="gqa",
+        facet_row=facet_row,
+        markers=True,
+        log_x=True,
+        hover_name="label",
+        labels=labels,
+        color_discrete_sequence=colors(d["series"].nunique()),
+        category_orders={
+            "gqa": list(d.sort_values("gqa_ratio")["gqa"].unique()),
+            "phase": sorted(d["phase"].dropna().unique()),  # px: first one is the top row
+        },
+        **kw,
+    )
+    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
+    ctx = spaced(sorted(d["context_len"].unique()))
+    if len(ctx) <= 10:  # label the measured contexts, not log-axis minor ticks
+        fig.update_xaxes(tickvals=ctx, ticktext=[str(int(c)) for c in ctx])
+    return fig
+
+
+def match_within_rows(fig: go.Figure, n_rows: int, n_cols: int) -> None:
+    """One y scale per facet row (decode and prefill differ by orders), shared along it."""
+    for r in range(1, n_rows + 1):
+        first = fig.get_subplot(r, 1).yaxis.plotly_name.replace("axis", "")
+        for c in range(1, n_cols + 1):
+            axis = fig.get_subplot(r, c).yaxis
+            axis.update(matches=None if c == 1 else first, showticklabels=c == 1)
+
+
+def latency(cur: pd.DataFrame) -> Figure | None:
+    d = measured(cur)
+    if d.empty or d["context_len"].isna().all():
+        return None
+    d = _series(d)
+    d["err_plus"] = d["p90_ms"] - d["median_ms"]
+    d["err_minus"] = d["median_ms"] - d["p10_ms"]
+    rows = "phase" if d["phase"].nunique() > 1 else None
+    labels = {"context_len": "context length (tokens)", "median_ms": "latency (ms)"}
+    fig = _line(
+        d,
+        "median_ms",
+        labels,
+        rows,
+        log_y=True,
+        error_y="err_plus",
+        error_y_minus="err_minus",
+        hover_data={
+            "p10_ms": ":.4g",
+            "p90_ms": ":.4g",
+            "n_samples": True,
+            "cv": ":.2f",
+            "gqa": False,
+        },
+    )
+    n_rows = d["phase"].nunique() if rows else 1
+    if rows:
+        match_within_rows(fig, n_rows, d["gqa"].nunique())
+        for r, (_, p) in enumerate(d.groupby("phase", sort=True), start=1):
+            fig.update_yaxes(**log_ticks(p[["p10_ms", "p90_ms"]].stack()), row=n_rows - r + 1)
+    else:
+        fig.update_yaxes(**log_ticks(d[["p10_ms", "p90_ms"]].stack()))
+    title = "Latency vs context per format (median; bars p10–p90 of the samples; log–log)"
+    note = (
+        "One timed call: a decode step over all layers (write + attend), or the whole prefill. "
+        "Points are medians of every raw sample; error bars span p10 to p90. Facets: GQA ratio "
+        "(columns) and phase (rows, when both were run)."
+    )
+    table_df = table(d.sort_values(["phase", "gqa_ratio", "series", "context_len"]), LAT_TABLE)
+    return Figure("latency", title, style(fig, 380 + 260 * n_rows), table_df, note)
+
+
+def bandwidth(cur: pd.DataFrame) -> Figure | None:
+    d = measured(cur)
+    d = d[(d["phase"] == "decode") & d["gbps"].notna() & d["context_len"].notna()]
+    if d.empty:
+        return None
+    d = _series(d)
+    labels = {"context_len": "context length (tokens)", "gbps": "achieved bandwidth (GB/s)"}
+    hover = {"pct_peak_bw": ":.1f", "bytes_read": True, "bytes_written": True, "gqa": False}
+    fig = _line(d, "gbps", labels, None, hover_data=hover)
+    peaks = d.dropna(subset=["peak_gbps"]).drop_duplicates(["device", "run_id"])
+    top = float(d["gbps"].max())
+    for p in peaks.itertuples():  # each run measured its own peak: one line per run
+        top = max(top, float(p.peak_gbps))
+        fig.add_hline(y=float(p.peak_gbps), line_dash="dash", line_color="#444")
+    if len(peaks):
+        text = ", ".join(
+            f"{p.peak_gbps:.3g}" + (f" ({p.suite})" if len(peaks) > 1 else "")
+            for p in peaks.itertuples()
+        )
+        devices = ", ".join(peaks["device"].astype(str).unique())
+        fig.add_annotation(
+            xref="x domain", yref="y", x=0, y=float(peaks["peak_gbps"].max()), showarrow=False,
+            xanchor="left", yanchor="bottom", text=f"measured peak {text} GB/s ({devices})",
+        )  # fmt: skip
+    fig.update_yaxes(range=[0, top * 1.15], rangemode="tozero")
+    title = "Decode bandwidth vs the measured roofline (GB/s, 1 GB = 1e9 B)"
+    note = (
+        "Achieved GB/s = (bytes read + bytes written by the byte model, harness/metrics.py) / "
+        "median time. The dashed line is the streaming-read peak kvbench measured on the same "
+        "device in the same run (peak_method in the header). Decode rows only: prefill is not "
+        "bandwidth-bound. % of peak is in the hover and the table. A point above the line means "
+        "the traffic was served from CPU caches, or the peak measurement was disturbed."
+    )
+    cols = {
+        "label": "case",
+        "context_len": "context (tokens)",
+        "median_ms": "median (ms)",
+        "bytes_read": "bytes read (B)",
+        "bytes_written": "bytes written (B)",
+        "gbps": "achieved (GB/s)",
+        "peak_gbps": "measured peak (GB/s)",
+        "pct_peak_bw": "% of peak",
+    }
+    return Figure("bandwidth", title, style(fig), table(d, cols), note)
+
+
+def split_memory(d: pd.DataFrame) -> pd.DataFrame:
+    """K data, V data and scales bytes from kv_bytes and bits_per_elem (exact, see docstring)."""
+    d = d.copy()
+    data_bits = d["kv_dtype"].map(DATA_BITS)
+    bpe = d["bits_per_elem"].astype(float)
+    share = (1 - data_bits / bpe).where(bpe.notna() & data_bits.notna(), 0.0).clip(lower=0)
+    d["scales_bytes"] = (d["kv_bytes"].astype(float) * share).round()
+    d["k_bytes"] = (d["kv_bytes"] - d["scales_bytes"]) / 2
+    d["v_bytes"] = d["k_bytes"]
+    d["split_known"] = data_bits.notna()
+    return d
+
+
+def _memory_rows(cur: pd.DataFrame) -> pd.DataFrame:
+    ok = cur["status"].isin(MEASURED)
+    d = with_fmt(cur[ok & cur["kv_bytes"].notna() & cur["context_len"].notna()])
+    if (d["phase"] == "decode").any():
+        d = d[d["phase"] == "decode"]
+    return d
+
+
+def memory(cur: pd.DataFrame) -> Figure | None:
+    d = _memory_rows(cur)
+    if d.empty:
+        return None
+    d = add_series(d, exclude=MEM_SAME, always=("fmt",))
+    d["panel"] = d["series"]
+    d = split_memory(d)
+    order = d.sort_values(["bits_per_elem", "gqa_ratio", "panel"], ascending=[False, True, True])
+    panels = list(dict.fromkeys(order["panel"]))
+    ncol = min(len(panels), 4)
+    nrow = -(-len(panels) // ncol)
+    fig = make_subplots(nrow, ncol, subplot_titles=panels, shared_yaxes=True, vertical_spacing=0.12)
+    kernels = sorted(d["kernel"].dropna().unique())
+    stack = (("k_bytes", "K data", "#1f77b4"), ("v_bytes", "V data", "#ff7f0e"))
+    stack += (("scales_bytes", "scales (K+V)", "#2ca02c"),)
+    for i, panel in enumerate(panels):
+        p = d[d["panel"] == panel].sort_values("context_len")
+        cache = p.drop_duplicates("context_len")
+        x = cache["context_len"].astype(int).astype(str)
+        pos = {"row": i // ncol + 1, "col": i % ncol + 1}
+        for col, name, color in stack:
+            fig.add_bar(
+                x=x, y=cache[col] / MIB, name=name, marker_color=color, legendgroup=name,
+                showlegend=i == 0, hovertext=panel + " · ctx " + x, **pos,
+            )  # fmt: skip
+        alloc = p.groupby("context_len")["alloc_bytes"].max()
+        fig.add_scatter(
+            x=alloc.index.astype(int).astype(str), y=alloc / MIB, mode="markers", name="allocated",
+            marker={"symbol": "line-ew-open", "size": 26, "color": "black", "line": {"width": 3}},
+            legendgroup="alloc", showlegend=i == 0, **pos,
+        )  # fmt: skip
+        for j, k in enumerate(kernels):
+            pk = p[p["kernel"] == k].groupby("context_len")["peak_mem_bytes"].max()
+            fig.add_scatter(
+                x=pk.index.astype(int).astype(str), y=pk / MIB, mode="markers",
+                name=f"peak during case ({k})", legendgroup=f"peak-{k}", showlegend=i == 0,
+                marker={"symbol": ["diamond", "circle", "square", "x"][j % 4], "size": 9,
+                        "color": PEAK_COLORS[j % len(PEAK_COLORS)]}, **pos,
+            )  # fmt: skip
+    fig.update_layout(barmode="stack")
+    fig.update_yaxes(matches="y")  # one scale for every panel: sizes compare across formats
+    fig.layout.yaxis.matches = None  # (the first axis matching itself is a console warning)
+    fig.update_xaxes(type="category")
+    fig.update_xaxes(title_text="context length (tokens)", row=nrow)
+    fig.update_yaxes(title_text="memory (MiB)", col=1)
+    title = "KV-cache memory vs context: K, V and scales stacked (MiB, 1 MiB = 2^20 B)"
+    note = (
+        "Bars: kv_bytes, the format's exact byte formula for all layers at the context length, "
+        "split into equal K and V halves of data, with the scales' share "
+        "1 − data_bits / bits_per_elem stacked on top. Markers: measured growth of active memory "
+        "when the cache was allocated (alloc_bytes) and the peak above the pre-cache baseline "
+        "during the case (peak_mem_bytes), per kernel. "
+        + ("Decode rows." if (d["phase"] == "decode").all() else "")
+    )
+    unknown = sorted(set(d.loc[~d["split_known"], "fmt"]))
+    if unknown:
+        note += f" Scales not separated (element width unknown) for: {', '.join(unknown)}."
+    cols = {
+        "label": "case",
+        "context_len": "context (tokens)",
+        "bits_per_elem": "bits/elem",
+        "kv_bytes": "kv_bytes (B)",
+        "k_mib": "K data (MiB)",
+        "v_mib": "V data (MiB)",
+        "scales_mib": "scales (MiB)",
+        "alloc_mib": "allocated (MiB)",
+        "peak_mib": "peak (MiB)",
+    }
+    d = d.assign(
+        k_mib=d["k_bytes"] / MIB,
+        v_mib=d["v_bytes"] / MIB,
+        scales_mib=d["scales_bytes"] / MIB,
+        alloc_mib=d["alloc_bytes"] / MIB,
+        peak_mib=d["peak_mem_bytes"] / MIB,
+    ).sort_values(["panel", "context_len", "kernel"])
+    return Figure("memory", title, style(fig, 200 + 300 * nrow), table(d, cols), note)
+
+
+def frontier(points: pd.DataFrame) -> pd.DataFrame:
+    """Pareto-optimal points: no other point has fewer-or-equal bits and lower error."""
+    best, keep = float("inf"), []
+    for r in points.sort_values(["bits_per_elem", "rel_err"]).itertuples():
+        if r.rel_err < best:
+            best = r.rel_err
+            keep.append(r.Index)
+    return points.loc[keep]
+
+
+def accuracy(cur: pd.DataFrame) -> Figure | None:
+    ok = cur["status"].isin(MEASURED)
+    d = with_fmt(cur[ok & cur["rel_err"].notna() & cur["bits_per_elem"].notna()])
+    if d.empty or d["fmt"].nunique() < 2:
+        return None
+    keys = ["fmt", "kernel", "kv_data"]
+    g = d.groupby(keys, dropna=False).agg(
+        bits_per_elem=("bits_per_elem", "first"),
+        rel_err=("rel_err", "median"),
+        rel_err_min=("rel_err", "min"),
+        rel_err_max=("rel_err", "max"),
+        cosine=("cosine", "median"),
+        max_abs_err=("max_abs_err", "max"),
+        kv_recon_err=("kv_recon_err", "median"),
+        cases=("rel_err", "size"),
+    )
+    g = g.reset_index()
+    positive = g.loc[g["rel_err_min"] > 0, "rel_err_min"]
+    floor = float(positive.min()) / 10 if len(positive) else 1e-8
+    g["y"] = g["rel_err"].clip(lower=floor)
+    g["name"] = g["fmt"] + " · " + g["kernel"] + " · " + g["kv_data"].astype(str)
+    fig = go.Figure()
+    palette = colors(g["fmt"].nunique())
+    for i, (f, p) in enumerate(g.groupby("fmt", sort=False)):
+        fig.add_scatter(
+            x=p["bits_per_elem"], y=p["y"], mode="markers", name=f, hovertext=p["name"],
+            error_y={"type": "data", "symmetric": False,
+                     "array": p["rel_err_max"].clip(lower=floor) - p["y"],
+                     "arrayminus": p["y"] - p["rel_err_min"].clip(lower=floor)},
+            marker={"size": 11, "color": palette[i % len(palette)],
+                    "symbol": ["circle" if e > 0 else "x" for e in p["rel_err"]]},
+            hovertemplate="%{hovertext}<br>%{x:.4g} bits/elem<br>rel_err %{y:.3g}<extra></extra>",
+        )  # fmt: skip
+    for data, p in g.groupby("kv_data", dropna=False):
+        f = frontier(p.assign(rel_err=p["y"]))
+        fig.add_scatter(
+            x=f["bits_per_elem"], y=f["y"], mode="lines", name=f"frontier ({data})",
+            line={"dash": "dot", "color": "#555"}, hoverinfo="skip",
+        )  # fmt: skip
+    fig.update_xaxes(title_text="stored bits per K/V element (scales included; bytes = bits / 8)")
+    fig.update_yaxes(title_text="relative error of attention output (vs fp32)", type="log")
+    fig.update_yaxes(**log_ticks(g["y"]))
+    title = "Accuracy vs memory per element: the trade-off frontier"
+    note = (
+        "One point per (format, kernel, K/V data): median relative L2 error of the attention "
+        "output against the float32 reference on the same un-quantized K/V, over the cases "
+        "(contexts); bars span min–max. The dotted line joins the Pareto-optimal points. "
+        f"An exact result (error 0) is drawn as × at {floor:.2g} (log axis)."
+    )
+    cols = {
+        "fmt": "format",
+        "kernel": "kernel",
+        "kv_data": "K/V data",
+        "bits_per_elem": "bits/elem",
+        "rel_err": "median rel_err",
+        "rel_err_max": "max rel_err",
+        "max_abs_err": "max abs err",
+        "cosine": "median cosine",
+        "kv_recon_err": "K/V recon err",
+        "cases": "cases",
+    }
+    table_df = table(g.sort_values("bits_per_elem"), cols)
+    return Figure("accuracy", title, style(fig), table_df, note)
+
+
+def all_figures(cur, history, compare_rows, order) -> list[Figure]:
+    """Every figure the data supports, in page order."""
+    from harness.report_views import compare, history_fig, layouts, tiles
+
+    figs = [latency(cur), bandwidth(cur), memory(cur), accuracy(cur), tiles(cur), layouts(cur)]
+    figs += [history_fig(history, order), compare(compare_rows)]
+    return [f for f in figs if f is not None]

@@ -1,0 +1,236 @@
+"""The report's comparison figures: tile-size heatmap, unified vs per-stream, history, compare.
+
+Tile heatmap colour = median time / the best tile's median time at the same context (1.0 = the
+fastest tile there), so the winning tile per context reads at a glance; the cell text is the
+median in ms. History: one line per case, one point per run that measured it, runs ordered by
+their timestamp. Compare: issue 5's ratio new/base per case with its confidence interval.
+"""
+
+from __future__ import annotations
+
+import pandas as pd
+import plotly.express as px
+from plotly.subplots import make_subplots
+
+from harness.report_common import (
+    MIB,
+    Figure,
+    add_series,
+    colors,
+    log_ticks,
+    measured,
+    style,
+    table,
+)
+
+VERDICT_COLORS = {
+    "faster": "#2ca02c",
+    "better": "#2ca02c",
+    "slower": "#d62728",
+    "worse": "#d62728",
+    "unchanged": "#7f7f7f",
+    "inconclusive": "#ff7f0e",
+    "noisy": "#ff7f0e",
+}
+
+
+def _cat(v) -> list[str]:
+    return [str(int(x)) for x in v]
+
+
+def tiles(cur: pd.DataFrame) -> Figure | None:
+    d = measured(cur)
+    d = d[d["tile_kv"].notna() & d["context_len"].notna()]
+    if d.empty or d["tile_kv"].nunique() < 2:
+        return None
+    d = add_series(d, exclude=("tile_kv", "context_len", "n_kv_heads"), always=("fmt", "kernel"))
+    best = d.groupby(["series", "context_len"])["median_ms"].transform("min")
+    d["rel"] = d["median_ms"] / best
+    panels = sorted(d["series"].unique())
+    ncol = min(len(panels), 2)
+    nrow = -(-len(panels) // ncol)
+    fig = make_subplots(nrow, ncol, subplot_titles=panels, vertical_spacing=0.15)
+    for i, panel in enumerate(panels):
+        p = d[d["series"] == panel]
+        rel = p.pivot_table(index="tile_kv", columns="context_len", values="rel")
+        ms = p.pivot_table(index="tile_kv", columns="context_len", values="median_ms")
+        fig.add_heatmap(
+            x=_cat(rel.columns), y=_cat(rel.index), z=rel.values, text=ms.map(lambda v: f"{v:.3g}"),
+            texttemplate="%{text}", coloraxis="coloraxis", name=panel,
+            hovertemplate=panel + "<br>context %{x}, tile %{y}<br>%{text} ms, ×%{z:.2f} of best"
+            "<extra></extra>", row=i // ncol + 1, col=i % ncol + 1,
+        )  # fmt: skip
+    fig.update_layout(
+        coloraxis={
+            "colorscale": "Viridis_r",
+            "cmin": 1.0,
+            "cmax": max(float(d["rel"].max()), 1.1),
+            "colorbar": {"title": {"text": "× best"}},
+        }
+    )
+    fig.update_xaxes(type="category", title_text="context length (tokens)")
+    fig.update_yaxes(type="category", title_text="tile_kv (KV positions per tile)")
+    title = "Tile size × context: time relative to the best tile at each context (text: ms)"
+    note = (
+        "Colour: median latency divided by the fastest tile's median at the same context and "
+        "configuration (1.0 = best). Cell text: median latency in ms."
+    )
+    d = d.assign(best=d["rel"] == 1.0).sort_values(["series", "context_len", "tile_kv"])
+    cols = {
+        "series": "configuration",
+        "context_len": "context (tokens)",
+        "tile_kv": "tile_kv",
+        "median_ms": "median (ms)",
+        "rel": "× best",
+        "best": "best tile",
+    }
+    return Figure("tiles", title, style(fig, 180 + 320 * nrow), table(d, cols), note)
+
+
+def _layout_memory(d: pd.DataFrame) -> tuple[pd.Series, pd.Series | None, str]:
+    """(allocated bytes, used bytes or None, what they are) per row, best source first."""
+    if "bytes_alloc" in d and d["bytes_alloc"].notna().any():
+        used = d["bytes_used"] if "bytes_used" in d and d["bytes_used"].notna().any() else None
+        return d["bytes_alloc"], used, "bytes_alloc / bytes_used (cells allocated / used)"
+    return d["kv_bytes"], None, "kv_bytes (format formula at the context length)"
+
+
+def layouts(cur: pd.DataFrame) -> Figure | None:
+    d = measured(cur)
+    d = d[d["layout"].notna()]
+    if d.empty or d["layout"].nunique() < 2:
+        return None
+    d = add_series(d, exclude=("layout",), always=("context_len", "n_seqs"))
+    d = d[d.groupby("series")["layout"].transform("nunique") > 1]  # only pairs that differ
+    if d.empty:
+        return None
+    d = d.sort_values(["context_len", "n_seqs", "series"])
+    alloc, used, source = _layout_memory(d)
+    fig = make_subplots(1, 2, subplot_titles=("latency (median, bars p10–p90)", "KV memory"))
+    palette = colors(d["layout"].nunique())
+    for i, (lay, p) in enumerate(d.groupby("layout", sort=True)):
+        c = palette[i % len(palette)]
+        fig.add_bar(
+            x=p["series"], y=p["median_ms"], name=lay, marker_color=c, legendgroup=lay,
+            offsetgroup=lay, hovertext=p["label"],
+            error_y={"type": "data", "symmetric": False, "array": p["p90_ms"] - p["median_ms"],
+                     "arrayminus": p["median_ms"] - p["p10_ms"]}, row=1, col=1,
+        )  # fmt: skip
+        fig.add_bar(
+            x=p["series"], y=alloc[p.index] / MIB, name=f"{lay} allocated", marker_color=c,
+            offsetgroup=f"{lay}-a", legendgroup=lay, showlegend=False, hovertext=p["label"],
+            row=1, col=2,
+        )  # fmt: skip
+        if used is not None:
+            fig.add_bar(
+                x=p["series"], y=used[p.index] / MIB, name=f"{lay} used", marker_color=c,
+                marker_pattern_shape="/", opacity=0.6, offsetgroup=f"{lay}-u",
+                legendgroup=lay, hovertext=p["label"], row=1, col=2,
+            )  # fmt: skip
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(title_text="latency (ms)", row=1, col=1)
+    fig.update_yaxes(title_text="memory (MiB)", row=1, col=2)
+    fig.update_xaxes(title_text="configuration")
+    title = "Unified vs per-stream layout: latency and memory"
+    note = f"Pairs of bars share every axis but the layout. Memory plotted: {source}."
+    cols = {
+        "label": "case",
+        "layout": "layout",
+        "median_ms": "median (ms)",
+        "p10_ms": "p10 (ms)",
+        "p90_ms": "p90 (ms)",
+        "mask_ms": "mask (ms)",
+        "kv_bytes": "kv_bytes (B)",
+        "alloc_bytes": "alloc (B)",
+        "peak_mem_bytes": "peak (B)",
+    }
+    for c in ("cells_alloc", "cells_used", "bytes_alloc", "bytes_used", "kv_util"):
+        cols[c] = c + (" (B)" if c.startswith("bytes") else "")
+    cols.update({"bytes_touched": "bytes touched (B)", "bytes_needed": "bytes needed (B)"})
+    return Figure("layouts", title, style(fig, 520), table(d, cols), note)
+
+
+def _run_names(d: pd.DataFrame, order: list) -> dict:
+    names = {}
+    for run in order:
+        r = d[d["run_id"] == run]
+        if r.empty:
+            continue
+        r = r.iloc[0]
+        commit = str(r["commit"])[:8] + ("+dirty" if r["dirty"] is True else "")
+        name = f"{commit}<br>{str(r['timestamp'])[:16].replace('T', ' ')}"
+        names[run] = name if name not in names.values() else f"{name} ({run})"
+    return names
+
+
+def history_fig(history: pd.DataFrame, order: list) -> Figure | None:
+    d = measured(history)
+    if d.empty or d["run_id"].nunique() < 2:
+        return None
+    runs_per_case = d.groupby("case_id")["run_id"].nunique()
+    d = d[d["case_id"].isin(runs_per_case[runs_per_case > 1].index)]
+    if d.empty:
+        return None
+    names = _run_names(d, order)
+    d = d.assign(
+        run=d["run_id"].map(names), pos=d["run_id"].map({r: i for i, r in enumerate(order)})
+    )
+    g = d.groupby(["label", "run", "pos"], as_index=False).agg(
+        median_ms=("median_ms", "median"),
+        ci_low_ms=("ci_low_ms", "median"),
+        ci_high_ms=("ci_high_ms", "median"),
+    )
+    g = g.sort_values(["label", "pos"])
+    fig = px.line(
+        g, x="run", y="median_ms", color="label", markers=True, log_y=True, hover_name="label",
+        error_y=g["ci_high_ms"] - g["median_ms"], error_y_minus=g["median_ms"] - g["ci_low_ms"],
+        category_orders={"run": [names[r] for r in order if r in names]},
+        labels={"run": "run (commit, date; oldest left)", "median_ms": "latency (ms)"},
+        color_discrete_sequence=colors(g["label"].nunique()),
+    )  # fmt: skip
+    fig.update_yaxes(**log_ticks(g[["ci_low_ms", "ci_high_ms", "median_ms"]].stack()))
+    title = "History across commits: median latency per case (bars: 95% CI; log y)"
+    note = "One point per run that measured the case, runs ordered by timestamp."
+    wide = g.pivot_table(index="label", columns="pos", values="median_ms")
+    wide.columns = [names[order[int(p)]].replace("<br>", " ") + " (ms)" for p in wide.columns]
+    wide = wide.reset_index().rename(columns={"label": "case"})
+    wide["last / first"] = wide.iloc[:, -1] / wide.iloc[:, 1]
+    return Figure("history", title, style(fig, 520), wide, note)
+
+
+def compare(cmp: pd.DataFrame | None) -> Figure | None:
+    if cmp is None or cmp.empty:
+        return None
+    d = cmp.copy()
+    if "metric" not in d:
+        d["metric"] = "median_ms"
+    if "verdict" not in d:
+        d["verdict"] = "unknown"
+    d["verdict"] = d["verdict"].fillna("unknown").astype(str)
+    d = d.sort_values(["metric", "ratio"])
+    plotted = d[pd.to_numeric(d["ratio"], errors="coerce").gt(0)]  # base_only, error: no ratio
+    if plotted.empty:
+        return None
+    fig = px.scatter(
+        plotted, x="ratio", y="label", color="verdict", facet_col="metric", log_x=True,
+        error_x=plotted["ratio_ci_high"] - plotted["ratio"],
+        error_x_minus=plotted["ratio"] - plotted["ratio_ci_low"],
+        hover_name="label", hover_data={c: True for c in ("base", "new", "p_value") if c in d},
+        color_discrete_map=VERDICT_COLORS,
+        labels={"ratio": "ratio new / base (log; < 1: new is smaller)", "label": "case"},
+    )  # fmt: skip
+    fig.update_xaxes(**log_ticks(plotted[["ratio", "ratio_ci_low", "ratio_ci_high"]].stack()))
+    fig.add_vline(x=1.0, line_dash="dash", line_color="#444")
+    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
+    fig.update_yaxes(automargin=True)
+    title = "Compare: ratio of medians (new / base) with its confidence interval"
+    note = (
+        "From a compare CSV (kvbench compare): each row's ratio new / base of the metric with "
+        "its confidence interval, coloured by the verdict. Dashed line: no change. "
+        f"Rows without a ratio (one side only, errors): {len(d) - len(plotted)}, in the table."
+    )
+    cols = {c: c for c in ("label", "metric", "base", "new", "ratio", "ratio_ci_low")}
+    cols.update({c: c for c in ("ratio_ci_high", "p_value", "verdict", "base_n", "new_n")})
+    cols["note"] = "note"
+    height = 200 + 24 * plotted["label"].nunique()
+    return Figure("compare", title, style(fig, max(height, 360)), table(d, cols), note)

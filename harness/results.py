@@ -1,0 +1,195 @@
+"""Result sets for compare and history: results CSVs, directories of them, or a git ref.
+
+A side is given as
+  * a results CSV `<run_id>.csv` (raw samples from `<run_id>.samples.csv` beside it),
+  * a results directory (every run in it), or
+  * a git ref (any name `git rev-parse` resolves to a commit): the runs in the results
+    directory whose `commit` column (12-character short sha) matches it.
+A path that exists wins over a ref of the same name.
+
+One case, several runs: the latest measured row is used, never a pool. Pooling samples of
+different runs would mix between-run drift into one sample set that the rank test then treats
+as independent draws (too confident), and runs may differ in suite settings. Picking the latest
+is asv's rule too (one result per commit and machine). Ranking: status ok before partial before
+anything else; for a git ref, a clean tree before a dirty one; then the latest timestamp.
+
+This module imports neither mlx nor kernels/.
+"""
+
+from __future__ import annotations
+
+import subprocess
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+
+from harness.errors import UserError
+
+TEXT_COLUMNS = {"run_id": str, "case_id": str, "commit": str, "branch": str, "suite": str}
+STATUS_RANK = {"ok": 0, "partial": 1}
+MEASURED = ("ok", "partial")
+METRIC_STAGE = {"median_ms": "step", "write_ms": "write", "attend_ms": "attend"}
+
+
+@dataclass
+class ResultSet:
+    source: str  # what the user named (path or ref), for headings
+    rows: pd.DataFrame  # every row of every run loaded
+    samples: pd.DataFrame  # run_id, case_id, stage, round, sample, ms
+    prefer_clean: bool = False  # a git ref: runs of a clean tree first
+    _by_key: dict | None = field(default=None, repr=False)  # (run, case, stage) -> samples
+
+    def pick(self) -> pd.DataFrame:
+        """One row per case_id, by the ranking in the module docstring, in first-seen order."""
+        return pick_rows(self.rows, self.prefer_clean)
+
+    def samples_of(self, row, metric: str = "median_ms") -> np.ndarray:
+        """The raw samples behind `metric` of one picked row (empty if none were kept)."""
+        stage = METRIC_STAGE.get(metric) or (
+            metric[: -len("_ms")] if metric.endswith("_ms") else None
+        )
+        if stage is None or self.samples.empty:
+            return np.array([])
+        if self._by_key is None:
+            groups = self.samples.groupby(["run_id", "case_id", "stage"], sort=False)["ms"]
+            self._by_key = {k: g.to_numpy(dtype=float) for k, g in groups}
+        return self._by_key.get((row["run_id"], row["case_id"], stage), np.array([]))
+
+
+def pick_rows(rows: pd.DataFrame, prefer_clean: bool = False) -> pd.DataFrame:
+    if rows.empty:
+        return rows
+    df = rows.copy()
+    df["_order"] = range(len(df))
+    df["_status"] = df["status"].map(STATUS_RANK).fillna(2)
+    df["_dirty"] = df["dirty"].astype(str).eq("True") if prefer_clean else False
+    first_seen = df.groupby("case_id", sort=False)["_order"].min()
+    df = df.sort_values(
+        ["_status", "_dirty", "timestamp", "run_id"], ascending=[True, True, False, False]
+    )
+    best = df.drop_duplicates("case_id", keep="first").set_index("case_id")
+    best = best.loc[first_seen.index].reset_index()
+    return best.drop(columns=["_order", "_status", "_dirty"])
+
+
+def _read_csv(path: Path) -> pd.DataFrame:
+    try:
+        df = pd.read_csv(path, dtype=TEXT_COLUMNS)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
+        raise UserError(f"{path}: cannot read: {e}") from None
+    return df
+
+
+def samples_path(csv_path: Path) -> Path:
+    return csv_path.with_name(csv_path.name[: -len(".csv")] + ".samples.csv")
+
+
+def is_results_csv(path: Path) -> bool:
+    try:
+        header = set(pd.read_csv(path, nrows=0).columns)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
+        return False
+    return {"run_id", "case_id", "status"} <= header
+
+
+def load_run(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """One run's rows and raw samples (samples empty when the file is missing)."""
+    path = Path(path)
+    if path.name.endswith(".samples.csv"):
+        raise UserError(f"{path}: a raw-samples file; give the results CSV beside it")
+    rows = _read_csv(path)
+    missing = {"run_id", "case_id", "status"} - set(rows.columns)
+    if missing:
+        raise UserError(f"{path}: not a kvbench results CSV (no {', '.join(sorted(missing))})")
+    rows = rows.dropna(subset=["case_id"])
+    sp = samples_path(path)
+    samples = _read_csv(sp) if sp.exists() else pd.DataFrame()
+    if not samples.empty:
+        # the samples file has no run_id column: every sample belongs to this file's run
+        samples["run_id"] = rows["run_id"].iloc[0] if len(rows) else path.stem
+    return rows, samples
+
+
+def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
+    frames = [f for f in frames if not f.empty]
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+
+
+def load_dir(path: str | Path) -> ResultSet:
+    path = Path(path)
+    files = sorted(p for p in path.glob("*.csv") if not p.name.endswith(".samples.csv"))
+    # other CSVs in the directory (a saved compare table, say) are not runs: skip them
+    loaded = [load_run(p) for p in files if is_results_csv(p)]
+    rows = _concat([r for r, _ in loaded])
+    if rows.empty:
+        raise UserError(f"{path}: no kvbench results in this directory")
+    return ResultSet(str(path), rows, _concat([s for _, s in loaded]))
+
+
+def resolve_ref(ref: str, repo: str | Path = ".") -> str | None:
+    """The full sha `ref` names in the git repository at `repo`, or None."""
+    try:
+        out = subprocess.run(
+            ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
+
+
+def load_ref(ref: str, results_dir: str | Path = "results", repo: str | Path = ".") -> ResultSet:
+    sha = resolve_ref(ref, repo)
+    if sha is None:
+        raise UserError(f"{ref}: not a results CSV, a results directory or a git ref")
+    if not Path(results_dir).is_dir():
+        raise UserError(f"{ref}: results directory {results_dir} does not exist")
+    everything = load_dir(results_dir)
+    rows = everything.rows[everything.rows["commit"] == sha[:12]]
+    if rows.empty:
+        raise UserError(
+            f"{ref}: commit {sha[:12]} has no results in {results_dir} "
+            f"(run a suite at that commit, or `make compare BASE={ref}`)"
+        )
+    runs = set(rows["run_id"])
+    s = everything.samples
+    samples = s[s["run_id"].isin(runs)] if not s.empty else s
+    return ResultSet(f"{ref} ({sha[:12]})", rows, samples, prefer_clean=True)
+
+
+def load(spec: str, results_dir: str | Path = "results", repo: str | Path = ".") -> ResultSet:
+    """A result set from a results CSV, a results directory or a git ref (see the docstring)."""
+    path = Path(spec)
+    if path.is_dir():
+        return load_dir(path)
+    if path.is_file():
+        rows, samples = load_run(path)
+        if rows.empty:
+            raise UserError(f"{path}: no rows")
+        return ResultSet(str(path), rows, samples)
+    return load_ref(spec, results_dir, repo)
+
+
+def label(row) -> str:
+    """A short human name for a row (Case.label's format; the benchmark name for imports)."""
+    model = row.get("model")
+    if not isinstance(model, str):
+        name = row.get("bench_name")
+        return name if isinstance(name, str) else str(row.get("case_id"))
+    parts = [model, str(row.get("phase")), f"ctx{_int(row.get('context_len'))}"]
+    parts += [str(row.get("kv_dtype")), str(row.get("kernel"))]
+    if _int(row.get("n_seqs")) not in ("1", ""):
+        parts.append(f"seqs{_int(row.get('n_seqs'))}")
+    if _int(row.get("tile_kv")):
+        parts.append(f"tile{_int(row.get('tile_kv'))}")
+    return " ".join(parts)
+
+
+def _int(v) -> str:
+    if v is None or (isinstance(v, float) and np.isnan(v)):
+        return ""
+    return str(int(v)) if isinstance(v, (int, float, np.integer, np.floating)) else str(v)

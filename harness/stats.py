@@ -1,0 +1,94 @@
+"""Statistics on raw timing samples, mlx-free (compare, history and import use them too).
+
+Timing samples are skewed and often bimodal (preemption, frequency changes), so everything
+here is distribution-free: medians with binomial order-statistic CIs, the Mann-Whitney U rank
+test, and a bootstrap (fixed seed, so the same files always give the same figures) of the
+ratio of medians.
+"""
+
+from __future__ import annotations
+
+import math
+from math import comb
+
+import numpy as np
+from scipy.stats import binom, mannwhitneyu
+
+BOOTSTRAP_RESAMPLES = 4000
+BOOTSTRAP_SEED = 0
+
+
+def median_ci(samples_ms, confidence: float = 0.95) -> tuple[float, float]:
+    """Distribution-free CI of the median: order statistics chosen by the Binomial(n, 1/2)
+    quantiles (no normality assumption; timing samples are skewed). NaN below 2 samples."""
+    x = np.sort(np.asarray(samples_ms, dtype=float))
+    n = len(x)
+    if n < 2:
+        return math.nan, math.nan
+    alpha = 1 - confidence
+    lo = int(binom.ppf(alpha / 2, n, 0.5))  # number of samples below the lower bound
+    lo = max(lo - 1, 0)
+    hi = min(n - 1 - lo, n - 1)
+    return float(x[lo]), float(x[hi])
+
+
+def ci_rel_halfwidth(samples_ms) -> float:
+    lo, hi = median_ci(samples_ms)
+    med = float(np.median(samples_ms))
+    return (hi - lo) / (2 * med) if med > 0 and not math.isnan(lo) else math.inf
+
+
+def summarize(samples_ms, cv_warn: float = 0.10) -> dict:
+    """median, p10, p90, IQR, CV, 95% CI of the median, n, unstable flag."""
+    x = np.asarray(samples_ms, dtype=float)
+    if len(x) == 0:
+        return {"n_samples": 0}
+    q10, q25, med, q75, q90 = np.percentile(x, [10, 25, 50, 75, 90])
+    mean = float(x.mean())
+    cv = float(x.std(ddof=1) / mean) if len(x) > 1 and mean > 0 else math.nan
+    lo, hi = median_ci(x)
+    return {
+        "median_ms": float(med),
+        "p10_ms": float(q10),
+        "p90_ms": float(q90),
+        "iqr_ms": float(q75 - q25),
+        "cv": cv,
+        "ci_low_ms": lo,
+        "ci_high_ms": hi,
+        "n_samples": int(len(x)),
+        "unstable": bool(not math.isnan(cv) and cv > cv_warn),
+    }
+
+
+def mann_whitney_p(base, new) -> float:
+    """Two-sided Mann-Whitney U p-value (exact for small tie-free samples, else normal
+    approximation with tie correction, scipy's "auto"). NaN when either side is empty."""
+    if len(base) == 0 or len(new) == 0:
+        return math.nan
+    return float(mannwhitneyu(new, base, alternative="two-sided").pvalue)
+
+
+def min_two_sided_p(n_base: int, n_new: int) -> float:
+    """The smallest two-sided p the exact U test can give with these sample counts: every new
+    sample above every base sample. If it exceeds alpha, no result can be significant."""
+    if n_base == 0 or n_new == 0:
+        return 1.0
+    return min(1.0, 2.0 / comb(n_base + n_new, n_base))
+
+
+def bootstrap_ratio_ci(
+    base, new, confidence: float = 0.95, resamples: int = BOOTSTRAP_RESAMPLES
+) -> tuple[float, float]:
+    """Percentile bootstrap CI of median(new) / median(base), each side resampled on its own
+    with a fixed seed. NaN when a side has fewer than 2 samples."""
+    b, n = np.asarray(base, dtype=float), np.asarray(new, dtype=float)
+    if len(b) < 2 or len(n) < 2:
+        return math.nan, math.nan
+    rng = np.random.default_rng(BOOTSTRAP_SEED)
+    mb = np.median(rng.choice(b, size=(resamples, len(b))), axis=1)  # [resamples]
+    mn = np.median(rng.choice(n, size=(resamples, len(n))), axis=1)  # [resamples]
+    with np.errstate(divide="ignore", invalid="ignore"):
+        ratios = mn / mb
+    tail = (1 - confidence) / 2 * 100
+    lo, hi = np.percentile(ratios, [tail, 100 - tail])
+    return float(lo), float(hi)

@@ -1,0 +1,232 @@
+"""The streams engine: many sequences decoding over a per-stream or unified layout.
+
+Build (untimed): replay the case's workload (kernels/workloads.py) into the layout's cell
+metadata, including the timed step's batch (one new token per sequence, its cell found by
+find_slot), then fill every layer's K/V store from a table of per-token K/V (a token's K/V
+depends on its token id, so only a true common prefix is identical across sequences).
+Every layer holds the same K/V, as the cache engine does.
+
+Stages (one timed step = one new token for every sequence):
+* mask: the masks built from the cell metadata (host numpy, as llama.cpp builds its kq_mask
+  on the host) and turned into MLX bool arrays;
+* write: every layer writes (encoding on write) the step's K/V into the step's cells;
+* attend: every layer runs the kernel over n_kv cells with the mask;
+* step: mask + write + attend.
+Calls per layer: interleaved = one call for all sequences (per-stream: batch of n_seqs streams,
+one query each; unified: one stream, the n_seqs queries as query rows, as a llama.cpp ubatch);
+sequential = one call per sequence (per-stream: its own stream and n_kv only).
+check: for every sequence, layer 0's output against the float32 reference over exactly that
+sequence's own K/V (stored in the format, decoded); against the same kernel over the other
+layout; accuracy against the float32 reference over the un-quantized K/V.
+Counting (docs/streams.md): cells per layer; bytes = 2 (K, V) x n_layers x format bytes.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from harness.case import Case
+from harness.state import State, compare_outputs, memory_baseline, parity_gate
+from kernels.attention import KERNELS, reference, unsupported_reason
+from kernels.data import make_qkv
+from kernels.formats import get_format
+from kernels.layouts import KV_PAD, Layout, LayoutStore
+from kernels.workloads import Replay, Workload, build_layout
+
+
+def skip_reason(case: Case, backend: str) -> str | None:
+    if case.window is not None:
+        return "window is implemented by the mlx_lm_rotating peer only"
+    return unsupported_reason(case.kernel, get_format(case.kv_dtype, case.group_size), backend)
+
+
+def workload_of(case: Case) -> Workload:
+    return Workload(case.n_seqs, case.context_len, case.prefix_len, case.decode_order, case.churn)
+
+
+@dataclass
+class Call:
+    """One kernel call per layer: streams read, query rows, mask groups, extent."""
+
+    streams: slice
+    q: mx.array  # [B, Hq, Lq, D]
+    groups: list  # [(stream, seq_ids, q_pos)] for Layout.mask
+    n_kv: int
+
+
+def plan_calls(layout: Layout, rp: Replay, q: mx.array, order: str) -> list[Call]:
+    """The calls of one step; q [S, Hq, 1, D] (one query per sequence)."""
+    n = len(rp.seq_tokens)
+    qpos = [len(t) - 1 for t in rp.seq_tokens]
+    if order == "sequential":
+        calls = []
+        for s in range(n):
+            st = layout.stream_of(s)
+            grp = [(st, [s], [qpos[s]])]
+            calls.append(Call(slice(st, st + 1), q[s : s + 1], grp, layout.n_kv([st])))
+        return calls
+    if layout.kind == "unified":
+        q_rows = q.transpose(2, 1, 0, 3)  # [S, Hq, 1, D] -> [1, Hq, S, D]: sequences as rows
+        return [Call(slice(0, 1), q_rows, [(0, list(range(n)), qpos)], layout.n_kv())]
+    grps = [(s, [s], [qpos[s]]) for s in range(n)]
+    return [Call(slice(0, n), q, grps, layout.n_kv())]
+
+
+def per_sequence(outs: list[mx.array], layout: Layout, order: str) -> mx.array:
+    """Call outputs -> [S, Hq, 1, D] in sequence order."""
+    if order == "interleaved" and layout.kind == "unified":
+        return outs[0].transpose(2, 1, 0, 3)  # [1, Hq, S, D] -> [S, Hq, 1, D]
+    return mx.concatenate(outs, axis=0)
+
+
+class Run:
+    """A layout filled for a case, with the functions of its stages."""
+
+    def __init__(self, case: Case, kind: str, tables, n_layers: int):
+        self.case, self.fmt = case, get_format(case.kv_dtype, case.group_size)
+        q32, k_tab, v_tab = tables
+        self.layout, self.rp = build_layout(workload_of(case), kind, KV_PAD)
+        self.store = LayoutStore(self.layout, self.fmt, n_layers, case.n_kv_heads, case.head_dim)
+        self.store.fill(k_tab, v_tab)
+        q = q32.astype(self.fmt.compute_dtype)
+        self.calls = plan_calls(self.layout, self.rp, q, case.decode_order)
+        self.writes = self._plan_writes(k_tab, v_tab)
+        self.scale = 1.0 / math.sqrt(case.head_dim)
+        self.kernel = KERNELS[case.kernel].fn
+        self.masks = self.build_masks()
+        mx.eval(self.masks, self.writes, [c.q for c in self.calls])
+
+    def _plan_writes(self, k_tab, v_tab) -> tuple:
+        """(streams, cells, k, v) of the step's tokens; k, v [n, Hkv, D]."""
+        act = self.fmt.compute_dtype
+        toks = mx.array([t[-1] for t in self.rp.seq_tokens])
+        k, v = (
+            mx.take(tab, toks, axis=2)[0].transpose(1, 0, 2).astype(act) for tab in (k_tab, v_tab)
+        )
+        streams = mx.array([st for st, _ in self.rp.step_slots])
+        return streams, mx.array([c for _, c in self.rp.step_slots]), k, v
+
+    def build_masks(self) -> list[mx.array]:
+        return [mx.array(self.layout.mask(c.groups, c.n_kv)) for c in self.calls]
+
+    def write(self, layer: int) -> None:
+        self.store.write(layer, *self.writes)
+
+    def attend(self, layer: int, masks: list[mx.array]) -> list[mx.array]:
+        outs = []
+        for call, mask in zip(self.calls, masks):
+            k, v = self.store.view(layer, call.streams, call.n_kv)
+            outs.append(
+                self.kernel(call.q, k, v, self.fmt, mask=mask, scale=self.scale, tile_kv=None)
+            )
+        return outs
+
+    def output(self, layer: int) -> mx.array:
+        """Layer `layer`'s attention output per sequence, [S, Hq, 1, D]."""
+        return per_sequence(self.attend(layer, self.masks), self.layout, self.case.decode_order)
+
+
+def make_tables(case: Case, n_tokens: int):
+    """q32 [S, Hq, 1, D] and K/V tables [1, Hkv, n_tokens, D] (float32, by token id)."""
+    tables = make_qkv(
+        case.kv_data,
+        (case.n_seqs, case.n_q_heads, 1, case.head_dim),
+        (1, case.n_kv_heads, n_tokens, case.head_dim),
+        case.seed,
+    )
+    mx.eval(tables)
+    return tables
+
+
+def sequence_reference(case: Case, rp: Replay, tables, fmt) -> mx.array:
+    """[S, Hq, 1, D]: each sequence attends over exactly its own tokens' K/V (in fmt)."""
+    q32, k_tab, v_tab = tables
+    scale = 1.0 / math.sqrt(case.head_dim)
+    outs = []
+    for s, toks in enumerate(rp.seq_tokens):
+        idx = mx.array(toks)
+        k, v = (fmt.encode(mx.take(tab, idx, axis=2)) for tab in (k_tab, v_tab))
+        outs.append(reference(q32[s : s + 1], k, v, fmt, scale=scale))
+    return mx.concatenate(outs, axis=0)
+
+
+def counts(case: Case, run: Run) -> dict:
+    """The row's cell and byte counts (docs/streams.md)."""
+    lay, fmt = run.layout, run.fmt
+
+    def nbytes(cells: int) -> int:
+        return 2 * case.n_layers * fmt.nbytes(cells * case.n_kv_heads, case.head_dim)
+
+    touched = sum(c.n_kv * sum(len(g[1]) for g in c.groups) for c in run.calls)
+    needed = sum(len(t) for t in run.rp.seq_tokens)
+    return {
+        "cells_alloc": lay.cells_alloc,
+        "cells_used": lay.cells_used,
+        "n_kv": max(c.n_kv for c in run.calls),
+        "bytes_alloc": nbytes(lay.cells_alloc),
+        "bytes_used": nbytes(lay.cells_used),
+        "kv_util": lay.cells_used / lay.cells_alloc,
+        "bytes_touched": nbytes(touched),
+        "bytes_needed": nbytes(needed),
+    }
+
+
+def traffic(case: Case, run: Run, touched: int) -> tuple[int, int]:
+    """(read, written) of one step: K/V over n_kv per sequence, the new K/V, q, mask, out."""
+    fmt, act = run.fmt, run.fmt.compute_dtype.size
+    s, hq, hkv, d = case.n_seqs, case.n_q_heads, case.n_kv_heads, case.head_dim
+    mask = sum(math.prod(m.shape) for m in run.masks)  # bool: 1 byte each, read per layer
+    per_layer_read = 2 * s * hkv * d * act + s * hq * d * act + mask
+    per_layer_written = 2 * fmt.nbytes(s * hkv, d) + s * hq * d * act
+    return touched + case.n_layers * per_layer_read, case.n_layers * per_layer_written
+
+
+def build(case: Case) -> State:
+    fmt = get_format(case.kv_dtype, case.group_size)
+    tables = make_tables(case, workload_of(case).n_tokens)
+    baseline = memory_baseline()
+    run = Run(case, case.layout, tables, case.n_layers)
+    alloc = mx.get_active_memory() - baseline
+    n_layers = run.store.n_layers
+
+    def mask() -> list[mx.array]:
+        return run.build_masks()
+
+    def write() -> list[mx.array]:
+        for layer in range(n_layers):
+            run.write(layer)
+        return run.store.arrays()
+
+    def attend() -> list[mx.array]:
+        return [o for layer in range(n_layers) for o in run.attend(layer, run.masks)]
+
+    def step() -> list[mx.array]:
+        masks, outs = run.build_masks(), []
+        for layer in range(n_layers):
+            run.write(layer)
+            outs += run.attend(layer, masks)
+        return outs + run.store.arrays()
+
+    def check() -> dict:
+        mx.eval(step())
+        out = run.output(0)
+        act = fmt.compute_dtype
+        parity_gate(case.kernel, out, sequence_reference(case, run.rp, tables, fmt), act)
+        other = "unified" if case.layout == "per-stream" else "per-stream"
+        twin = Run(case, other, tables, 1)
+        parity_gate(f"{case.kernel} ({other} layout)", out, twin.output(0), act)
+        exact = sequence_reference(case, run.rp, tables, get_format("fp32"))
+        return compare_outputs(out, exact)
+
+    row = counts(case, run)
+    return State(
+        {"step": step, "write": write, "mask": mask, "attend": attend},
+        check,
+        alloc_bytes=alloc,
+        baseline_bytes=baseline,
+        extra=row,
+        traffic=traffic(case, run, row["bytes_touched"]),
+    )

@@ -1,0 +1,86 @@
+"""import: a real pytest-benchmark JSON (tests/data, made by `make bench-pytest` here)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from harness.case import Case
+from harness.cli import main
+from harness.compare import compare
+from harness.errors import UserError
+from harness.importer import import_file
+from harness.record import COLUMNS
+from harness.results import load
+
+FIXTURE = Path(__file__).parent / "data" / "pytest-benchmark.json"
+DOC = json.loads(FIXTURE.read_text())
+
+
+def test_import_maps_stats_cases_and_context(tmp_path):
+    csv_path, n = import_file(FIXTURE, tmp_path)
+    assert n == len(DOC["benchmarks"]) == 3
+    rows = pd.read_csv(csv_path, dtype={"case_id": str, "commit": str})
+    assert tuple(rows.columns) == COLUMNS
+    for bench, row in zip(DOC["benchmarks"], rows.itertuples()):
+        case = Case(**bench["extra_info"]["case"])
+        assert row.case_id == case.case_id  # joins `kvbench run` rows of the same case
+        assert row.model == case.model and row.kernel == case.kernel
+        assert row.median_ms == pytest.approx(bench["stats"]["median"] * 1e3)
+        assert row.n_samples == bench["stats"]["rounds"]
+        assert row.bench_name == bench["fullname"]
+        assert row.backend == bench["extra_info"]["backend"]
+    info = DOC["commit_info"]
+    assert set(rows["commit"]) == {info["id"][:12]} and set(rows["dirty"]) == {info["dirty"]}
+    assert set(rows["host"]) == {DOC["machine_info"]["node"]}
+    assert rows["gbps"].isna().all() and rows["peak_mem_bytes"].isna().all()  # never invented
+    samples = pd.read_csv(csv_path.with_name(csv_path.stem + ".samples.csv"))
+    assert len(samples) == sum(len(b["stats"]["data"]) for b in DOC["benchmarks"])
+
+
+def test_imported_runs_compare(tmp_path, capsys):
+    csv_path, _ = import_file(FIXTURE, tmp_path)
+    cmp = compare(load(str(csv_path)), load(str(csv_path)))
+    assert set(cmp.table["verdict"]) == {"unchanged"} and cmp.regressions.empty
+    assert (cmp.table["base_n"] == 20).all()
+    assert main(["import", str(FIXTURE), "--out", str(tmp_path / "cli")]) == 0
+    assert "imported 3 benchmarks" in capsys.readouterr().out
+
+
+def test_without_raw_data_stats_map_and_compare_is_inconclusive(tmp_path):
+    doc = json.loads(FIXTURE.read_text())
+    for b in doc["benchmarks"]:
+        del b["stats"]["data"], b["extra_info"]["case"], b["extra_info"]["case_id"]
+    src = tmp_path / "nodata.json"
+    src.write_text(json.dumps(doc))
+    csv_path, _ = import_file(src, tmp_path)
+    rows = pd.read_csv(csv_path)
+    s = DOC["benchmarks"][0]["stats"]
+    assert rows.loc[0, "cv"] == pytest.approx(s["stddev"] / s["mean"])
+    assert np.isnan(rows.loc[0, "p10_ms"]) and rows["model"].isna().all()
+    cmp = compare(load(str(csv_path)), load(str(csv_path)))
+    assert set(cmp.table["verdict"]) == {"inconclusive"}
+    assert cmp.table.loc[0, "label"].startswith("tests/benchmarks/")
+
+
+def test_bad_json_is_a_user_error(tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text('{"not": "a benchmark file"}')
+    with pytest.raises(UserError, match="not a pytest-benchmark JSON"):
+        import_file(bad, tmp_path)
+
+
+def test_compare_history_import_import_no_mlx():
+    code = (
+        "import sys; import harness.compare, harness.compare_format, harness.history, "
+        "harness.importer, harness.results, harness.gate; "
+        "bad = [m for m in sys.modules if m == 'mlx' or m.startswith(('mlx.', 'kernels'))]; "
+        "assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)

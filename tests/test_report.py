@@ -1,0 +1,180 @@
+"""The HTML report: which figures appear for which data, page structure, offline rendering."""
+
+from __future__ import annotations
+
+import re
+import subprocess
+import sys
+from html.parser import HTMLParser
+
+import pandas as pd
+import pytest
+import report_browser
+import report_synthetic as syn
+
+from harness.cli import main
+from harness.report import build, current, load, write_report
+from harness.report_figures import frontier, split_memory
+
+ALL = ["latency", "bandwidth", "memory", "accuracy", "tiles", "layouts", "history", "compare"]
+
+
+class Sections(HTMLParser):
+    """Collects, per <section class="figure">, its id and the tags inside it."""
+
+    def __init__(self):
+        super().__init__()
+        self.sections, self.depth, self.scripts = [], 0, []
+
+    def handle_starttag(self, tag, attrs):
+        a = dict(attrs)
+        if tag == "script":
+            self.scripts.append(a)
+        if tag == "section" and a.get("class") == "figure":
+            self.sections.append({"id": a["id"], "tags": []})
+            self.depth = 1
+        elif self.depth:
+            self.sections[-1]["tags"].append((tag, a))
+            self.depth += tag == "section"
+
+    def handle_endtag(self, tag):
+        if self.depth and tag == "section":
+            self.depth -= 1
+
+
+@pytest.fixture(scope="module")
+def full_report(tmp_path_factory):
+    d = tmp_path_factory.mktemp("report")
+    out, n = write_report(syn.write(d), d / "report.html")
+    return out, out.read_text(encoding="utf-8")
+
+
+def parse(text: str) -> Sections:
+    p = Sections()
+    p.feed(text)
+    return p
+
+
+def test_every_figure_appears_when_its_axes_exist(full_report):
+    assert [s["id"] for s in parse(full_report[1]).sections] == ALL
+
+
+def test_each_figure_has_its_plot_and_table(full_report):
+    for s in parse(full_report[1]).sections:
+        tags = [t for t, _ in s["tags"]]
+        ids = [a.get("id") for _, a in s["tags"]]
+        assert f"plot-{s['id']}" in ids, s["id"]
+        assert "table" in tags and "h2" in tags, s["id"]
+
+
+def test_self_contained_plotly_inlined(full_report):
+    text = full_report[1]
+    p = parse(text)
+    assert not [a for a in p.scripts if "src" in a], "no script may be fetched"
+    assert not re.search(r"<link\b|@import|@font-face|<iframe\b|<img\b", text)
+    head = text.split("</head>")[0]
+    assert len(head) > 1_000_000 and "plotly.js v" in head  # the whole bundle, inline
+
+
+def test_figures_follow_the_data(tmp_path):
+    df = syn.rows(0)
+    plain = df[df["tile_kv"].isna() & (df["n_seqs"] == 1) & (df["kv_dtype"] != "int4")]
+    plain.to_csv(tmp_path / "a.csv", index=False)
+    ids = [s["id"] for s in parse(build([tmp_path / "a.csv"])).sections]
+    assert ids == ["latency", "bandwidth", "memory", "accuracy"]
+    one = plain[plain["kv_dtype"] == "fp16"].assign(bits_per_elem=None, gbps=None)
+    one.to_csv(tmp_path / "b.csv", index=False)
+    assert [s["id"] for s in parse(build([tmp_path / "b.csv"])).sections] == ["latency", "memory"]
+
+
+def test_header_context_and_failed_rows(full_report):
+    text = full_report[1]
+    for want in ("synthetic cpu", "1111111", "0.1.0", "skipped", "ParityError", "Metal backend"):
+        assert want in text
+    assert "ok: 46, error: 1, skipped: 1, partial: 0" in text
+
+
+def test_current_takes_newest_row_per_case(tmp_path):
+    rows, _ = load(syn.write(tmp_path, compare=False))
+    cur = current(rows)
+    assert len(cur) == len(syn.rows(0)) and set(cur["run_id"]) == {syn.rows(1)["run_id"][0]}
+    assert set(rows["commit"]) == {"0" * 12, "1" * 12}  # digits stay text
+    latest = current(rows, latest=True)
+    assert set(latest["run_id"]) == set(cur["run_id"])
+
+
+def test_memory_split_is_exact():
+    d = pd.DataFrame(
+        {"kv_dtype": ["fp16", "int4", "mystery"], "kv_bytes": [4096, 1152, 100]}
+        | {"bits_per_elem": [16.0, 4.5, 3.0]}
+    )
+    s = split_memory(d)
+    assert list(s["scales_bytes"]) == [0, 128, 0]  # int4/g32 fp16 scales: 0.5 of 4.5 bits
+    assert list(s["k_bytes"]) == [2048, 512, 50] and list(s["split_known"]) == [1, 1, 0]
+
+
+def test_frontier_keeps_pareto_points():
+    p = pd.DataFrame(
+        {"bits_per_elem": [4.5, 4.5, 8.0, 16.0, 32.0], "rel_err": [0.1, 0.2, 0.3, 1e-3, 0]}
+    )
+    assert list(frontier(p).index) == [0, 3, 4]
+
+
+def test_cli_report_and_compare_option(tmp_path, capsys):
+    df = syn.rows(0)
+    df[(df["kv_dtype"] == "fp32") & (df["kernel"] == "sdpa")].to_csv(
+        tmp_path / "a.csv", index=False
+    )
+    cmp = tmp_path / "cmp.txt"
+    syn.compare_rows().to_csv(cmp, index=False)
+    out = tmp_path / "r.html"
+    assert main(["report", str(tmp_path), "-o", str(out), "--compare", str(cmp)]) == 0
+    assert "(4 figures)" in capsys.readouterr().out  # latency, bandwidth, memory, compare
+    assert 'id="compare"' in out.read_text()
+    assert main(["report", str(tmp_path / "missing"), "-o", str(out)]) == 2
+    assert main(["report", str(cmp), "-o", str(out)]) == 0  # a compare table alone
+    assert "(1 figure)" in capsys.readouterr().out
+    (tmp_path / "empty").mkdir()
+    assert main(["report", str(tmp_path / "empty"), "-o", str(out)]) == 2
+
+
+def test_report_imports_no_mlx():
+    code = (
+        "import sys, harness.report, harness.report_figures, harness.report_views, "
+        "harness.report_html; bad = [m for m in sys.modules if m.split('.')[0] in "
+        "('mlx', 'kernels')]; assert not bad, bad"
+    )
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+@pytest.mark.skipif(
+    report_browser.chromium() is None,
+    reason="chromium not installed (apt-get install -y chromium); .ci/run installs it",
+)
+def test_every_figure_renders_in_headless_chromium(full_report):
+    got = report_browser.probe(full_report[0])
+    assert got["errors"] == [] and got["console"] == [], got
+    assert got["plots"] == got["drawn"] == len(ALL), got
+    assert got["plotly"] and got["svgs"] >= len(ALL)
+
+
+def test_layout_memory_uses_cell_bytes_when_present(full_report):
+    text = full_report[1]
+    assert "Memory plotted: bytes_alloc / bytes_used" in text
+
+
+def test_log_ticks_label_full_numbers():
+    from harness.report_common import log_ticks
+
+    t = log_ticks([0.19, 7.0])
+    assert t["tickvals"][:3] == [0.2, 0.5, 1.0] and t["ticktext"][:3] == ["0.2", "0.5", "1"]
+    assert log_ticks([1.0, 1.5]) == {}  # under 2x: plotly's own ticks
+    assert log_ticks([1e-6, 1.0])["ticktext"] == [
+        "1e-06",
+        "1e-05",
+        "0.0001",
+        "0.001",
+        "0.01",
+        "0.1",
+        "1",
+    ]

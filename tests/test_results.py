@@ -1,0 +1,71 @@
+"""Result sets: CSV, directory, git ref resolution, and which run a case uses."""
+
+from __future__ import annotations
+
+import pytest
+from fake_runs import draw, make_repo, write_run
+
+from harness.cli import main
+from harness.errors import UserError
+from harness.results import load, resolve_ref
+
+
+@pytest.fixture
+def repo(tmp_path):
+    shas = make_repo(tmp_path / "repo", 3)
+    results = tmp_path / "repo" / "results"
+    results.mkdir()
+    for i, sha in enumerate(shas[:2]):
+        write_run(results, f"run{i}", {"c1": draw(10, 1.0 + i, seed=i)}, commit=sha[:12])
+    return tmp_path / "repo", shas
+
+
+def test_git_ref_selects_the_runs_of_its_commit(repo):
+    path, shas = repo
+    assert resolve_ref("HEAD~2", path) == shas[0]
+    assert resolve_ref("no-such-ref", path) is None
+    old = load("HEAD~2", path / "results", path)
+    assert set(old.rows["run_id"]) == {"run0"} and shas[0][:12] in old.source
+    assert load(shas[1][:7], path / "results", path).pick().iloc[0]["median_ms"] > 1.5
+
+
+def test_ref_without_results_and_unknown_ref_are_user_errors(repo):
+    path, shas = repo
+    with pytest.raises(UserError, match=f"commit {shas[2][:12]} has no results"):
+        load("HEAD", path / "results", path)
+    with pytest.raises(UserError, match="not a results CSV, a results directory or a git ref"):
+        load("nope", path / "results", path)
+
+
+def test_cli_compares_git_refs(repo, monkeypatch, capsys):
+    path, _ = repo
+    monkeypatch.chdir(path)
+    assert main(["compare", "HEAD~2", "HEAD~1"]) == 1  # 10 samples a side, 2x slower
+    assert "slower" in capsys.readouterr().out
+    assert main(["compare", "HEAD~2", "HEAD"]) == 2
+    assert "has no results" in capsys.readouterr().err
+
+
+def test_latest_measured_run_wins_and_ref_prefers_a_clean_tree(repo):
+    path, shas = repo
+    res = path / "results"
+    c = shas[0][:12]
+    write_run(res, "later", {"c1": draw(10, 5.0)}, commit=c, timestamp="2026-02-01T00:00:00+00:00")
+    write_run(res, "latest-dirty", {"c1": draw(10, 9.0)}, commit=c, dirty=True, timestamp="2026-03")
+    write_run(res, "latest-error", {"c1": {"status": "error"}}, commit=c, timestamp="2026-04")
+    picked = load("HEAD~2", res, path).pick()
+    assert list(picked["run_id"]) == ["later"]  # ok before error, clean before dirty
+    assert list(load(str(res)).pick()["run_id"]) == ["latest-dirty"]  # a directory: latest ok
+
+
+def test_directory_loads_every_run_and_csv_brings_its_samples(tmp_path):
+    a = write_run(tmp_path, "a", {"c1": draw(7), "c2": draw(7)})
+    write_run(tmp_path, "b", {"c3": draw(4)})
+    (tmp_path / "compare.csv").write_text("case_id,verdict\nc1,slower\n")  # not a run: skipped
+    rs = load(str(tmp_path))
+    assert sorted(rs.pick()["case_id"]) == ["c1", "c2", "c3"]
+    one = load(str(a))
+    assert len(one.samples_of(one.pick().iloc[0])) == 7
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(UserError, match="no kvbench results"):
+        load(str(tmp_path / "empty"))

@@ -1,0 +1,143 @@
+"""End to end: a real suite on the CPU backend, error rows, skipped rows, Ctrl-C."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from harness import runner
+from harness.session import run_suite
+from harness.suite import expand, load_suite
+from kernels import attention
+
+SUITE = """
+name: t
+settings: {warmup_s: 0.0, min_samples: 3, max_samples: 4, budget_s: 0.05, rounds: 2}
+fixed: {model: tiny}
+sweep: {context_len: [16, 40], kernel: [sdpa, ops]}
+"""
+
+
+class Quiet:
+    def start(self, label):
+        pass
+
+    def done(self):
+        pass
+
+    def close(self):
+        pass
+
+
+def _run(write_suite, tmp_path, text=SUITE):
+    suite = load_suite(write_suite(text))
+    writer = run_suite(suite, expand(suite), tmp_path / "out", Quiet())
+    return pd.read_csv(writer.csv_path), pd.read_csv(writer.samples_path)
+
+
+def test_suite_writes_ok_rows_with_finite_figures(write_suite, tmp_path):
+    rows, samples = _run(write_suite, tmp_path)
+    assert len(rows) == 4 and set(rows["status"]) == {"ok"}
+    for col in (
+        "median_ms",
+        "gbps",
+        "pct_peak_bw",
+        "peak_gbps",
+        "write_ms",
+        "attend_ms",
+        "kv_bytes",
+        "alloc_bytes",
+        "peak_mem_bytes",
+        "rel_err",
+        "tokens_per_s",
+    ):
+        assert rows[col].map(math.isfinite).all() and (rows[col] >= 0).all(), col
+    assert (rows["n_samples"] >= 3).all()
+    # the allocation measured from active memory covers the formula's bytes
+    assert (rows["alloc_bytes"] >= rows["kv_bytes"]).all()
+    # every row's sample count matches the raw samples kept for its step stage
+    steps = samples[samples["stage"] == "step"].groupby("case_id").size()
+    assert rows.set_index("case_id")["n_samples"].sort_index().equals(steps.sort_index())
+    assert set(samples["round"]) == {0, 1}  # interleaved in two rounds
+    assert rows["backend"].eq("cpu").all() and rows["schema_version"].eq(1).all()
+
+
+def test_a_failing_case_becomes_an_error_row(write_suite, tmp_path, monkeypatch):
+    def broken(q, k, v, fmt, **kw):
+        raise ValueError("kernel exploded")
+
+    monkeypatch.setitem(attention.KERNELS, "ops", attention.Kernel(broken, attention.dense_only))
+    rows, _ = _run(write_suite, tmp_path)
+    bad = rows[rows["kernel"] == "ops"]
+    assert set(bad["status"]) == {"error"}
+    assert bad["error"].str.contains("kernel exploded").all()
+    assert bad["median_ms"].isna().all()
+    assert set(rows[rows["kernel"] == "sdpa"]["status"]) == {"ok"}
+
+
+def test_a_wrong_kernel_fails_the_parity_gate_and_gets_no_time(write_suite, tmp_path, monkeypatch):
+    def wrong(q, k, v, fmt, **kw):
+        return attention.sdpa(q, k, v, fmt, **kw) * 1.05  # 5% off
+
+    monkeypatch.setitem(attention.KERNELS, "ops", attention.Kernel(wrong, attention.dense_only))
+    rows, samples = _run(write_suite, tmp_path)
+    bad = rows[rows["kernel"] == "ops"]
+    assert set(bad["status"]) == {"error"} and bad["error"].str.contains("ParityError").all()
+    assert bad["median_ms"].isna().all()
+    assert not samples["case_id"].isin(bad["case_id"]).any()
+
+
+def test_unsupported_backend_gives_a_skipped_row(write_suite, tmp_path, monkeypatch):
+    gpu_only = attention.Kernel(attention.ops, attention.dense_only, backends=("metal",))
+    monkeypatch.setitem(attention.KERNELS, "ops", gpu_only)
+    rows, _ = _run(write_suite, tmp_path)
+    skipped = rows[rows["kernel"] == "ops"]
+    assert set(skipped["status"]) == {"skipped"}
+    assert skipped["error"].str.contains("not cpu").all()
+
+
+def test_ctrl_c_keeps_completed_rows(write_suite, tmp_path, monkeypatch):
+    calls = {"n": 0}
+    real = runner.measure_round
+
+    def interrupt_late(run, settings, round_no):
+        calls["n"] += 1
+        if calls["n"] == 7:  # round 2, third case: two cases are complete by then
+            raise KeyboardInterrupt
+        real(run, settings, round_no)
+
+    monkeypatch.setattr(runner, "measure_round", interrupt_late)
+    suite = load_suite(write_suite(SUITE))
+    out = tmp_path / "out"
+    with pytest.raises(KeyboardInterrupt):
+        run_suite(suite, expand(suite), out, Quiet())
+    (csv,) = [p for p in out.iterdir() if p.name.endswith(".csv") and "samples" not in p.name]
+    rows = pd.read_csv(csv)
+    assert rows["status"].tolist() == ["ok", "ok", "partial", "partial"]
+    assert rows.loc[rows.status == "partial", "error"].str.contains("1 of 2 rounds").all()
+    assert rows["median_ms"].notna().all()
+
+
+def test_run_ids_never_overwrite_an_earlier_run(tmp_path):
+    from harness.session import unique_run_id
+
+    assert unique_run_id(tmp_path, "r") == "r"
+    (tmp_path / "r.csv").write_text("x")
+    (tmp_path / "r-2.csv").write_text("x")
+    assert unique_run_id(tmp_path, "r") == "r-3"
+
+
+def test_peak_memory_is_the_case_not_the_parity_check(write_suite, tmp_path):
+    # tiny, fp32, ctx 1024: the cache is 2 layers x (K+V) x 2 heads x 1024 x 64 x 4 B = 2 MiB.
+    # A decode step adds only per-layer score rows. The parity check's float32 reference
+    # repeats K/V over the 4 query heads per KV head (another 4 MiB): it must not count.
+    text = SUITE.replace(
+        "sweep: {context_len: [16, 40], kernel: [sdpa, ops]}",
+        "sweep: {context_len: [1024], kv_dtype: [fp32]}",
+    )
+    rows, _ = _run(write_suite, tmp_path, text)
+    (row,) = rows.itertuples()
+    assert row.kv_bytes == 2 * 2 * 2 * 1024 * 64 * 4
+    assert row.kv_bytes <= row.peak_mem_bytes < 1.25 * row.kv_bytes

@@ -1,0 +1,127 @@
+"""The streams engine: per-sequence parity in both layouts, counts, stages, suite validation."""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from conftest import numpy_attention
+
+from harness import runner
+from harness.errors import SuiteError
+from harness.streams_engine import Run, build, counts, make_tables, workload_of
+from harness.suite import expand, load_suite, resolve
+
+TINY = {"model": "tiny", "n_seqs": 3, "context_len": 40, "kv_dtype": "fp32"}
+
+
+def case(**kw):
+    return resolve("test", {**TINY, **kw})
+
+
+def own_oracle(c, rp, tables) -> np.ndarray:
+    """[S, Hq, 1, D] float64: each sequence over exactly its own tokens' K/V (numpy)."""
+    q, k_tab, v_tab = (np.array(t) for t in tables)
+    outs = []
+    for s, toks in enumerate(rp.seq_tokens):
+        k, v = k_tab[:, :, toks], v_tab[:, :, toks]
+        outs.append(numpy_attention(q[s : s + 1], k, v, 1 / math.sqrt(c.head_dim)))
+    return np.concatenate(outs)
+
+
+@pytest.mark.parametrize("order", ["interleaved", "sequential"])
+@pytest.mark.parametrize("kernel", ["ops", "sdpa"])
+def test_every_sequence_matches_its_own_reference_in_both_layouts(order, kernel):
+    c = case(workload="shared-prefix", prefix_frac=0.25, churn=1, decode_order=order, kernel=kernel)
+    tables = make_tables(c, workload_of(c).n_tokens)
+    outs = {}
+    for kind in ("per-stream", "unified"):
+        run = Run(c, kind, tables, n_layers=1)
+        outs[kind] = np.array(run.output(0))
+        np.testing.assert_allclose(outs[kind], own_oracle(c, run.rp, tables), atol=2e-5)
+    np.testing.assert_allclose(outs["per-stream"], outs["unified"], atol=2e-5)
+
+
+def test_check_passes_and_stages_run():
+    c = case(workload="independent", layout="unified", kv_dtype="fp16")
+    state = build(c)
+    acc = state.check()
+    assert acc["rel_err"] < 1e-2 and acc["cosine"] > 0.999
+    assert list(state.stages) == ["step", "write", "mask", "attend"]
+    for fn in state.stages.values():
+        mx.eval(fn())
+    read, written = state.traffic
+    assert read > state.extra["bytes_touched"] and written > 0
+
+
+def test_counts_for_a_hand_worked_case():
+    # tiny: 2 layers, 2 KV heads, D 64, fp16 -> one cell of one layer's K = 2 x 64 x 2 = 256 B,
+    # so bytes = 2 (K, V) x 2 layers x 256 B = 1024 B per cell.
+    # 3 sequences, context 9, prefix 3: per-stream 27 cells used, unified 21 (see
+    # test_layouts); both pad a stream to 256 cells; n_kv = max(256, pad(last + 1)) = 256.
+    c = case(context_len=9, kv_dtype="fp16", workload="shared-prefix", prefix_frac=1 / 3)
+    assert c.prefix_len == 3
+    tables = make_tables(c, workload_of(c).n_tokens)
+    per = Run(c, "per-stream", tables, c.n_layers)
+    assert counts(c, per) == {
+        "cells_alloc": 768,
+        "cells_used": 27,
+        "n_kv": 256,
+        "bytes_alloc": 768 * 1024,
+        "bytes_used": 27 * 1024,
+        "kv_util": 27 / 768,
+        "bytes_touched": 3 * 256 * 1024,  # every stream read up to n_kv
+        "bytes_needed": 27 * 1024,  # each sequence's own 9 cells
+    }
+    got = counts(c, Run(c, "unified", tables, c.n_layers))
+    assert (got["cells_alloc"], got["cells_used"], got["n_kv"]) == (256, 21, 256)
+    assert got["bytes_touched"] == 3 * 256 * 1024  # n_kv cells for each of the 3 sequences
+    assert got["bytes_needed"] == 27 * 1024  # the prefix counts once per sequence using it
+
+
+def test_engine_choice():
+    assert runner.engine_for(case()) is runner.ENGINES["cache"]
+    assert runner.engine_for(case(workload="independent")) is runner.ENGINES["streams"]
+    assert runner.engine_for(case(workload="independent", layout="unified")).build is build
+
+
+@pytest.mark.parametrize(
+    "extra,key,reason",
+    [
+        ("layout: unified", "layout", "needs workload"),
+        ("churn: 1", "churn", "needs workload"),
+        ("workload: shared-prefix, prefix_frac: 0.0", "prefix_frac", "at least 1"),
+        ("workload: shared-prefix, prefix_frac: 0.01", "prefix_frac", "at least 1"),
+        ("workload: independent, prefix_frac: 0.5", "prefix_frac", "share no prefix"),
+        ("workload: independent, churn: 4", "churn", "more than n_seqs"),
+        ("workload: independent, phase: prefill", "phase", "decode only"),
+        ("workload: independent, prefix_frac: 1.5", "fixed.prefix_frac", r"\[0, 1\)"),
+        ("workload: some", "fixed.workload", "unknown value"),
+    ],
+)
+def test_suite_rejects_impossible_stream_cases(write_suite, extra, key, reason):
+    path = write_suite(f"fixed: {{model: tiny, context_len: 40, n_seqs: 3, {extra}}}\n")
+    with pytest.raises(SuiteError) as err:
+        load_suite(path)
+    assert err.value.key == key and err.match(reason)
+
+
+def test_streams_suites_load():
+    for path in ("suites/streams.yaml", "suites/streams-gpu.yaml"):
+        cases = expand(load_suite(path))
+        assert {c.layout for c in cases} == {"per-stream", "unified"}
+
+
+@pytest.mark.parametrize("kind", ["per-stream", "unified"])
+def test_write_stage_stores_the_step_tokens(kind):
+    c = case(workload="shared-prefix", prefix_frac=0.5, churn=2)
+    tables = make_tables(c, workload_of(c).n_tokens)
+    run = Run(c, kind, tables, n_layers=1)
+    streams, cells, k, v = run.writes
+    run.store.write(0, streams, cells, mx.zeros_like(k), mx.zeros_like(v))  # wipe them
+    oracle = own_oracle(c, run.rp, tables)
+    assert not np.allclose(np.array(run.output(0)), oracle, atol=1e-3)
+    run.write(0)
+    np.testing.assert_allclose(np.array(run.output(0)), oracle, atol=2e-5)
