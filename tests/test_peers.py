@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import sys
+from pathlib import Path
 
 import mlx.core as mx
 import pandas as pd
@@ -17,6 +18,7 @@ from kernels.data import make_qkv
 from kernels.formats import FORMATS, get_format
 from kernels.peers import PEERS, DecodeData, missing_reason
 
+REPO = Path(__file__).resolve().parent.parent
 TINY = dict(model="tiny", n_layers=2, n_q_heads=8, n_kv_heads=2, head_dim=64)
 
 
@@ -166,11 +168,12 @@ def test_window_shrinks_the_byte_model_and_flops():
     assert dataclasses.replace(full, window=None).case_id == full.case_id
 
 
-@pytest.mark.parametrize("path", ["suites/peers.yaml", "suites/peers-gpu.yaml"])
-def test_peer_suites_load(path):
-    cases = expand(load_suite(path))
+@pytest.mark.parametrize("name", ["peers", "peers-gpu", "peers-quant"])
+def test_peer_suites_load(name):
+    cases = expand(load_suite(REPO / "suites" / f"{name}.yaml"))
     kernels = {c.kernel for c in cases}
-    assert {"sdpa", "mlx_lm", "torch_sdpa"} <= kernels
+    assert {"sdpa", "mlx_lm"} <= kernels
+    assert ("mlx_lm_quant" in kernels) == (name != "peers")
 
 
 def test_inventory_lists_the_peers():
