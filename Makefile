@@ -7,7 +7,7 @@ OUT ?= results
 DEVICE ?=
 DEVICE_FLAG := $(if $(DEVICE),--device $(DEVICE),)
 
-.PHONY: install bench test lint fmt clean bench-streams bench-pytest compare tiles report quant
+.PHONY: install bench test lint fmt clean bench-streams bench-pytest compare tiles report quant peers
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -66,3 +66,10 @@ report: install
 
 quant: install
 	$(PY) -m harness run suites/quant.yaml --out $(OUT) $(DEVICE_FLAG)
+
+# Optional peers (docs/peers.md): mlx-lm, and torch as a CPU build only (a `+cpu` version never
+# resolves to the CUDA wheel and its GBs of packages); where none is at hand, torch_sdpa skips.
+TORCH_CPU ?= torch==2.13.0+cpu
+peers: install
+	$(PY) -m pip install -q -e ".[test,peers]"
+	$(PY) -m pip install -q "$(TORCH_CPU)" || echo "peers: no $(TORCH_CPU) here; torch_sdpa cases skip"

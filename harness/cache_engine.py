@@ -44,6 +44,8 @@ def problem_of(case: Case, fmt) -> Problem:
 
 
 def skip_reason(case: Case, backend: str) -> str | None:
+    if case.window is not None:
+        return "window is implemented by the mlx_lm_rotating peer only"
     fmt = get_format(case.kv_dtype, case.group_size)
     return unsupported_reason(case.kernel, fmt, backend, problem_of(case, fmt), case.tile_kv)
 

@@ -38,6 +38,7 @@ class Case:
     decode_order: str = "interleaved"  # interleaved | sequential
     churn: int = 0  # sequences that finish and are replaced before the timed step
     kv_file: str | None = None  # .npz of captured K/V, only for kv_data=file (kernels/data.py)
+    window: int | None = None  # attention window (mlx_lm_rotating's max_size); None: whole context
 
     @property
     def gqa_ratio(self) -> int:
@@ -71,6 +72,8 @@ class Case:
             parts.append(f"g{self.group_size}")
         if self.kv_data != "gaussian":
             parts.append(self.kv_data)
+        if self.window:
+            parts.append(f"win{self.window}")
         return " ".join(parts)
 
 

@@ -9,6 +9,7 @@ from harness.suite import DECODE_ORDERS, LAYOUTS, WORKLOADS
 from kernels.attention import KERNELS, unsupported_reason
 from kernels.data import KV_DATA
 from kernels.formats import FORMATS, bits_per_elem, get_format
+from kernels.peers import PEERS, missing_reason
 
 
 def inventory() -> str:
@@ -25,6 +26,12 @@ def inventory() -> str:
     for name in KERNELS:
         ok = [f for f in FORMATS if unsupported_reason(name, get_format(f), backend) is None]
         lines.append(f"  {name:<16} {', '.join(ok) if ok else '(none on this backend)'}")
+    lines.append(f"peer kernels (docs/peers.md; on backend {backend}):")
+    for name, peer in PEERS.items():
+        ok = ", ".join(f for f in peer.formats if f in FORMATS)
+        ok = ok or f"({'/'.join(peer.formats)}: not among this build's kv dtypes)"
+        where = None if backend in peer.backends else f"(runs on {'/'.join(peer.backends)})"
+        lines.append(f"  {name:<16} {where or missing_reason(name) or ok}")
     lines.append(f"kv data: {', '.join(KV_DATA)}")
     lines.append(f"layouts: {', '.join(LAYOUTS)}  (docs/streams.md)")
     lines.append(f"workloads: {', '.join(WORKLOADS)}; decode orders: {', '.join(DECODE_ORDERS)}")

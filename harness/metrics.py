@@ -8,12 +8,18 @@ would move it:
   attention reads the cache once, reads the queries and writes the output.
 FLOPs count the two matmuls (QK^T and PV, 2 FLOP per multiply-add); softmax is not counted.
 A decode step does 4*Hq*L*D FLOP per layer and sequence; causal prefill does 2*Hq*D*L*(L+1)
-(query i attends to i+1 keys).
+(query i attends to i+1 keys). A decode case with an attention window W (a sliding-window cache)
+reads and attends over min(W, L) positions instead of L.
 """
 
 from __future__ import annotations
 
 from harness.case import Case
+
+
+def attended(case: Case) -> int:
+    """Positions a decode query attends over: the window, or the whole context."""
+    return min(case.window or case.context_len, case.context_len)
 
 
 def traffic_bytes(case: Case, fmt) -> tuple[int, int]:
@@ -27,7 +33,8 @@ def traffic_bytes(case: Case, fmt) -> tuple[int, int]:
     )
     act = fmt.compute_dtype.size  # queries, outputs and incoming K/V travel in this dtype
     new = 1 if case.phase == "decode" else ctx  # positions written this call
-    kv_cache = 2 * fmt.nbytes(b * hkv * ctx, d)  # K and V over the context, as stored
+    span = attended(case) if case.phase == "decode" else ctx
+    kv_cache = 2 * fmt.nbytes(b * hkv * span, d)  # K and V over the attended span, as stored
     kv_new_in = 2 * b * hkv * new * d * act
     kv_new_stored = 2 * fmt.nbytes(b * hkv * new, d)
     q_and_out = b * hq * new * d * act
@@ -38,17 +45,15 @@ def traffic_bytes(case: Case, fmt) -> tuple[int, int]:
 
 def flops(case: Case) -> int:
     b, hq, d, ctx = case.n_seqs, case.n_q_heads, case.head_dim, case.context_len
-    per_head = 4 * d * ctx if case.phase == "decode" else 2 * d * ctx * (ctx + 1)
+    per_head = 4 * d * attended(case) if case.phase == "decode" else 2 * d * ctx * (ctx + 1)
     return case.n_layers * b * hq * per_head
 
 
 def kv_bytes(case: Case, fmt) -> int:
-    """Exact bytes of the full cache (all layers, K and V) at the case's context length."""
-    return (
-        2
-        * case.n_layers
-        * fmt.nbytes(case.n_seqs * case.n_kv_heads * case.context_len, case.head_dim)
-    )
+    """Exact bytes of the full cache (all layers, K and V) at the case's context length (a
+    windowed cache holds only its window)."""
+    held = attended(case) if case.phase == "decode" else case.context_len
+    return 2 * case.n_layers * fmt.nbytes(case.n_seqs * case.n_kv_heads * held, case.head_dim)
 
 
 def tokens(case: Case) -> int:

@@ -48,6 +48,7 @@ class Record:
     decode_order: str | None = None
     churn: int | None = None
     kv_file: str | None = None
+    window: int | None = None  # attention window (mlx_lm_rotating); empty: the whole context
     # latency of one timed call (decode step over all layers, or the whole prefill)
     median_ms: float | None = None
     p10_ms: float | None = None
@@ -103,6 +104,7 @@ class Record:
     mlx_version: str | None = None
     kvbench_version: str | None = None
     schema_version: int | None = None
+    peer_version: str | None = None  # peer kernels: their package and version ("mlx-lm 0.32.2")
 
 
 COLUMNS = tuple(f.name for f in dataclasses.fields(Record))

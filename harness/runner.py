@@ -17,11 +17,12 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
-from harness import cache_engine, metrics, streams_engine, timer
+from harness import cache_engine, metrics, peers_engine, streams_engine, timer
 from harness.case import Case
 from harness.record import Record, make_record
 from harness.suite import Settings
 from kernels.formats import bits_per_elem, get_format
+from kernels.peers import PEERS
 
 
 class Engine(NamedTuple):
@@ -31,12 +32,16 @@ class Engine(NamedTuple):
 
 ENGINES = {
     "cache": Engine(cache_engine.build, cache_engine.skip_reason),
+    "peers": Engine(peers_engine.build, peers_engine.skip_reason),
     "streams": Engine(streams_engine.build, streams_engine.skip_reason),
 }
 
 
 def engine_for(case: Case) -> Engine:
-    """The streams engine for many-sequence workloads and the unified layout; else the cache."""
+    """The peers engine for peer kernels; the streams engine for many-sequence workloads and the
+    unified layout; else the cache engine."""
+    if case.kernel in PEERS:
+        return ENGINES["peers"]
     if case.layout == "unified" or case.workload != "none":
         return ENGINES["streams"]
     return ENGINES["cache"]
@@ -61,7 +66,7 @@ class CaseRun:
     extra: dict = field(default_factory=dict)
     traffic: tuple | None = None
     alloc_bytes: int | None = None
-    peak_mem_bytes: int = 0
+    peak_mem_bytes: int | None = None
     rounds_done: int = 0
 
 
@@ -96,7 +101,9 @@ def measure_round(run: CaseRun, settings: Settings, round_no: int) -> None:
         ]
         prior.extend(new)
     mx.synchronize()
-    run.peak_mem_bytes = max(run.peak_mem_bytes, mx.get_peak_memory() - state.baseline_bytes)
+    if state.baseline_bytes is not None:
+        peak = mx.get_peak_memory() - state.baseline_bytes
+        run.peak_mem_bytes = max(run.peak_mem_bytes or 0, peak)
     run.rounds_done += 1
 
 

@@ -28,7 +28,9 @@ class State:
     stages: dict[str, Callable[[], object]]  # "step" first; each returns arrays to eval
     check: Callable[[], dict]  # parity gate (raises ParityError) -> accuracy fields
     alloc_bytes: int | None = None  # measured growth of active memory for the cache
-    baseline_bytes: int = 0  # active memory before the cache; peak memory is above this
+    # active memory before the cache; peak memory is above this. None: the engine's arrays are
+    # not MLX's (torch, numpy), so MLX's peak memory says nothing about them: not recorded
+    baseline_bytes: int | None = 0
     extra: dict = field(default_factory=dict)  # extra row fields (engine specific)
     traffic: tuple[int, int] | None = None  # (bytes_read, bytes_written) if not the default
 

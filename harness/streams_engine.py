@@ -38,6 +38,8 @@ from kernels.workloads import Replay, Workload, build_layout
 
 
 def skip_reason(case: Case, backend: str) -> str | None:
+    if case.window is not None:
+        return "window is implemented by the mlx_lm_rotating peer only"
     return unsupported_reason(case.kernel, get_format(case.kv_dtype, case.group_size), backend)
 
 

@@ -25,6 +25,7 @@ from harness.presets import PRESETS
 from kernels.attention import KERNELS
 from kernels.data import KV_DATA, load_kv_file
 from kernels.formats import FORMATS, get_format
+from kernels.peers import PEERS
 
 PHASES = ("decode", "prefill")
 LAYOUTS = ("per-stream", "unified")
@@ -104,7 +105,7 @@ CHECKS = {
     "phase": one_of(PHASES),
     "kv_dtype": one_of(tuple(FORMATS)),
     "layout": one_of(LAYOUTS),
-    "kernel": one_of(tuple(KERNELS)),
+    "kernel": one_of((*KERNELS, *PEERS)),
     "tile_kv": optional_positive_int,
     "group_size": optional_positive_int,
     "kv_data": one_of(tuple(KV_DATA)),
@@ -114,6 +115,7 @@ CHECKS = {
     "decode_order": one_of(DECODE_ORDERS),
     "churn": non_negative_int,
     "kv_file": optional_string,
+    "window": optional_positive_int,
 }
 assert set(CHECKS) == set(AXES), "every Case axis needs a check"
 

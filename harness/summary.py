@@ -20,6 +20,7 @@ SHOW = {
     "kv_data": "data",
     "kernel": "kernel",
     "tile_kv": "tile",
+    "window": "win",
     "status": "status",
     "median_ms": "median_ms",
     "ci": "95% CI ms",

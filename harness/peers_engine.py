@@ -1,0 +1,102 @@
+"""The peers engine: the caches and attention people would otherwise use (kernels/peers.py),
+driven through the same case as kvbench's own kernels.
+
+* Same data: kernels/data.py make_qkv with the case's seed, converted once into the peer's
+  framework and dtype while building (untimed).
+* Same decode loop: L-1 positions prefilled and one priming step taken while building; each
+  timed step writes the L-th token into every layer and attends over the cache (over the window
+  for a windowed cache). The write and attend stages are timed on their own beside it.
+* Same timer (harness/timer.py): MLX peers return their outputs and cache arrays for eval +
+  synchronize; torch peers finish their work inside the call (torch.cuda.synchronize on CUDA).
+* Same byte model (harness/metrics.py) from the case's format, so GB/s and % of peak compare
+  like for like. Memory: alloc_bytes is the bytes of the peer's cache buffers (capacity, padding
+  included); peak memory is MLX's and is recorded for MLX peers only.
+* Same parity gate: layer 0's output against the float32 reference over the same stored cache
+  (dequantized), then accuracy against the float32 reference over the un-quantized K/V of the
+  attended positions.
+"""
+
+from __future__ import annotations
+
+import math
+
+import mlx.core as mx
+
+from harness.case import Case
+from harness.state import State, compare_outputs, memory_baseline, parity_gate
+from kernels.attention import reference
+from kernels.data import make_qkv
+from kernels.formats import get_format
+from kernels.peers import PEERS, DecodeData, unsupported_reason, version
+
+
+def _torch_cuda_reason() -> str | None:
+    import torch
+
+    return None if torch.cuda.is_available() else "this torch build has no CUDA device"
+
+
+def skip_reason(case: Case, backend: str) -> str | None:
+    peer = PEERS[case.kernel]
+    if case.phase != "decode":
+        return f"kernel {case.kernel} runs the decode phase only"
+    if case.layout != "per-stream" or case.workload != "none":
+        return f"kernel {case.kernel} runs one plain decode case (per-stream, workload none)"
+    if case.window is not None and not peer.windowed:
+        return "window is implemented by the mlx_lm_rotating peer only"
+    try:
+        get_format(case.kv_dtype, case.group_size)
+    except (KeyError, ValueError) as e:
+        return str(e).strip("'\"")
+    reason = unsupported_reason(case.kernel, case.kv_dtype, backend)
+    if reason is None and case.kernel == "torch_sdpa" and backend == "cuda":
+        reason = _torch_cuda_reason()
+    return reason
+
+
+def recon_err(stored: tuple, originals: tuple) -> float:
+    """Relative L2 error of the stored K and V (together) against the float32 originals."""
+    num = sum(mx.sum((s - x) ** 2).item() for s, x in zip(stored, originals))
+    den = sum(mx.sum(x * x).item() for x in originals)
+    return (num / den) ** 0.5
+
+
+def build(case: Case) -> State:
+    """Build the peer for `case`: convert the data, allocate, prefill and prime (untimed)."""
+    fmt = get_format(case.kv_dtype, case.group_size)
+    peer = PEERS[case.kernel]
+    q32, k32, v32 = make_qkv(
+        case.kv_data,
+        (case.n_seqs, case.n_q_heads, 1, case.head_dim),
+        (case.n_seqs, case.n_kv_heads, case.context_len, case.head_dim),
+        case.seed,
+        case.kv_file,
+    )
+    mx.eval(q32, k32, v32)
+    scale = 1.0 / math.sqrt(case.head_dim)
+    device = "cuda" if mx.default_device().type == mx.DeviceType.gpu else "cpu"
+    data = DecodeData(
+        q32, k32, v32, case.n_layers, case.kv_dtype, scale, case.group_size, case.window, device
+    )
+    baseline = memory_baseline() if peer.uses_mlx else None
+    impl = peer.make(data)
+
+    def check() -> dict:
+        mx.eval(impl.step())
+        out = impl.output(0)
+        k, v = impl.stored(0)  # as stored, dequantized: [B, Hkv, span, D] float32
+        dense = get_format("fp32")
+        ref = reference(q32, {"data": k}, {"data": v}, dense, scale=scale)
+        parity_gate(case.kernel, out, ref, fmt.compute_dtype)
+        first = case.context_len - impl.span  # the attended positions of the original data
+        k0, v0 = k32[:, :, first:], v32[:, :, first:]
+        exact = reference(q32, {"data": k0}, {"data": v0}, dense, scale=scale)
+        return {**compare_outputs(out, exact), "kv_recon_err": recon_err((k, v), (k0, v0))}
+
+    return State(
+        impl.stages(),
+        check,
+        alloc_bytes=impl.nbytes,
+        baseline_bytes=baseline,
+        extra={"peer_version": version(case.kernel)},
+    )
