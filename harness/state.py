@@ -15,8 +15,10 @@ from dataclasses import dataclass, field
 import mlx.core as mx
 
 # parity tolerance (relative L2 error vs the float32 reference on the same stored cache), by
-# the dtype the kernel computes in: rounding of q, scores and probabilities, not the format's
-PARITY_REL_TOL = {mx.float32: 1e-4, mx.float16: 5e-3, mx.bfloat16: 3e-2}
+# the dtype the kernel computes in: rounding of q, scores and probabilities, not the format's.
+# Loose enough for paths that keep scores in fp16 (quantized_matmul and mlx-lm at affine8
+# measured rel_err 5.2e-3), tight enough for real bugs (a 5% error fails: tests/test_session.py)
+PARITY_REL_TOL = {mx.float32: 1e-4, mx.float16: 1e-2, mx.bfloat16: 5e-2}
 
 
 class ParityError(RuntimeError):
