@@ -39,7 +39,7 @@ class Settings:
     warmup_s: float = 0.1  # warm-up time per case and round (compilation lands here)
     min_samples: int = 5
     max_samples: int = 200
-    budget_s: float = 1.0  # sampling time per case, all rounds together
+    budget_s: float = 1.0  # sampling time per case, all rounds and stages together
     target_ci: float = 0.05  # stop once the median's 95% CI half-width <= this x median
     rounds: int = 2  # cases are interleaved in rounds to spread drift over all of them
     cv_warn: float = 0.10  # rows with a higher coefficient of variation are flagged unstable
