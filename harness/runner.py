@@ -139,12 +139,11 @@ def finish(
         **stats,
         **stage_ms,
         **rates,
-        kv_bytes=metrics.kv_bytes(case, fmt),
         bits_per_elem=bits_per_elem(fmt, case.head_dim),
         alloc_bytes=run.alloc_bytes,
         peak_mem_bytes=run.peak_mem_bytes,
         **run.accuracy,
-        **run.extra,
+        **{"kv_bytes": metrics.kv_bytes(case, fmt), **run.extra},  # an engine's extra wins
     )
 
 
