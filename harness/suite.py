@@ -197,6 +197,8 @@ def _load_zip(path: str, raw) -> list:
     groups = _need(path, "zip", raw or [], list, "a list of mappings")
     for i, group in enumerate(groups):
         _need(path, f"zip[{i}]", group, dict, "a mapping of axis to list")
+        if not group:
+            raise SuiteError(path, f"zip[{i}]", "is empty")
         _load_axes(path, f"zip[{i}]", group, as_lists=True)
         if len({len(v) for v in group.values()}) > 1:
             raise SuiteError(path, f"zip[{i}]", "lists must all have the same length")
@@ -284,17 +286,25 @@ def _combinations(suite: Suite) -> list[dict]:
     return combos
 
 
-def _excluded(combo: dict, rules: list) -> bool:
+def _excluded(values: dict, rules: list) -> bool:
     def matches(rule: dict) -> bool:
         return all(
-            combo.get(axis) in (v if isinstance(v, list) else [v]) for axis, v in rule.items()
+            values.get(axis) in (v if isinstance(v, list) else [v]) for axis, v in rule.items()
         )
 
     return any(matches(rule) for rule in rules)
 
 
 def resolve(path: str, combo: dict) -> Case:
-    """One combination of axis values -> a Case (preset shape filled in, GQA resolved)."""
+    """One combination of axis values -> a checked Case (preset shape filled in, GQA resolved)."""
+    case = _shape(path, combo)
+    _check_case(path, case)
+    _check_streams(path, case)
+    return case
+
+
+def _shape(path: str, combo: dict) -> Case:
+    """The Case of a combination, shape resolved; the combination checks are not run yet."""
     combo = dict(combo)
     model = combo.pop("model", "custom")
     shape = {}
@@ -326,10 +336,7 @@ def resolve(path: str, combo: dict) -> Case:
         )
     if shape.get("kv_data", "gaussian") != "file":
         shape.pop("kv_file", None)  # only file data reads it; keeps other cases' ids stable
-    case = Case(model=model, **shape)
-    _check_case(path, case)
-    _check_streams(path, case)
-    return case
+    return Case(model=model, **shape)
 
 
 def _check_case(path: str, case: Case) -> None:
@@ -379,9 +386,18 @@ def _check_streams(path: str, case: Case) -> None:
 def expand(suite: Suite) -> list[Case]:
     cases, seen = [], set()
     for combo in _combinations(suite):
-        if _excluded(combo, suite.exclude):
+        # rules match the resolved case (axes a preset fills, gqa_ratio) and the raw values;
+        # a combination a rule drops is never checked, so it may be one that cannot run
+        try:
+            case = _shape(suite.path, combo)
+        except SuiteError:
+            if _excluded(combo, suite.exclude):
+                continue
+            raise
+        if _excluded({**{a: getattr(case, a) for a in AXES}, **combo}, suite.exclude):
             continue
-        case = resolve(suite.path, combo)
+        _check_case(suite.path, case)
+        _check_streams(suite.path, case)
         if case.case_id not in seen:
             seen.add(case.case_id)
             cases.append(case)
