@@ -7,6 +7,7 @@ Grammar (every top-level key optional except the axes needed to define a case):
     sweep:   {axis: [values]}                   cartesian product
     zip:     [{axis: [values], axis2: [...]}]   axes that move together (same length)
     exclude: [{axis: value or [values]}]        drop cases matching every key of a rule
+             (rules match the resolved case: preset shape and gqa_ratio included)
 Everything is checked before anything runs; a problem raises SuiteError(file, key, reason).
 The checks of values and of combinations of axes are in harness/validate.py.
 """
