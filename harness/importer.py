@@ -25,6 +25,7 @@ from harness.record import COLUMNS, SAMPLE_COLUMNS, make_record, write_csv_atomi
 from harness.stats import summarize
 
 CONTEXT_KEYS = ("device", "backend", "mlx_version", "kvbench_version")
+STAT_KEYS = ("median", "iqr", "mean", "stddev", "rounds")
 
 
 def _load(path: Path) -> dict:
@@ -34,7 +35,42 @@ def _load(path: Path) -> dict:
         raise UserError(f"{path}: cannot read JSON: {e}") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("benchmarks"), list):
         raise UserError(f"{path}: benchmarks: not a pytest-benchmark JSON (--benchmark-json)")
+    _check(path, doc)
     return doc
+
+
+def _check(path: Path, doc: dict) -> None:
+    """Every key the import reads has the type it needs, else UserError naming file and key."""
+
+    def need(ok: bool, key: str, reason: str) -> None:
+        if not ok:
+            raise UserError(f"{path}: {key}: {reason}")
+
+    def number(v) -> bool:
+        return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+    for key in ("commit_info", "machine_info"):
+        need(isinstance(doc.get(key) or {}, dict), key, "not a mapping")
+    stamp = doc.get("datetime")
+    if stamp:
+        try:
+            _iso(stamp)
+        except (TypeError, ValueError):
+            need(False, "datetime", f"not an ISO 8601 time: {stamp!r}")
+    for i, bench in enumerate(doc["benchmarks"]):
+        where = f"benchmarks[{i}]"
+        need(isinstance(bench, dict), where, "not a mapping")
+        need(isinstance(bench.get("fullname"), str), f"{where}.fullname", "missing")
+        for key in ("extra_info", "stats"):
+            need(isinstance(bench.get(key) or {}, dict), f"{where}.{key}", "not a mapping")
+        stats = bench.get("stats") or {}
+        for key in STAT_KEYS:
+            v = stats.get(key)
+            need(v is None or number(v), f"{where}.stats.{key}", f"not a number: {v!r}")
+        data = stats.get("data") or []
+        need(isinstance(data, list), f"{where}.stats.data", "not a list")
+        for j, v in enumerate(data):
+            need(number(v), f"{where}.stats.data[{j}]", f"not a number: {v!r}")
 
 
 def context(doc: dict) -> dict:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from harness.bandwidth import peak_read_bandwidth
 from harness.context import backend_name, run_context
 from harness.presets import PRESETS
-from harness.suite import DECODE_ORDERS, LAYOUTS, WORKLOADS
+from harness.validate import DECODE_ORDERS, LAYOUTS, WORKLOADS
 from kernels.attention import KERNELS, unsupported_reason
 from kernels.data import KV_DATA
 from kernels.formats import FORMATS, bits_per_elem, get_format

@@ -111,7 +111,11 @@ def profile(suite_path: str, case_id: str, metal_capture: str | None = None) -> 
     settings = dataclasses.replace(suite.settings, stages=True)
     run = runner.CaseRun(case)
     for round_no in range(settings.rounds):
-        runner.measure_round(run, settings, round_no)
+        try:
+            runner.measure_round(run, settings, round_no)
+        except Exception as exc:  # `run` records it as an error row; here it is the answer
+            text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+            raise UserError(f"{suite_path}: --case {case.case_id}: {text}") from exc
     text = format_breakdown(case, backend, breakdown(run.samples))
     if metal_capture is not None:
         write_capture(case, metal_capture)

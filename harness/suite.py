@@ -7,7 +7,9 @@ Grammar (every top-level key optional except the axes needed to define a case):
     sweep:   {axis: [values]}                   cartesian product
     zip:     [{axis: [values], axis2: [...]}]   axes that move together (same length)
     exclude: [{axis: value or [values]}]        drop cases matching every key of a rule
+             (rules match the resolved case: preset shape and gqa_ratio included)
 Everything is checked before anything runs; a problem raises SuiteError(file, key, reason).
+The checks of values and of combinations of axes are in harness/validate.py.
 """
 
 from __future__ import annotations
@@ -22,15 +24,8 @@ import yaml
 from harness.case import AXES, Case
 from harness.errors import SuiteError
 from harness.presets import PRESETS
-from kernels.attention import KERNELS
-from kernels.data import KV_DATA, load_kv_file
-from kernels.formats import FORMATS, get_format
-from kernels.peers import PEERS
+from harness.validate import check_axis, check_case, check_streams, is_int
 
-PHASES = ("decode", "prefill")
-LAYOUTS = ("per-stream", "unified")
-WORKLOADS = ("none", "independent", "shared-prefix")
-DECODE_ORDERS = ("interleaved", "sequential")
 TOP_KEYS = ("name", "description", "settings", "fixed", "sweep", "zip", "exclude")
 
 
@@ -56,76 +51,6 @@ class Suite:
     sweep: dict = field(default_factory=dict)
     zip: list = field(default_factory=list)
     exclude: list = field(default_factory=list)
-
-
-# ---- value checks: each returns None when fine, else the reason -------------------------
-
-
-def _int(v) -> bool:
-    return isinstance(v, int) and not isinstance(v, bool)
-
-
-def positive_int(v) -> str | None:
-    return None if _int(v) and v > 0 else f"must be a positive integer, got {v!r}"
-
-
-def optional_positive_int(v) -> str | None:
-    return None if v is None else positive_int(v)
-
-
-def non_negative_int(v) -> str | None:
-    return None if _int(v) and v >= 0 else f"must be a non-negative integer, got {v!r}"
-
-
-def fraction(v) -> str | None:
-    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1
-    return None if ok else f"must be a number in [0, 1), got {v!r}"
-
-
-def optional_string(v) -> str | None:
-    return None if v is None or (isinstance(v, str) and v) else f"must be a path, got {v!r}"
-
-
-def one_of(choices) -> callable:
-    def check(v) -> str | None:
-        return None if v in choices else f"unknown value {v!r}; known: {', '.join(choices)}"
-
-    return check
-
-
-CHECKS = {
-    "model": one_of((*PRESETS, "custom")),
-    "n_layers": positive_int,
-    "n_q_heads": positive_int,
-    "n_kv_heads": positive_int,
-    "gqa_ratio": positive_int,
-    "head_dim": positive_int,
-    "context_len": positive_int,
-    "n_seqs": positive_int,
-    "phase": one_of(PHASES),
-    "kv_dtype": one_of(tuple(FORMATS)),
-    "layout": one_of(LAYOUTS),
-    "kernel": one_of((*KERNELS, *PEERS)),
-    "tile_kv": optional_positive_int,
-    "group_size": optional_positive_int,
-    "kv_data": one_of(tuple(KV_DATA)),
-    "seed": non_negative_int,
-    "workload": one_of(WORKLOADS),
-    "prefix_frac": fraction,
-    "decode_order": one_of(DECODE_ORDERS),
-    "churn": non_negative_int,
-    "kv_file": optional_string,
-    "window": optional_positive_int,
-}
-assert set(CHECKS) == set(AXES), "every Case axis needs a check"
-
-
-def _check_axis(path: str, key: str, axis: str, value) -> None:
-    if axis not in CHECKS:
-        raise SuiteError(path, key, f"unknown axis {axis!r}; known: {', '.join(AXES)}")
-    reason = CHECKS[axis](value)
-    if reason:
-        raise SuiteError(path, key, reason)
 
 
 def _need(path: str, key: str, value, kind: type, what: str):
@@ -169,7 +94,7 @@ def _load_settings(path: str, raw) -> Settings:
         if isinstance(default, bool):
             ok, kind = isinstance(value, bool), "a"
         elif isinstance(default, int):
-            ok = _int(value) and value >= least
+            ok = is_int(value) and value >= least
         else:
             ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= least
         if not ok:
@@ -187,9 +112,9 @@ def _load_axes(path: str, section: str, raw: dict, as_lists: bool) -> dict:
             if not values:
                 raise SuiteError(path, f"{section}.{axis}", "is an empty list")
             for i, v in enumerate(values):
-                _check_axis(path, f"{section}.{axis}[{i}]", axis, v)
+                check_axis(path, f"{section}.{axis}[{i}]", axis, v)
         else:
-            _check_axis(path, f"{section}.{axis}", axis, values)
+            check_axis(path, f"{section}.{axis}", axis, values)
     return raw
 
 
@@ -197,6 +122,8 @@ def _load_zip(path: str, raw) -> list:
     groups = _need(path, "zip", raw or [], list, "a list of mappings")
     for i, group in enumerate(groups):
         _need(path, f"zip[{i}]", group, dict, "a mapping of axis to list")
+        if not group:
+            raise SuiteError(path, f"zip[{i}]", "is empty")
         _load_axes(path, f"zip[{i}]", group, as_lists=True)
         if len({len(v) for v in group.values()}) > 1:
             raise SuiteError(path, f"zip[{i}]", "lists must all have the same length")
@@ -209,7 +136,7 @@ def _load_exclude(path: str, raw) -> list:
         _need(path, f"exclude[{i}]", rule, dict, "a mapping of axis to value(s)")
         for axis, value in rule.items():
             for v in value if isinstance(value, list) else [value]:
-                _check_axis(path, f"exclude[{i}].{axis}", axis, v)
+                check_axis(path, f"exclude[{i}].{axis}", axis, v)
     return rules
 
 
@@ -284,17 +211,25 @@ def _combinations(suite: Suite) -> list[dict]:
     return combos
 
 
-def _excluded(combo: dict, rules: list) -> bool:
+def _excluded(values: dict, rules: list) -> bool:
     def matches(rule: dict) -> bool:
         return all(
-            combo.get(axis) in (v if isinstance(v, list) else [v]) for axis, v in rule.items()
+            values.get(axis) in (v if isinstance(v, list) else [v]) for axis, v in rule.items()
         )
 
     return any(matches(rule) for rule in rules)
 
 
 def resolve(path: str, combo: dict) -> Case:
-    """One combination of axis values -> a Case (preset shape filled in, GQA resolved)."""
+    """One combination of axis values -> a checked Case (preset shape filled in, GQA resolved)."""
+    case = _shape(path, combo)
+    check_streams(path, case)  # first: workload + file data fails on kv_data
+    check_case(path, case)
+    return case
+
+
+def _shape(path: str, combo: dict) -> Case:
+    """The Case of a combination, shape resolved; the combination checks are not run yet."""
     combo = dict(combo)
     model = combo.pop("model", "custom")
     shape = {}
@@ -326,65 +261,24 @@ def resolve(path: str, combo: dict) -> Case:
         )
     if shape.get("kv_data", "gaussian") != "file":
         shape.pop("kv_file", None)  # only file data reads it; keeps other cases' ids stable
-    case = Case(model=model, **shape)
-    _check_streams(path, case)  # first: a workload with kv_data=file fails on kv_data
-    _check_case(path, case)
-    return case
-
-
-def _check_case(path: str, case: Case) -> None:
-    """Combinations of axes: the format's group size vs head_dim, the K/V file vs the shape."""
-    try:
-        fmt = get_format(case.kv_dtype, case.group_size)
-        fmt.nbytes(1, case.head_dim)
-    except ValueError as e:
-        raise SuiteError(path, "group_size", str(e)) from None
-    if case.kv_data == "file":
-        if not case.kv_file:
-            raise SuiteError(path, "kv_file", "kv_data=file needs kv_file (an .npz path)")
-        shape = (case.n_seqs, case.n_kv_heads, case.context_len, case.head_dim)
-        try:
-            load_kv_file(case.kv_file, shape)
-        except ValueError as e:
-            raise SuiteError(path, "kv_file", str(e)) from None
-
-
-def _check_streams(path: str, case: Case) -> None:
-    """Combinations of the many-sequence axes that cannot run (docs/streams.md)."""
-    streams = case.workload != "none"
-    if case.layout == "unified" and not streams:
-        raise SuiteError(path, "layout", "unified needs workload: independent or shared-prefix")
-    off = [a for a in ("prefix_frac", "churn") if getattr(case, a)]
-    off += ["decode_order"] if case.decode_order != "interleaved" else []
-    if off and not streams:
-        raise SuiteError(path, off[0], "needs workload: independent or shared-prefix")
-    if streams and case.phase != "decode":
-        raise SuiteError(path, "phase", f"workload {case.workload} runs decode only")
-    if streams and case.kv_data == "file":
-        why = "the streams engine needs K/V per token id, not a [n_seqs, Hkv, ctx, D] capture"
-        raise SuiteError(path, "kv_data", f"file cannot feed workload {case.workload}: {why}")
-    if case.workload == "shared-prefix" and not 0 < case.prefix_len < case.context_len:
-        raise SuiteError(
-            path,
-            "prefix_frac",
-            f"shared prefix of int({case.prefix_frac} * {case.context_len}) = "
-            f"{case.prefix_len} tokens must be at least 1 and less than context_len",
-        )
-    if case.workload == "independent" and case.prefix_frac:
-        raise SuiteError(path, "prefix_frac", "independent prompts share no prefix: use 0")
-    gen = case.context_len - 1 - case.prefix_len
-    if case.churn > case.n_seqs:
-        raise SuiteError(path, "churn", f"{case.churn} is more than n_seqs={case.n_seqs}")
-    if case.churn and gen < 4:
-        raise SuiteError(path, "churn", f"needs >= 4 generated tokens per sequence, got {gen}")
+    return Case(model=model, **shape)
 
 
 def expand(suite: Suite) -> list[Case]:
     cases, seen = [], set()
     for combo in _combinations(suite):
-        if _excluded(combo, suite.exclude):
+        # rules match the resolved case (axes a preset fills, gqa_ratio) and the raw values;
+        # a combination a rule drops is never checked, so it may be one that cannot run
+        try:
+            case = _shape(suite.path, combo)
+        except SuiteError:
+            if _excluded(combo, suite.exclude):
+                continue
+            raise
+        if _excluded({**{a: getattr(case, a) for a in AXES}, **combo}, suite.exclude):
             continue
-        case = resolve(suite.path, combo)
+        check_streams(suite.path, case)
+        check_case(suite.path, case)
         if case.case_id not in seen:
             seen.add(case.case_id)
             cases.append(case)

@@ -40,6 +40,25 @@ def write_suite(tmp_path):
     return write
 
 
+class _Quiet:
+    """A progress display that prints nothing (harness/progress.py's interface)."""
+
+    def start(self, label):
+        pass
+
+    def done(self):
+        pass
+
+    def close(self):
+        pass
+
+
+@pytest.fixture
+def quiet():
+    """A silent progress for run_suite."""
+    return _Quiet()
+
+
 # tests/benchmarks holds pytest-benchmark timings, not checks: skipped unless `make bench-pytest`
 # (which sets KVBENCH_BENCH=1) selects them.
 collect_ignore_glob = [] if os.environ.get("KVBENCH_BENCH") == "1" else ["benchmarks/*"]

@@ -26,6 +26,13 @@ def test_bad_suite_exits_2_with_one_line(write_suite):
     assert r.stderr.startswith(f"kvbench: {path}: fixed.kv_dtype: unknown value 'fp7'")
 
 
+def test_empty_zip_group_exits_2_with_one_line(write_suite):
+    path = write_suite("fixed: {model: tiny, context_len: 8}\nzip: [{}]\n")
+    r = kvbench("run", path, "--dry-run")
+    assert r.returncode == 2 and "Traceback" not in r.stderr
+    assert r.stderr.strip() == f"kvbench: {path}: zip[0]: is empty"
+
+
 def test_missing_suite_and_bad_filter_exit_2(tmp_path):
     r = kvbench("run", str(tmp_path / "missing.yaml"))
     assert r.returncode == 2 and "cannot read" in r.stderr and "Traceback" not in r.stderr

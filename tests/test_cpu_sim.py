@@ -81,10 +81,14 @@ def run_sim(exe: Path, work: Path, q, k: dict, v: dict, plan, scale: float, n_bh
 
 
 @pytest.fixture(scope="module")
-def bin_dir(request):
+def bin_dir(request, tmp_path_factory):
     """Binaries are cached in .pytest_cache, keyed by the sources and flags: compiling is most
-    of this file's time."""
-    return Path(request.config.cache.mkdir("kvbench-cpu-sim"))
+    of this file's time. Without the cache (-p no:cacheprovider) they go to a temporary
+    directory for this session."""
+    cache = getattr(request.config, "cache", None)
+    if cache is None:
+        return tmp_path_factory.mktemp("kvbench-cpu-sim")
+    return Path(cache.mkdir("kvbench-cpu-sim"))
 
 
 @pytest.mark.parametrize("kv_dtype,group,d,tile,threads,group_size,kv_len", CONFIGS)

@@ -53,3 +53,14 @@ def test_a_dirty_tree_is_always_measured_and_recorded_dirty(repo):
 def test_unknown_base_is_a_user_error(repo):
     with pytest.raises(UserError, match="BASE=nope"):
         gate_mod.gate("nope", "s.yaml", "results")
+
+
+def test_a_suite_without_a_name_is_gated_under_its_file_stem(repo, capsys):
+    from harness.cli import main
+    from harness.suite import load_suite
+
+    path, _, calls = repo
+    (path / "gs.yaml").write_text("fixed: {model: tiny, context_len: 8}\n")  # no name: key
+    assert gate_mod.suite_name(path / "gs.yaml") == load_suite(path / "gs.yaml").name == "gs"
+    assert main(["gate", "HEAD~1", "--suite", "gs.yaml", "--results", "results"]) in (0, 1)
+    assert len(calls) == 2 and "cannot read" not in capsys.readouterr().err

@@ -76,6 +76,47 @@ def test_bad_json_is_a_user_error(tmp_path):
         import_file(bad, tmp_path)
 
 
+def _broken(edit):
+    doc = json.loads(FIXTURE.read_text())
+    edit(doc)
+    return json.dumps(doc)
+
+
+@pytest.mark.parametrize(
+    "text,where",
+    [
+        ("this is not JSON", "cannot read JSON"),
+        ("[1, 2]", "benchmarks: not a pytest-benchmark JSON"),
+        ('{"benchmarks": [{"name": 1}]}', "benchmarks[0].fullname: missing"),
+        ('{"benchmarks": [7]}', "benchmarks[0]: not a mapping"),
+        (_broken(lambda d: d["benchmarks"][1].pop("fullname")), "benchmarks[1].fullname: missing"),
+        (
+            _broken(lambda d: d["benchmarks"][0]["stats"].update(median="fast", data=None)),
+            "benchmarks[0].stats.median: not a number: 'fast'",
+        ),
+        (
+            _broken(lambda d: d["benchmarks"][2]["stats"]["data"].append("x")),
+            "benchmarks[2].stats.data[20]: not a number: 'x'",
+        ),
+        (
+            _broken(lambda d: d["benchmarks"][0].update(stats=[1])),
+            "benchmarks[0].stats: not a mapping",
+        ),
+        (_broken(lambda d: d.update(datetime="yesterday")), "datetime: not an ISO 8601 time"),
+        (_broken(lambda d: d.update(datetime=5)), "datetime: not an ISO 8601 time"),
+        (_broken(lambda d: d.update(commit_info="abc")), "commit_info: not a mapping"),
+    ],
+)
+def test_malformed_json_is_one_line_exit_2(tmp_path, capsys, text, where):
+    src = tmp_path / "in.json"
+    src.write_text(text)
+    assert main(["import", str(src), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvbench: {src}: {where}"), err
+    assert err.strip().count("\n") == 0 and "Traceback" not in err
+    assert not (tmp_path / "out").exists()
+
+
 def test_compare_history_import_import_no_mlx():
     code = (
         "import sys; import harness.compare, harness.compare_format, harness.history, "

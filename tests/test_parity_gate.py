@@ -18,7 +18,7 @@ def wrong_tiled(q, k, v, fmt, *, mask=None, scale, tile_kv=None):
     return tiled(q, cut(k), cut(v), fmt, mask=mask, scale=scale, tile_kv=tile_kv)
 
 
-def test_wrong_kernel_gets_an_error_row_and_no_time(monkeypatch, tmp_path):
+def test_wrong_kernel_gets_an_error_row_and_no_time(monkeypatch, tmp_path, quiet):
     monkeypatch.setitem(KERNELS, "wrong", Kernel(wrong_tiled, any_format))
     monkeypatch.setattr(  # the peak-bandwidth probe reads 256 MiB: not what is tested here
         session, "peak_read_bandwidth", lambda backend: {"peak_gbps": None, "peak_method": None}
@@ -32,7 +32,7 @@ def test_wrong_kernel_gets_an_error_row_and_no_time(monkeypatch, tmp_path):
         Case(**base, context_len=100, kernel="tiled", kv_dtype="int4"),
         Case(**base, context_len=100, kernel="metal"),
     ]
-    writer = run_suite(suite, cases, tmp_path, progress=_Quiet())
+    writer = run_suite(suite, cases, tmp_path, progress=quiet)
     rows = pd.read_csv(writer.csv_path).set_index("kernel")
     bad = rows.loc["wrong"]
     assert bad.status == "error" and "ParityError" in bad.error and "rel_err" in bad.error
@@ -42,17 +42,6 @@ def test_wrong_kernel_gets_an_error_row_and_no_time(monkeypatch, tmp_path):
     tiled_rows = rows.loc["tiled"]
     assert (tiled_rows.status == "ok").all() and (tiled_rows.median_ms > 0).all()
     assert rows.loc["metal"].status == "skipped" and "not cpu" in rows.loc["metal"].error
-
-
-class _Quiet:
-    def start(self, label):
-        pass
-
-    def done(self):
-        pass
-
-    def close(self):
-        pass
 
 
 def test_gate_rejects_nan():

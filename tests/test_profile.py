@@ -2,9 +2,11 @@
 
 import pytest
 
+from harness import cache_engine, runner
 from harness.cli import main
 from harness.profile import breakdown, capture_problem, find_case, format_breakdown
 from harness.suite import expand, load_suite
+from kernels.attention import KERNELS, Kernel, any_format, ops
 
 SMOKE = "suites/smoke.yaml"
 
@@ -58,3 +60,33 @@ def test_gpu_case_cannot_be_profiled_on_cpu(capsys):
     case = next(c for c in expand(load_suite(suite)) if c.kernel == "metal")
     assert main(["profile", suite, "--case", case.case_id]) == 2
     assert "kernel metal runs on metal, not cpu" in capsys.readouterr().err
+
+
+def _wrong_ops(q, k, v, fmt, **kw):
+    return ops(q, k, v, fmt, **kw) * 2  # fails the parity gate
+
+
+def _broken_build(case):
+    raise ValueError("engine exploded")
+
+
+@pytest.mark.parametrize(
+    "patch,reason",
+    [
+        (lambda mp: mp.setitem(KERNELS, "ops", Kernel(_wrong_ops, any_format)), "ParityError: "),
+        (
+            lambda mp: mp.setitem(
+                runner.ENGINES, "cache", runner.Engine(_broken_build, cache_engine.skip_reason)
+            ),
+            "ValueError: engine exploded",
+        ),
+    ],
+)
+def test_a_case_that_fails_is_one_line_exit_2(capsys, monkeypatch, patch, reason):
+    """`run` makes such a case an error row; `profile` says it in one line."""
+    case = next(c for c in expand(load_suite(SMOKE)) if c.kernel == "ops")
+    patch(monkeypatch)
+    assert main(["profile", SMOKE, "--case", case.case_id]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvbench: {SMOKE}: --case {case.case_id}: {reason}"), err
+    assert err.strip().count("\n") == 0 and "Traceback" not in err

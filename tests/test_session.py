@@ -20,25 +20,14 @@ sweep: {context_len: [16, 40], kernel: [sdpa, ops]}
 """
 
 
-class Quiet:
-    def start(self, label):
-        pass
-
-    def done(self):
-        pass
-
-    def close(self):
-        pass
-
-
-def _run(write_suite, tmp_path, text=SUITE):
+def _run(write_suite, tmp_path, quiet, text=SUITE):
     suite = load_suite(write_suite(text))
-    writer = run_suite(suite, expand(suite), tmp_path / "out", Quiet())
+    writer = run_suite(suite, expand(suite), tmp_path / "out", quiet)
     return pd.read_csv(writer.csv_path), pd.read_csv(writer.samples_path)
 
 
-def test_suite_writes_ok_rows_with_finite_figures(write_suite, tmp_path):
-    rows, samples = _run(write_suite, tmp_path)
+def test_suite_writes_ok_rows_with_finite_figures(write_suite, tmp_path, quiet):
+    rows, samples = _run(write_suite, tmp_path, quiet)
     assert len(rows) == 4 and set(rows["status"]) == {"ok"}
     for col in (
         "median_ms",
@@ -64,12 +53,12 @@ def test_suite_writes_ok_rows_with_finite_figures(write_suite, tmp_path):
     assert rows["backend"].eq("cpu").all() and rows["schema_version"].eq(1).all()
 
 
-def test_a_failing_case_becomes_an_error_row(write_suite, tmp_path, monkeypatch):
+def test_a_failing_case_becomes_an_error_row(write_suite, tmp_path, monkeypatch, quiet):
     def broken(q, k, v, fmt, **kw):
         raise ValueError("kernel exploded")
 
     monkeypatch.setitem(attention.KERNELS, "ops", attention.Kernel(broken, attention.dense_only))
-    rows, _ = _run(write_suite, tmp_path)
+    rows, _ = _run(write_suite, tmp_path, quiet)
     bad = rows[rows["kernel"] == "ops"]
     assert set(bad["status"]) == {"error"}
     assert bad["error"].str.contains("kernel exploded").all()
@@ -77,28 +66,30 @@ def test_a_failing_case_becomes_an_error_row(write_suite, tmp_path, monkeypatch)
     assert set(rows[rows["kernel"] == "sdpa"]["status"]) == {"ok"}
 
 
-def test_a_wrong_kernel_fails_the_parity_gate_and_gets_no_time(write_suite, tmp_path, monkeypatch):
+def test_a_wrong_kernel_fails_the_parity_gate_and_gets_no_time(
+    write_suite, tmp_path, monkeypatch, quiet
+):
     def wrong(q, k, v, fmt, **kw):
         return attention.sdpa(q, k, v, fmt, **kw) * 1.05  # 5% off
 
     monkeypatch.setitem(attention.KERNELS, "ops", attention.Kernel(wrong, attention.dense_only))
-    rows, samples = _run(write_suite, tmp_path)
+    rows, samples = _run(write_suite, tmp_path, quiet)
     bad = rows[rows["kernel"] == "ops"]
     assert set(bad["status"]) == {"error"} and bad["error"].str.contains("ParityError").all()
     assert bad["median_ms"].isna().all()
     assert not samples["case_id"].isin(bad["case_id"]).any()
 
 
-def test_unsupported_backend_gives_a_skipped_row(write_suite, tmp_path, monkeypatch):
+def test_unsupported_backend_gives_a_skipped_row(write_suite, tmp_path, monkeypatch, quiet):
     gpu_only = attention.Kernel(attention.ops, attention.dense_only, backends=("metal",))
     monkeypatch.setitem(attention.KERNELS, "ops", gpu_only)
-    rows, _ = _run(write_suite, tmp_path)
+    rows, _ = _run(write_suite, tmp_path, quiet)
     skipped = rows[rows["kernel"] == "ops"]
     assert set(skipped["status"]) == {"skipped"}
     assert skipped["error"].str.contains("not cpu").all()
 
 
-def test_ctrl_c_keeps_completed_rows(write_suite, tmp_path, monkeypatch):
+def test_ctrl_c_keeps_completed_rows(write_suite, tmp_path, monkeypatch, quiet):
     calls = {"n": 0}
     real = runner.measure_round
 
@@ -112,7 +103,7 @@ def test_ctrl_c_keeps_completed_rows(write_suite, tmp_path, monkeypatch):
     suite = load_suite(write_suite(SUITE))
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
-        run_suite(suite, expand(suite), out, Quiet())
+        run_suite(suite, expand(suite), out, quiet)
     (csv,) = [p for p in out.iterdir() if p.name.endswith(".csv") and "samples" not in p.name]
     rows = pd.read_csv(csv)
     assert rows["status"].tolist() == ["ok", "ok", "partial", "partial"]
@@ -129,7 +120,7 @@ def test_run_ids_never_overwrite_an_earlier_run(tmp_path):
     assert unique_run_id(tmp_path, "r") == "r-3"
 
 
-def test_peak_memory_is_the_case_not_the_parity_check(write_suite, tmp_path):
+def test_peak_memory_is_the_case_not_the_parity_check(write_suite, tmp_path, quiet):
     # tiny, fp32, ctx 1024: the cache is 2 layers x (K+V) x 2 heads x 1024 x 64 x 4 B = 2 MiB.
     # A decode step adds only per-layer score rows. The parity check's float32 reference
     # repeats K/V over the 4 query heads per KV head (another 4 MiB): it must not count.
@@ -137,7 +128,7 @@ def test_peak_memory_is_the_case_not_the_parity_check(write_suite, tmp_path):
         "sweep: {context_len: [16, 40], kernel: [sdpa, ops]}",
         "sweep: {context_len: [1024], kv_dtype: [fp32]}",
     )
-    rows, _ = _run(write_suite, tmp_path, text)
+    rows, _ = _run(write_suite, tmp_path, quiet, text)
     (row,) = rows.itertuples()
     assert row.kv_bytes == 2 * 2 * 2 * 1024 * 64 * 4
     assert row.kv_bytes <= row.peak_mem_bytes < 1.25 * row.kv_bytes

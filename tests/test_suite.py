@@ -27,6 +27,39 @@ exclude:
     assert not any(c.context_len == 64 and c.kv_dtype == "fp32" for c in cases)
 
 
+def test_exclude_matches_axes_filled_by_a_preset(write_suite):
+    path = write_suite("""
+fixed: {model: tiny, context_len: 16}
+sweep: {kv_dtype: [fp16, fp32]}
+exclude:
+  - {n_kv_heads: 2, kv_dtype: fp32}
+""")
+    assert [c.kv_dtype for c in expand(load_suite(path))] == ["fp16"]  # tiny has 2 KV heads
+
+
+def test_exclude_matches_gqa_ratio_derived_from_kv_heads(write_suite):
+    path = write_suite("""
+fixed: {model: custom, n_layers: 1, n_q_heads: 8, head_dim: 8, context_len: 16}
+sweep: {n_kv_heads: [1, 2, 8]}
+exclude:
+  - {gqa_ratio: [4, 8]}
+""")
+    assert [c.n_kv_heads for c in expand(load_suite(path))] == [8]
+
+
+def test_exclude_drops_an_invalid_combination_instead_of_failing(write_suite):
+    path = write_suite("""
+fixed: {model: tiny, context_len: 16, kv_dtype: int4}
+sweep: {gqa_ratio: [2, 3], group_size: [null, 48]}
+exclude:
+  - {gqa_ratio: 3}
+  - {head_dim: 64, group_size: 48}
+""")
+    # tiny's 8 query heads do not divide by 3, and int4 has no group of 48: both rules drop them
+    cases = expand(load_suite(path))
+    assert [(c.gqa_ratio, c.group_size) for c in cases] == [(2, None)]
+
+
 def test_preset_fills_shape_and_gqa_ratio_sets_kv_heads(write_suite):
     path = write_suite(
         "fixed: {model: llama-3-8b, context_len: 128}\nsweep: {gqa_ratio: [1, 4, 8]}\n"
@@ -96,6 +129,7 @@ def test_defaults_and_filters(write_suite):
             "missing",
         ),
         (BASE + "zip:\n  - {kv_dtype: [fp16, fp32], kernel: [ops]}\n", "zip[0]", "same length"),
+        (BASE + "zip:\n  - {}\n", "zip[0]", "is empty"),
         (BASE + "exclude:\n  - {context_len: [16, 32]}\n", "exclude", "no cases left"),
         (BASE + "exclude:\n  - {kernel: nope}\n", "exclude[0].kernel", "unknown value"),
         ("- just\n- a list\n", "(top level)", "mapping"),

@@ -1,0 +1,137 @@
+"""Suite checks: each axis value on its own (CHECKS), then each resolved Case's combination of
+axes (check_case, check_streams). A problem raises SuiteError(file, key, reason)."""
+
+from __future__ import annotations
+
+from harness.case import AXES, Case
+from harness.errors import SuiteError
+from harness.presets import PRESETS
+from kernels.attention import KERNELS
+from kernels.data import KV_DATA, load_kv_file
+from kernels.formats import FORMATS, get_format
+from kernels.peers import PEERS
+
+PHASES = ("decode", "prefill")
+LAYOUTS = ("per-stream", "unified")
+WORKLOADS = ("none", "independent", "shared-prefix")
+DECODE_ORDERS = ("interleaved", "sequential")
+
+
+# ---- value checks: each returns None when fine, else the reason -------------------------
+
+
+def is_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def positive_int(v) -> str | None:
+    return None if is_int(v) and v > 0 else f"must be a positive integer, got {v!r}"
+
+
+def optional_positive_int(v) -> str | None:
+    return None if v is None else positive_int(v)
+
+
+def non_negative_int(v) -> str | None:
+    return None if is_int(v) and v >= 0 else f"must be a non-negative integer, got {v!r}"
+
+
+def fraction(v) -> str | None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1
+    return None if ok else f"must be a number in [0, 1), got {v!r}"
+
+
+def optional_string(v) -> str | None:
+    return None if v is None or (isinstance(v, str) and v) else f"must be a path, got {v!r}"
+
+
+def one_of(choices) -> callable:
+    def check(v) -> str | None:
+        return None if v in choices else f"unknown value {v!r}; known: {', '.join(choices)}"
+
+    return check
+
+
+CHECKS = {
+    "model": one_of((*PRESETS, "custom")),
+    "n_layers": positive_int,
+    "n_q_heads": positive_int,
+    "n_kv_heads": positive_int,
+    "gqa_ratio": positive_int,
+    "head_dim": positive_int,
+    "context_len": positive_int,
+    "n_seqs": positive_int,
+    "phase": one_of(PHASES),
+    "kv_dtype": one_of(tuple(FORMATS)),
+    "layout": one_of(LAYOUTS),
+    "kernel": one_of((*KERNELS, *PEERS)),
+    "tile_kv": optional_positive_int,
+    "group_size": optional_positive_int,
+    "kv_data": one_of(tuple(KV_DATA)),
+    "seed": non_negative_int,
+    "workload": one_of(WORKLOADS),
+    "prefix_frac": fraction,
+    "decode_order": one_of(DECODE_ORDERS),
+    "churn": non_negative_int,
+    "kv_file": optional_string,
+    "window": optional_positive_int,
+}
+assert set(CHECKS) == set(AXES), "every Case axis needs a check"
+
+
+def check_axis(path: str, key: str, axis: str, value) -> None:
+    if axis not in CHECKS:
+        raise SuiteError(path, key, f"unknown axis {axis!r}; known: {', '.join(AXES)}")
+    reason = CHECKS[axis](value)
+    if reason:
+        raise SuiteError(path, key, reason)
+
+
+# ---- combinations of axes, on a resolved Case -------------------------------------------
+
+
+def check_case(path: str, case: Case) -> None:
+    """Combinations of axes: the format's group size vs head_dim, the K/V file vs the shape."""
+    try:
+        fmt = get_format(case.kv_dtype, case.group_size)
+        fmt.nbytes(1, case.head_dim)
+    except ValueError as e:
+        raise SuiteError(path, "group_size", str(e)) from None
+    if case.kv_data == "file":
+        if not case.kv_file:
+            raise SuiteError(path, "kv_file", "kv_data=file needs kv_file (an .npz path)")
+        shape = (case.n_seqs, case.n_kv_heads, case.context_len, case.head_dim)
+        try:
+            load_kv_file(case.kv_file, shape)
+        except ValueError as e:
+            raise SuiteError(path, "kv_file", str(e)) from None
+
+
+def check_streams(path: str, case: Case) -> None:
+    """Combinations of the many-sequence axes that cannot run (docs/streams.md)."""
+    streams = case.workload != "none"
+    if case.layout == "unified" and not streams:
+        raise SuiteError(path, "layout", "unified needs workload: independent or shared-prefix")
+    off = [a for a in ("prefix_frac", "churn") if getattr(case, a)]
+    off += ["decode_order"] if case.decode_order != "interleaved" else []
+    if off and not streams:
+        raise SuiteError(path, off[0], "needs workload: independent or shared-prefix")
+    if streams and case.phase != "decode":
+        raise SuiteError(path, "phase", f"workload {case.workload} runs decode only")
+    if streams and case.kv_data == "file":
+        why = "the streams engine needs K/V per token id, not a [n_seqs, Hkv, ctx, D] capture"
+        raise SuiteError(path, "kv_data", f"file cannot feed workload {case.workload}: {why}")
+    if case.workload == "shared-prefix" and not 0 < case.prefix_len < case.context_len:
+        raise SuiteError(
+            path,
+            "prefix_frac",
+            f"shared prefix of int({case.prefix_frac} * {case.context_len}) = "
+            f"{case.prefix_len} tokens must be at least 1 and less than context_len",
+        )
+    if case.workload == "independent" and case.prefix_frac:
+        raise SuiteError(path, "prefix_frac", "independent prompts share no prefix: use 0")
+    gen = case.context_len - 1 - case.prefix_len
+    if case.churn > case.n_seqs:
+        raise SuiteError(path, "churn", f"{case.churn} is more than n_seqs={case.n_seqs}")
+    if case.churn and gen < 4:
+        raise SuiteError(path, "churn", f"needs >= 4 generated tokens per sequence, got {gen}")
