@@ -124,21 +124,22 @@ def finish(
         if s != "step" and x
     }
     rates = metrics.rates(case, fmt, stats["median_ms"], common.get("peak_gbps"), run.traffic)
-    return make_record(
+    fields = {
         **common,
         **case_fields(case),
-        status=status,
-        error=error,
+        "status": status,
+        "error": error,
         **stats,
         **stage_ms,
         **rates,
-        kv_bytes=metrics.kv_bytes(case, fmt),
-        bits_per_elem=bits_per_elem(fmt, case.head_dim),
-        alloc_bytes=run.alloc_bytes,
-        peak_mem_bytes=run.peak_mem_bytes,
+        "kv_bytes": metrics.kv_bytes(case, fmt),
+        "bits_per_elem": bits_per_elem(fmt, case.head_dim),
+        "alloc_bytes": run.alloc_bytes,
+        "peak_mem_bytes": run.peak_mem_bytes,
         **run.accuracy,
-        **run.extra,
-    )
+    }
+    # an engine's extra fields win over the case's (e.g. tile_kv: the tile the kernel used)
+    return make_record(**{**fields, **run.extra})
 
 
 def failed(case: Case, common: dict, status: str, error: str) -> Record:
