@@ -28,7 +28,7 @@ def _git(*args: str) -> str | None:
 
 def git_info() -> dict:
     commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain", "--untracked-files=no")
+    status = _git("status", "--porcelain")  # untracked source counts: it may be measured
     return {
         "commit": commit[:12] if commit else None,
         "dirty": bool(status) if status is not None else None,

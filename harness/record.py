@@ -73,7 +73,9 @@ class Record:
     tflops: float | None = None
     tokens_per_s: float | None = None
     # memory
-    kv_bytes: int | None = None  # exact format formula at context_len
+    # kv_bytes: exact format bytes of the K/V the case holds: n_seqs x context_len for the
+    # cache engine, the occupied cells for a workload
+    kv_bytes: int | None = None
     bits_per_elem: float | None = None  # stored bits per K/V element, scales included
     alloc_bytes: int | None = None  # measured: active-memory growth when the cache is allocated
     peak_mem_bytes: int | None = None  # measured: peak above the pre-cache baseline (stages)

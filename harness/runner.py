@@ -47,8 +47,17 @@ def engine_for(case: Case) -> Engine:
     return ENGINES["cache"]
 
 
-STAGE_WEIGHT = {"step": 1.0}  # share of the case's budget; stages not listed get OTHER_WEIGHT
+STAGE_WEIGHT = {"step": 1.0}  # relative share of the case's budget; others get OTHER_WEIGHT
 OTHER_WEIGHT = 0.25
+
+
+def stage_shares(stages, with_stages: bool) -> dict[str, float]:
+    """Each timed stage's fraction of the case's budget and warm-up; they sum to 1, so
+    budget_s is the sampling time of the whole case (min_samples may still overrun it)."""
+    names = [s for s in stages if s == "step" or with_stages]
+    weights = {s: STAGE_WEIGHT.get(s, OTHER_WEIGHT) for s in names}
+    total = sum(weights.values())
+    return {s: w / total for s, w in weights.items()}
 
 
 def skip_reason(case: Case, backend: str) -> str | None:
@@ -82,10 +91,8 @@ def measure_round(run: CaseRun, settings: Settings, round_no: int) -> None:
     mx.reset_peak_memory()
     run.alloc_bytes, run.extra, run.traffic = state.alloc_bytes, state.extra, state.traffic
     share = 1.0 / settings.rounds
-    for stage, fn in state.stages.items():
-        if stage != "step" and not settings.stages:
-            continue
-        weight = STAGE_WEIGHT.get(stage, OTHER_WEIGHT)
+    for stage, weight in stage_shares(state.stages, settings.stages).items():
+        fn = state.stages[stage]
         timer.warm_up(fn, settings.warmup_s * weight)
         prior = run.samples.setdefault(stage, [])
         new = timer.sample(
@@ -138,7 +145,7 @@ def finish(
         "peak_mem_bytes": run.peak_mem_bytes,
         **run.accuracy,
     }
-    # an engine's extra fields win over the case's (e.g. tile_kv: the tile the kernel used)
+    # an engine's extra fields win (e.g. tile_kv: the tile the kernel used; streams kv_bytes)
     return make_record(**{**fields, **run.extra})
 
 

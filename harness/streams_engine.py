@@ -23,11 +23,13 @@ Counting (docs/streams.md): cells per layer; bytes = 2 (K, V) x n_layers x forma
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import mlx.core as mx
 
+from harness.cache_engine import problem_of
 from harness.case import Case
 from harness.state import State, compare_outputs, memory_baseline, parity_gate
 from kernels.attention import KERNELS, reference, unsupported_reason
@@ -40,7 +42,13 @@ from kernels.workloads import Replay, Workload, build_layout
 def skip_reason(case: Case, backend: str) -> str | None:
     if case.window is not None:
         return "window is implemented by the mlx_lm_rotating peer only"
-    return unsupported_reason(case.kernel, get_format(case.kv_dtype, case.group_size), backend)
+    fmt = get_format(case.kv_dtype, case.group_size)
+    problem = problem_of(case, fmt)  # the call's shape (plan_calls); its kv_len is nominal
+    if case.decode_order == "sequential":
+        problem = dataclasses.replace(problem, n_seqs=1)  # one call per sequence, one query
+    elif case.layout == "unified":
+        problem = dataclasses.replace(problem, n_seqs=1, q_len=case.n_seqs)  # sequences as rows
+    return unsupported_reason(case.kernel, fmt, backend, problem, case.tile_kv)
 
 
 def workload_of(case: Case) -> Workload:
@@ -83,13 +91,19 @@ def per_sequence(outs: list[mx.array], layout: Layout, order: str) -> mx.array:
 
 
 class Run:
-    """A layout filled for a case, with the functions of its stages."""
+    """A layout filled for a case, with the functions of its stages. `baseline` is the active
+    memory before the stores (harness/state.py memory_baseline), `alloc_bytes` its growth when
+    the (zeroed) stores are allocated, before they are filled and before masks, queries and the
+    step's writes exist (as the cache engine measures its cache)."""
 
     def __init__(self, case: Case, kind: str, tables, n_layers: int):
         self.case, self.fmt = case, get_format(case.kv_dtype, case.group_size)
         q32, k_tab, v_tab = tables
-        self.layout, self.rp = build_layout(workload_of(case), kind, KV_PAD)
+        self.layout, self.rp = build_layout(workload_of(case), kind, KV_PAD)  # host metadata
+        self.baseline = memory_baseline()
         self.store = LayoutStore(self.layout, self.fmt, n_layers, case.n_kv_heads, case.head_dim)
+        mx.eval(self.store.arrays())
+        self.alloc_bytes = mx.get_active_memory() - self.baseline
         self.store.fill(k_tab, v_tab)
         q = q32.astype(self.fmt.compute_dtype)
         self.calls = plan_calls(self.layout, self.rp, q, case.decode_order)
@@ -120,7 +134,9 @@ class Run:
         for call, mask in zip(self.calls, masks):
             k, v = self.store.view(layer, call.streams, call.n_kv)
             outs.append(
-                self.kernel(call.q, k, v, self.fmt, mask=mask, scale=self.scale, tile_kv=None)
+                self.kernel(
+                    call.q, k, v, self.fmt, mask=mask, scale=self.scale, tile_kv=self.case.tile_kv
+                )
             )
         return outs
 
@@ -187,9 +203,7 @@ def traffic(case: Case, run: Run, touched: int) -> tuple[int, int]:
 def build(case: Case) -> State:
     fmt = get_format(case.kv_dtype, case.group_size)
     tables = make_tables(case, workload_of(case).n_tokens)
-    baseline = memory_baseline()
     run = Run(case, case.layout, tables, case.n_layers)
-    alloc = mx.get_active_memory() - baseline
     n_layers = run.store.n_layers
 
     def mask() -> list[mx.array]:
@@ -222,11 +236,14 @@ def build(case: Case) -> State:
         return compare_outputs(out, exact)
 
     row = counts(case, run)
+    # kv_bytes: the K/V the workload holds (its occupied cells), not the case formula
+    # n_seqs x context_len (shared prefix, churn); the runner lets extra override it
+    extra = {**row, "kv_bytes": row["bytes_used"]}
     return State(
         {"step": step, "write": write, "mask": mask, "attend": attend},
         check,
-        alloc_bytes=alloc,
-        baseline_bytes=baseline,
-        extra=row,
+        alloc_bytes=run.alloc_bytes,
+        baseline_bytes=run.baseline,
+        extra=extra,
         traffic=traffic(case, run, row["bytes_touched"]),
     )

@@ -39,7 +39,7 @@ class Settings:
     warmup_s: float = 0.1  # warm-up time per case and round (compilation lands here)
     min_samples: int = 5
     max_samples: int = 200
-    budget_s: float = 1.0  # sampling time per case, all rounds together
+    budget_s: float = 1.0  # sampling time per case, all rounds and stages together
     target_ci: float = 0.05  # stop once the median's 95% CI half-width <= this x median
     rounds: int = 2  # cases are interleaved in rounds to spread drift over all of them
     cv_warn: float = 0.10  # rows with a higher coefficient of variation are flagged unstable
@@ -327,8 +327,8 @@ def resolve(path: str, combo: dict) -> Case:
     if shape.get("kv_data", "gaussian") != "file":
         shape.pop("kv_file", None)  # only file data reads it; keeps other cases' ids stable
     case = Case(model=model, **shape)
+    _check_streams(path, case)  # first: a workload with kv_data=file fails on kv_data
     _check_case(path, case)
-    _check_streams(path, case)
     return case
 
 
@@ -360,6 +360,9 @@ def _check_streams(path: str, case: Case) -> None:
         raise SuiteError(path, off[0], "needs workload: independent or shared-prefix")
     if streams and case.phase != "decode":
         raise SuiteError(path, "phase", f"workload {case.workload} runs decode only")
+    if streams and case.kv_data == "file":
+        why = "the streams engine needs K/V per token id, not a [n_seqs, Hkv, ctx, D] capture"
+        raise SuiteError(path, "kv_data", f"file cannot feed workload {case.workload}: {why}")
     if case.workload == "shared-prefix" and not 0 < case.prefix_len < case.context_len:
         raise SuiteError(
             path,

@@ -141,3 +141,10 @@ def test_peak_memory_is_the_case_not_the_parity_check(write_suite, tmp_path):
     (row,) = rows.itertuples()
     assert row.kv_bytes == 2 * 2 * 2 * 1024 * 64 * 4
     assert row.kv_bytes <= row.peak_mem_bytes < 1.25 * row.kv_bytes
+
+
+def test_stage_shares_split_the_budget():
+    shares = runner.stage_shares(["step", "write", "attend"], True)
+    assert sum(shares.values()) == pytest.approx(1.0)
+    assert shares["step"] == pytest.approx(4 * shares["write"]) and shares["step"] == 2 / 3
+    assert runner.stage_shares(["step", "write", "attend"], False) == {"step": 1.0}

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import mlx.core as mx
@@ -9,10 +10,12 @@ import numpy as np
 import pytest
 from conftest import numpy_attention
 
-from harness import runner
+from harness import metrics, runner
 from harness.errors import SuiteError
-from harness.streams_engine import Run, build, counts, make_tables, workload_of
-from harness.suite import expand, load_suite, resolve
+from harness.streams_engine import Run, build, counts, make_tables, skip_reason, workload_of
+from harness.suite import Settings, expand, load_suite, resolve
+from kernels.attention import KERNELS, Kernel, any_format, reference
+from kernels.formats import get_format
 
 TINY = {"model": "tiny", "n_seqs": 3, "context_len": 40, "kv_dtype": "fp32"}
 
@@ -125,3 +128,80 @@ def test_write_stage_stores_the_step_tokens(kind):
     assert not np.allclose(np.array(run.output(0)), oracle, atol=1e-3)
     run.write(0)
     np.testing.assert_allclose(np.array(run.output(0)), oracle, atol=2e-5)
+
+
+def test_the_case_tile_reaches_the_kernel(monkeypatch):
+    """tile_kv travels from the case to every kernel call of the streams engine (review 1)."""
+    seen = []
+
+    def spy(q, k, v, fmt, *, mask=None, scale, tile_kv=None):
+        seen.append(tile_kv)
+        return reference(q, k, v, fmt, mask=mask, scale=scale)
+
+    monkeypatch.setitem(KERNELS, "tiled", Kernel(spy, any_format))
+    for kind, order in [("per-stream", "sequential"), ("unified", "interleaved")]:
+        seen.clear()
+        c = case(workload="independent", layout=kind, decode_order=order, kernel="tiled", tile_kv=8)
+        state = build(c)
+        mx.eval(state.stages["attend"]())
+        assert seen and set(seen) == {8}
+
+
+def test_skip_reason_asks_the_kernel_about_the_case_shape_and_tile(monkeypatch):
+    """The GPU kernels' `fits` refusal applies to streams cases too: it gets the call's problem
+    (unified interleaved: the n_seqs queries are query rows) and the case's tile."""
+    asked = []
+
+    def fits(fmt, problem, tile_kv):
+        asked.append((problem, tile_kv))
+        return f"refused tile {tile_kv}"
+
+    monkeypatch.setitem(KERNELS, "tiled", Kernel(KERNELS["tiled"].fn, any_format, fits=fits))
+    c = case(workload="independent", layout="unified", kernel="tiled", tile_kv=64)
+    assert skip_reason(c, "cpu") == "refused tile 64"
+    problem, tile = asked[-1]
+    assert tile == 64 and (problem.n_q_heads, problem.n_kv_heads, problem.head_dim) == (8, 2, 64)
+    assert problem.q_len == 3  # 3 sequences as the query rows of one call
+    skip_reason(case(workload="independent", kernel="tiled", tile_kv=64), "cpu")
+    assert asked[-1][0].q_len == 1  # per-stream: one query per stream
+
+
+def test_suite_rejects_kv_file_with_a_workload(write_suite, tmp_path):
+    """The streams engine needs K/V per token id, not a [n_seqs, Hkv, ctx, D] capture (review 2):
+    refused when the suite loads, even with a file the cache engine could read."""
+    kv = np.zeros((2, 40, 64), np.float32)  # tiny: [Hkv, L, D]
+    np.savez(tmp_path / "kv.npz", k=kv, v=kv)
+    fixed = "model: tiny, context_len: 40, n_seqs: 3, kv_data: file"
+    with_file = f"{fixed}, kv_file: {tmp_path}/kv.npz"
+    assert load_suite(write_suite(f"fixed: {{{with_file}}}\n"))  # the cache engine reads it
+    for axes in (with_file, fixed):  # without kv_file: the workload is the reason, not the file
+        path = write_suite(f"fixed: {{{axes}, workload: independent}}\n")
+        with pytest.raises(SuiteError) as err:
+            load_suite(path)
+        assert err.value.key == "kv_data" and err.match("per token")
+
+
+@pytest.mark.parametrize("kv_dtype", ["fp32", "fp4", "affine4"])
+@pytest.mark.parametrize("kind", ["per-stream", "unified"])
+def test_alloc_bytes_is_the_stores_exact_size(kind, kv_dtype):
+    """alloc_bytes measures the K/V stores only: not masks, queries or the step's writes."""
+    c = case(workload="shared-prefix", prefix_frac=0.5, layout=kind, kv_dtype=kv_dtype)
+    state = build(c)
+    assert state.alloc_bytes == state.extra["bytes_alloc"]
+
+
+def test_kv_bytes_of_a_workload_row_is_the_occupied_cells():
+    """A workload row's kv_bytes: the format bytes of the cells the workload holds, not the
+    case formula n_seqs x context_len (review 10)."""
+    # tiny fp16: 1024 B per cell over both layers, K and V (test_counts_for_a_hand_worked_case).
+    # 3 sequences, context 9, prefix 3: per-stream 3 x 9 = 27 cells (the formula's count too);
+    # unified 3 + 3 x 6 = 21 cells, where the formula would say 27.
+    c = case(context_len=9, kv_dtype="fp16", workload="shared-prefix", prefix_frac=1 / 3)
+    assert metrics.kv_bytes(c, get_format("fp16")) == 27 * 1024
+    uni = dataclasses.replace(c, layout="unified")
+    for cs, cells in ((c, 27), (uni, 21)):
+        state = build(cs)
+        assert state.extra["kv_bytes"] == state.extra["bytes_used"] == cells * 1024
+        run = runner.CaseRun(cs, samples={"step": [1.0, 1.1, 0.9]}, extra=state.extra)
+        row = runner.finish(run, Settings(), {})
+        assert row.kv_bytes == cells * 1024
