@@ -20,7 +20,7 @@ import mlx.core as mx
 
 from harness.case import Case
 from harness.state import State, compare_outputs, memory_baseline, parity_gate
-from kernels.attention import KERNELS, reference, unsupported_reason
+from kernels.attention import KERNELS, effective_tile, reference, unsupported_reason
 from kernels.cache import KVCache
 from kernels.data import make_qkv
 from kernels.formats import get_format
@@ -121,4 +121,7 @@ def build(case: Case) -> State:
 
     stages = {"step": step, "write": write, "attend": attend_all}
     extra = {"fill_peak_bytes": fill_peak}
+    tile = effective_tile(case.kernel, case.tile_kv)
+    if tile is not None:  # the row records the tile used (a null tile_kv is the default)
+        extra["tile_kv"] = tile
     return State(stages, check, alloc_bytes=alloc, baseline_bytes=baseline, extra=extra)

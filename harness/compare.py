@@ -8,6 +8,10 @@ Per case (joined on case_id) and metric:
   * verdict (see `judge`): slower / faster need p < alpha AND a ratio beyond the threshold.
 Metrics with no raw samples behind them (GB/s, memory, errors) are compared by value alone:
 verdict better / worse / unchanged by the threshold, no p-value, never a regression.
+A case measured at BASE but not at NEW is a regression: verdict `error` when NEW's row is an
+error, `lost` when it is skipped (or any other unmeasured status): a benchmark that silently
+stops running is how regressions hide. A case BASE did not measure is `not_measured`, never a
+regression; a case on one side only is `base_only` / `new_only`, never a regression.
 This module imports neither mlx nor kernels/.
 """
 
@@ -130,12 +134,21 @@ def _status_note(row) -> str:
     return f"{row['status']}: {err}" if isinstance(err, str) else str(row["status"])
 
 
+def lost_or_error(b, n) -> dict:
+    """Verdict for a case not measured on a side (see the module docstring)."""
+    note = f"base {_status_note(b)}; new {_status_note(n)}"
+    if b["status"] not in MEASURED:
+        return {"verdict": "not_measured", "note": note, "regression": False}
+    if n["status"] == "error":
+        return {"verdict": "error", "note": note, "regression": True}
+    note += " (measured at base, not at new: a benchmark that stops running hides regressions)"
+    return {"verdict": "lost", "note": note, "regression": True}
+
+
 def compare_row(b, n, base: ResultSet, new: ResultSet, metric: str, rules: Rules) -> dict:
     out = {"case_id": b["case_id"], "label": label(b), "metric": metric, "regression": False}
     if b["status"] not in MEASURED or n["status"] not in MEASURED:
-        verdict = "error" if n["status"] == "error" else "not_measured"
-        note = f"base {_status_note(b)}; new {_status_note(n)}"
-        return {**out, "verdict": verdict, "note": note, "regression": b["status"] in MEASURED}
+        return {**out, **lost_or_error(b, n)}
     bx, nx = base.samples_of(b, metric), new.samples_of(n, metric)
     out.update(base=_value(b, metric, bx), new=_value(n, metric, nx))
     if metric in TESTED:

@@ -9,7 +9,16 @@ import pandas as pd
 
 from harness.compare import COLUMNS, Comparison
 
-ORDER = {"slower": 0, "error": 1, "worse": 2, "faster": 3, "better": 4, "inconclusive": 5}
+ORDER = {
+    "slower": 0,
+    "error": 1,
+    "lost": 2,
+    "worse": 3,
+    "faster": 4,
+    "better": 5,
+    "inconclusive": 6,
+}
+REGRESSIONS = ("slower", "error", "lost")  # verdicts that fail the gate
 PAIRED = ("slower", "faster", "unchanged", "inconclusive", "worse", "better")
 
 
@@ -44,7 +53,7 @@ def _cells(row) -> dict:
 
 def summary_line(cmp: Comparison) -> str:
     counts = cmp.table["verdict"].value_counts()
-    parts = [f"{counts[v]} {v}" for v in (*PAIRED, "error", "not_measured") if v in counts]
+    parts = [f"{counts[v]} {v}" for v in (*PAIRED, "error", "lost", "not_measured") if v in counts]
     parts += [
         f"{counts[v]} {v.replace('_', ' ')}" for v in ("base_only", "new_only") if v in counts
     ]
@@ -95,9 +104,7 @@ def markdown(cmp: Comparison) -> str:
         keys = list(cells[0])
         lines += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
         for c in cells:
-            c["verdict"] = (
-                f"**{c['verdict']}**" if c["verdict"] in ("slower", "error") else c["verdict"]
-            )
+            c["verdict"] = f"**{c['verdict']}**" if c["verdict"] in REGRESSIONS else c["verdict"]
             lines.append("| " + " | ".join(str(c[k]).replace("|", "\\|") for k in keys) + " |")
     lines += [f"- {line}" for line in _apart(cmp)]
     lines += [f"> warning: {w}" for w in cmp.warnings]

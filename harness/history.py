@@ -1,11 +1,15 @@
 """history: every case's metric across commits, in commit order, with the step changes.
 
+A series is one case on one machine: (case_id, device, backend). A case's history is per
+machine, so a case with rows from several devices or backends has one series each, never one
+timeline that mixes them (a change of machine is not a change of code).
+
 A point is one code state: a commit, or a commit plus uncommitted changes (dirty), shown as
 `<sha>+`. Within a point, each case uses its latest measured row (harness/results.py). Points
 are in git order (`git rev-list --topo-order --all`) when every commit is in this repository's
 history, else in the order of their first timestamp. A step is a pair of adjacent points of a
 case that compare would call slower or faster (or worse / better for metrics without raw
-samples): the same test, threshold and alpha as `kvbench compare`.
+samples): the same test, threshold and alpha as `kvbench compare`, within one series.
 This module imports neither mlx nor kernels/.
 """
 
@@ -23,10 +27,11 @@ from harness.compare import TESTED, Rules, check_rules, judge, judge_value, valu
 from harness.results import MEASURED, ResultSet, label, load_dir, pick_rows
 
 COLUMNS = (
-    "case_id", "label", "metric", "point", "commit", "dirty", "timestamp", "run_id", "value",
-    "n", "ratio", "p_value", "step",
+    "case_id", "label", "device", "backend", "metric", "point", "commit", "dirty", "timestamp",
+    "run_id", "value", "n", "ratio", "p_value", "step",
 )  # fmt: skip
 STEPS = ("slower", "faster", "worse", "better")
+SERIES = ("case_id", "device", "backend")  # one timeline each
 
 
 @dataclass
@@ -57,6 +62,8 @@ def git_order(repo: str | Path = ".") -> dict[str, int]:
 def _points(rows: pd.DataFrame, repo) -> tuple[pd.DataFrame, str]:
     rows = rows.copy()
     rows["commit"] = rows["commit"].fillna("nogit")
+    for key in SERIES[1:]:  # unknown (e.g. imported without it): its own series, shown empty
+        rows[key] = rows[key].astype(object).fillna("").astype(str) if key in rows else ""
     rows["dirty"] = rows["dirty"].astype(str).eq("True")
     rows["point"] = rows["commit"].str[:12] + rows["dirty"].map({True: "+", False: ""})
     first = rows.groupby("point")["timestamp"].min()
@@ -88,7 +95,7 @@ def history(
     rs = load_dir(results_dir)
     rows, how, points = _points(rs.rows, repo)
     out = []
-    for case_id, case_rows in rows.groupby("case_id", sort=False):
+    for (case_id, device, backend), case_rows in rows.groupby(list(SERIES), sort=False):
         prev = None
         for point in points:
             picked = pick_rows(case_rows[case_rows["point"] == point])
@@ -98,7 +105,8 @@ def history(
             value = row.get(metric)
             n = len(rs.samples_of(row, metric)) if metric in TESTED else None
             cur = {
-                "case_id": case_id, "label": label(row), "metric": metric, "point": point,
+                "case_id": case_id, "label": label(row), "device": device, "backend": backend,
+                "metric": metric, "point": point,
                 "commit": row["commit"], "dirty": row["dirty"], "timestamp": row["timestamp"],
                 "run_id": row["run_id"], "value": value, "n": n, "_row": row,
             }  # fmt: skip
@@ -120,19 +128,27 @@ def terminal(h: History) -> str:
     head = (
         f"history of {h.metric}: {len(h.points)} code states in {h.order} order "
         f"(^ slower/worse, v faster/better than the previous state; p < {h.rules.alpha:g}, "
-        f"ratio beyond {h.rules.threshold:g}x)"
+        f"ratio beyond {h.rules.threshold:g}x; one series per case, device and backend)"
     )
     if h.table.empty:
         return head + "\n(no measured rows)"
     t = h.table.assign(cell=[_cell(v, s) for v, s in zip(h.table["value"], h.table["step"])])
-    wide = t.pivot_table(index="label", columns="point", values="cell", aggfunc="first", sort=False)
+    index = ["label", "device", "backend"]
+    wide = t.pivot_table(index=index, columns="point", values="cell", aggfunc="first", sort=False)
     wide = wide.reindex(columns=[p for p in h.points if p in wide.columns]).fillna("")
     lines = [head, wide.to_string()]
     steps = t[t["step"] != ""]
     for r in steps.itertuples():
         p = "" if r.p_value is None or pd.isna(r.p_value) else f", p={r.p_value:.2g}"
-        lines.append(f"step: {r.label}: {r.ratio:.3f}x {r.step} at {r.point}{p}")
+        where = f"{r.device} [{r.backend}]"
+        lines.append(f"step: {r.label} on {where}: {r.ratio:.3f}x {r.step} at {r.point}{p}")
     lines.append(f"{len(steps)} step change(s)")
+    series = t.drop_duplicates(list(SERIES)).groupby("case_id").size()
+    if (series > 1).any():
+        lines.append(
+            f"{int((series > 1).sum())} case(s) ran on several devices or backends: one series "
+            "each (compare values only within a device)"
+        )
     return "\n".join(lines)
 
 

@@ -131,20 +131,22 @@ def finish(
         if s != "step" and x
     }
     rates = metrics.rates(case, fmt, stats["median_ms"], common.get("peak_gbps"), run.traffic)
-    return make_record(
+    fields = {
         **common,
         **case_fields(case),
-        status=status,
-        error=error,
+        "status": status,
+        "error": error,
         **stats,
         **stage_ms,
         **rates,
-        bits_per_elem=bits_per_elem(fmt, case.head_dim),
-        alloc_bytes=run.alloc_bytes,
-        peak_mem_bytes=run.peak_mem_bytes,
+        "kv_bytes": metrics.kv_bytes(case, fmt),
+        "bits_per_elem": bits_per_elem(fmt, case.head_dim),
+        "alloc_bytes": run.alloc_bytes,
+        "peak_mem_bytes": run.peak_mem_bytes,
         **run.accuracy,
-        **{"kv_bytes": metrics.kv_bytes(case, fmt), **run.extra},  # an engine's extra wins
-    )
+    }
+    # an engine's extra fields win (e.g. tile_kv: the tile the kernel used; streams kv_bytes)
+    return make_record(**{**fields, **run.extra})
 
 
 def failed(case: Case, common: dict, status: str, error: str) -> Record:

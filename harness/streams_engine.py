@@ -32,7 +32,7 @@ import mlx.core as mx
 from harness.cache_engine import problem_of
 from harness.case import Case
 from harness.state import State, compare_outputs, memory_baseline, parity_gate
-from kernels.attention import KERNELS, reference, unsupported_reason
+from kernels.attention import KERNELS, effective_tile, reference, unsupported_reason
 from kernels.data import make_qkv
 from kernels.formats import get_format
 from kernels.layouts import KV_PAD, Layout, LayoutStore
@@ -239,6 +239,9 @@ def build(case: Case) -> State:
     # kv_bytes: the K/V the workload holds (its occupied cells), not the case formula
     # n_seqs x context_len (shared prefix, churn); the runner lets extra override it
     extra = {**row, "kv_bytes": row["bytes_used"]}
+    tile = effective_tile(case.kernel, case.tile_kv)
+    if tile is not None:  # the row records the tile used (a null tile_kv is the default)
+        extra["tile_kv"] = tile
     return State(
         {"step": step, "write": write, "mask": mask, "attend": attend},
         check,

@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from kernels import gpu_kernels
-from kernels.tiled import tiled
+from kernels import gpu_kernels, launch
+from kernels.tiled import DEFAULT_TILE_KV, tiled
 
 
 def causal_mask(lq: int, lk: int) -> mx.array:
@@ -123,18 +123,32 @@ class Kernel:
     backends: tuple[str, ...] = ("cpu", "metal", "cuda")
     # (fmt, launch.Problem, tile_kv) -> why this shape / tile config cannot launch, or None
     fits: Callable | None = None
+    # KV positions per tile when the case's tile_kv is None; None: the kernel has no tiles
+    default_tile: int | None = None
 
 
+GPU_TILE = launch.DEFAULT_TILE_KV
 KERNELS = {
     "reference": Kernel(reference, any_format),
     "sdpa": Kernel(sdpa, dense_only),
     "ops": Kernel(ops, dense_only),
     "dequant_sdpa": Kernel(dequant_sdpa, quantized_only),
     "quantized_matmul": Kernel(quantized_matmul, mlx_modes_only),
-    "tiled": Kernel(tiled, any_format),
-    "metal": Kernel(gpu_kernels.metal, gpu_kernels.accepts, ("metal",), gpu_kernels.fits("metal")),
-    "cuda": Kernel(gpu_kernels.cuda, gpu_kernels.accepts, ("cuda",), gpu_kernels.fits("cuda")),
+    "tiled": Kernel(tiled, any_format, default_tile=DEFAULT_TILE_KV),
+    "metal": Kernel(
+        gpu_kernels.metal, gpu_kernels.accepts, ("metal",), gpu_kernels.fits("metal"), GPU_TILE
+    ),
+    "cuda": Kernel(
+        gpu_kernels.cuda, gpu_kernels.accepts, ("cuda",), gpu_kernels.fits("cuda"), GPU_TILE
+    ),
 }
+
+
+def effective_tile(kernel: str, tile_kv: int | None) -> int | None:
+    """The tile length `kernel` really uses for a case's tile_kv: the case's value, else the
+    kernel's default; None for kernels without tiles (the case's tile_kv is then unused)."""
+    default = KERNELS[kernel].default_tile
+    return None if default is None else tile_kv or default
 
 
 def unsupported_reason(

@@ -142,3 +142,20 @@ def test_cli_errors_exit_2_with_one_line(tmp_path, capsys, argv, text):
     assert main([a.format(d=tmp_path) for a in argv]) == 2
     err = capsys.readouterr().err
     assert text in err and err.count("\n") == 1 and err.startswith("kvbench: ")
+
+
+def test_measured_at_base_then_error_or_skipped_at_new_is_a_regression(tmp_path, capsys):
+    ok = draw(20, 1.0, seed=1)
+    skip = {"status": "skipped", "error": "kernel metal runs on metal, not cpu"}
+    err = {"status": "error", "error": "ParityError: bad"}
+    b = write_run(tmp_path, "b", {"broke": ok, "dropped": ok, "never": skip, "both_bad": err})
+    n = write_run(tmp_path, "n", {"broke": err, "dropped": skip, "never": skip, "both_bad": err})
+    t = compare(load(str(b)), load(str(n))).table.set_index("case_id")
+    assert (t.loc["broke", "verdict"], t.loc["broke", "regression"]) == ("error", True)
+    assert (t.loc["dropped", "verdict"], t.loc["dropped", "regression"]) == ("lost", True)
+    assert "stops running" in t.loc["dropped", "note"]
+    for cid in ("never", "both_bad"):  # not measured at BASE: nothing was lost
+        assert (t.loc[cid, "verdict"], t.loc[cid, "regression"]) == ("not_measured", False)
+    assert main(["compare", str(b), str(n)]) == 1
+    out = capsys.readouterr().out
+    assert "1 error, 1 lost, 2 not_measured; 2 regression(s)" in out

@@ -44,3 +44,39 @@ def test_commits_outside_the_repo_fall_back_to_timestamps(tmp_path):
     h = history(res, repo=tmp_path)  # not a git repository
     assert h.order == "timestamp" and h.points == ["aaaaaaaaaaaa", "bbbbbbbbbbbb"]
     assert list(h.table["step"]) == ["", "slower"]
+
+
+def test_one_series_per_device_never_a_mixed_timeline(tmp_path, capsys, monkeypatch):
+    repo = tmp_path / "repo"
+    a, b = (s[:12] for s in make_repo(repo, 2))
+    res = tmp_path / "results"
+    res.mkdir()
+    cpu = {"device": "Intel Xeon (cpu)", "backend": "cpu"}
+    gpu = {"device": "NVIDIA H100 (cuda)", "backend": "cuda"}
+    # commit a on the CPU only, commit b on the GPU (3x faster) and on the CPU (unchanged)
+    write_run(res, "a-cpu", {"c1": draw(30, 3.0, seed=1)}, commit=a, **cpu)
+    write_run(res, "b-gpu", {"c1": draw(30, 1.0, seed=2)}, commit=b, **gpu)
+    h = history(res, rules=Rules(), repo=repo)
+    assert (h.table["step"] == "").all()  # a change of machine is not a step of the code
+    assert list(h.table["device"]) == [cpu["device"], gpu["device"]]
+    assert list(h.table["backend"]) == ["cpu", "cuda"]
+    write_run(res, "b-cpu", {"c1": draw(30, 6.0, seed=3)}, commit=b, **cpu)
+    h = history(res, rules=Rules(), repo=repo)
+    on_cpu = h.table[h.table["device"] == cpu["device"]]
+    assert list(on_cpu["point"]) == [a, b] and list(on_cpu["step"]) == ["", "slower"]
+    on_gpu = h.table[h.table["device"] == gpu["device"]]
+    assert list(on_gpu["point"]) == [b] and list(on_gpu["step"]) == [""]
+    monkeypatch.chdir(repo)
+    assert main(["history", str(res), "--format", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert {(r["device"], r["step"]) for r in rows} == {
+        (cpu["device"], ""), (cpu["device"], "slower"), (gpu["device"], "")
+    }  # fmt: skip
+    assert main(["history", str(res), "--format", "csv"]) == 0
+    assert "device,backend" in capsys.readouterr().out.splitlines()[0]
+    assert main(["history", str(res)]) == 0
+    out = capsys.readouterr().out
+    assert cpu["device"] in out and gpu["device"] in out
+    assert f"on {cpu['device']} [cpu]: " in out and f"x slower at {b}" in out
+    assert "1 step change(s)" in out
+    assert "1 case(s) ran on several devices or backends: one series each" in out

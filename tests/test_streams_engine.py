@@ -205,3 +205,14 @@ def test_kv_bytes_of_a_workload_row_is_the_occupied_cells():
         run = runner.CaseRun(cs, samples={"step": [1.0, 1.1, 0.9]}, extra=state.extra)
         row = runner.finish(run, Settings(), {})
         assert row.kv_bytes == cells * 1024
+
+
+def test_a_workload_row_records_the_effective_tile():
+    """A null tile_kv is the kernel's default (tiled: 256) in the row; sdpa has no tiles."""
+    for kernel, tile, want in (("tiled", None, 256), ("tiled", 8, 8), ("sdpa", None, None)):
+        c = case(workload="independent", kernel=kernel, tile_kv=tile)
+        state = build(c)
+        run = runner.CaseRun(c, samples={"step": [1.0, 1.1, 0.9]}, extra=state.extra)
+        row = runner.finish(run, Settings(), {})
+        assert (row.tile_kv, row.case_id) == (want, c.case_id)
+        assert c.tile_kv == tile  # the case (and its case_id) keep the value as written
