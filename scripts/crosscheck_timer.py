@@ -1,7 +1,8 @@
 """Cross-check: kvbench's median for one decode case vs a plain standalone timing loop.
 
 The standalone loop uses only mlx and kernels/ (no harness timer, no runner): build the same
-cache, then time `for layer: write + sdpa; mx.eval; mx.synchronize` with time.perf_counter.
+cache, then time `for layer: write + sdpa (query = previous layer's output); mx.eval;
+mx.synchronize` with time.perf_counter.
 Run: .venv/bin/python scripts/crosscheck_timer.py [context_len]
 """
 
@@ -42,11 +43,12 @@ def standalone_ms(ctx: int, n: int = 40) -> float:
     times = []
     for i in range(n + 5):
         t0 = time.perf_counter()
-        outs = []
+        outs, query = [], q
         for layer in range(L):
             cache.write(layer, k_new, v_new, ctx - 1)
             kd, vd = cache.keys[layer]["data"], cache.values[layer]["data"]
-            outs.append(mx.fast.scaled_dot_product_attention(q, kd, vd, scale=1 / math.sqrt(D)))
+            query = mx.fast.scaled_dot_product_attention(query, kd, vd, scale=1 / math.sqrt(D))
+            outs.append(query)  # the next layer's query is this layer's output, as in kvbench
         mx.eval(outs + cache.arrays())
         mx.synchronize()
         if i >= 5:  # first 5 are warm-up
