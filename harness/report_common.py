@@ -147,3 +147,9 @@ def log_ticks(values) -> dict:
         if lo <= m * 10.0**k <= hi
     ]
     return {"tickvals": ticks, "ticktext": [f"{t:g}" for t in ticks]}
+
+
+def row_spacing(nrow: int, wanted: float) -> float:
+    """Vertical gap between subplot rows: `wanted`, shrunk so many rows still fit (plotly
+    refuses a gap above 1 / (rows - 1))."""
+    return wanted if nrow < 2 else min(wanted, 0.5 / (nrow - 1))

@@ -23,6 +23,7 @@ from harness.report_common import (
     gqa_facet,
     log_ticks,
     measured,
+    row_spacing,
     style,
     table,
     with_fmt,
@@ -225,7 +226,13 @@ def memory(cur: pd.DataFrame) -> Figure | None:
     panels = list(dict.fromkeys(order["panel"]))
     ncol = min(len(panels), 4)
     nrow = -(-len(panels) // ncol)
-    fig = make_subplots(nrow, ncol, subplot_titles=panels, shared_yaxes=True, vertical_spacing=0.12)
+    fig = make_subplots(
+        nrow,
+        ncol,
+        subplot_titles=panels,
+        shared_yaxes=True,
+        vertical_spacing=row_spacing(nrow, 0.12),
+    )
     kernels = sorted(d["kernel"].dropna().unique())
     stack = (("k_bytes", "K data", "#1f77b4"), ("v_bytes", "V data", "#ff7f0e"))
     stack += (("scales_bytes", "scales (K+V)", "#2ca02c"),)

@@ -19,6 +19,7 @@ from harness.report_common import (
     colors,
     log_ticks,
     measured,
+    row_spacing,
     style,
     table,
 )
@@ -49,7 +50,7 @@ def tiles(cur: pd.DataFrame) -> Figure | None:
     panels = sorted(d["series"].unique())
     ncol = min(len(panels), 2)
     nrow = -(-len(panels) // ncol)
-    fig = make_subplots(nrow, ncol, subplot_titles=panels, vertical_spacing=0.15)
+    fig = make_subplots(nrow, ncol, subplot_titles=panels, vertical_spacing=row_spacing(nrow, 0.15))
     for i, panel in enumerate(panels):
         p = d[d["series"] == panel]
         rel = p.pivot_table(index="tile_kv", columns="context_len", values="rel")

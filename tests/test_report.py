@@ -178,3 +178,15 @@ def test_log_ticks_label_full_numbers():
         "0.1",
         "1",
     ]
+
+
+def test_many_memory_panels_fit(tmp_path):
+    # 13 distinct formats x layouts give a memory grid of 4 rows or more; plotly refuses a row
+    # gap above 1/(rows-1), which a fixed gap broke on a real quant+streams+tiles report
+    df = syn.rows(0)
+    base = df[df["tile_kv"].isna() & (df["n_seqs"] == 1)].iloc[:1]
+    many = pd.concat(
+        [base.assign(kv_dtype=f"fmt{i}", case_id=f"c{i}", bits_per_elem=4 + i) for i in range(40)]
+    )
+    many.to_csv(tmp_path / "m.csv", index=False)
+    assert "memory" in [s["id"] for s in parse(build([tmp_path / "m.csv"])).sections]
