@@ -376,8 +376,9 @@ def accuracy(cur: pd.DataFrame) -> Figure | None:
 
 def all_figures(cur, history, compare_rows, order) -> list[Figure]:
     """Every figure the data supports, in page order."""
-    from harness.report_views import compare, history_fig, layouts, tiles
+    from harness.report_views import compare, history_fig, layouts, peers, tiles
 
     figs = [latency(cur), bandwidth(cur), memory(cur), accuracy(cur), tiles(cur), layouts(cur)]
+    figs += [peers(cur)]
     figs += [history_fig(history, order), compare(compare_rows)]
     return [f for f in figs if f is not None]

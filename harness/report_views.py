@@ -235,3 +235,33 @@ def compare(cmp: pd.DataFrame | None) -> Figure | None:
     cols["note"] = "note"
     height = 200 + 24 * plotted["label"].nunique()
     return Figure("compare", title, style(fig, max(height, 360)), table(d, cols), note)
+
+
+def peers(cur: pd.DataFrame) -> Figure | None:
+    """Each kvbench kernel's median over the fastest peer's in the same case group."""
+    from harness.peers_summary import peer_ratios
+
+    r = peer_ratios(measured(cur))
+    if r.empty:
+        return None
+    r["case"] = [
+        f"{m} ctx{int(c)} {f}" for m, c, f in zip(r["model"], r["context_len"], r["kv_dtype"])
+    ]
+    fig = px.bar(
+        r, x="ratio", y="case", color="kernel", barmode="group", orientation="h", log_x=True,
+        hover_data={"median_ms": ":.4g", "best_peer": True, "best_peer_ms": ":.4g"},
+        labels={"ratio": "kvbench median / best peer median (log; < 1: kvbench faster)"},
+    )  # fmt: skip
+    fig.update_xaxes(**log_ticks(r["ratio"]))
+    fig.add_vline(x=1.0, line_dash="dash", line_color="#444")
+    fig.update_yaxes(automargin=True)
+    title = "kvbench's kernels against the best peer (mlx-lm, torch, numpy) in the same case"
+    note = (
+        "For each case group (same shape, context, format and data), the fastest peer row's "
+        "median is the yardstick; a bar is a kvbench kernel's median divided by it "
+        "(harness/peers_summary.py). Dashed line: as fast as the best peer."
+    )
+    cols = {"case": "case", "kernel": "kernel", "median_ms": "median (ms)"}
+    cols.update(best_peer="best peer", best_peer_ms="best peer (ms)", ratio="ratio")
+    height = 200 + 28 * len(r)
+    return Figure("peers", title, style(fig, max(height, 360)), table(r, cols), note)

@@ -190,3 +190,18 @@ def test_many_memory_panels_fit(tmp_path):
     )
     many.to_csv(tmp_path / "m.csv", index=False)
     assert "memory" in [s["id"] for s in parse(build([tmp_path / "m.csv"])).sections]
+
+
+def test_peer_ratio_figure(tmp_path):
+    df = syn.rows(0)
+    ours = df[df["tile_kv"].isna() & (df["n_seqs"] == 1) & (df["kv_dtype"] == "fp16")]
+    ours = ours[ours["kernel"] == ours["kernel"].iloc[0]]
+    peer = ours.assign(
+        kernel="mlx_lm", median_ms=ours["median_ms"] * 2, case_id=ours["case_id"] + "p"
+    )
+    pd.concat([ours, peer]).to_csv(tmp_path / "p.csv", index=False)
+    sections = parse(build([tmp_path / "p.csv"])).sections
+    assert "peers" in [s["id"] for s in sections]
+    from harness.peers_summary import peer_ratios
+
+    assert peer_ratios(pd.concat([ours, peer]))["ratio"].round(9).eq(0.5).all()
