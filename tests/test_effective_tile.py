@@ -16,17 +16,6 @@ sweep: {kernel: [tiled, sdpa], tile_kv: [null, 8]}
 """
 
 
-class Quiet:
-    def start(self, label):
-        pass
-
-    def done(self):
-        pass
-
-    def close(self):
-        pass
-
-
 def test_declared_default_tiles():
     assert KERNELS["tiled"].default_tile == 256
     assert KERNELS["metal"].default_tile == KERNELS["cuda"].default_tile == 32
@@ -35,10 +24,10 @@ def test_declared_default_tiles():
     assert effective_tile("metal", None) == 32 and effective_tile("sdpa", None) is None
 
 
-def test_row_records_the_effective_tile_and_the_case_id_is_unchanged(write_suite, tmp_path):
+def test_row_records_the_effective_tile_and_the_case_id_is_unchanged(write_suite, tmp_path, quiet):
     suite = load_suite(write_suite(SUITE))
     cases = expand(suite)
-    writer = run_suite(suite, cases, tmp_path / "out", Quiet())
+    writer = run_suite(suite, cases, tmp_path / "out", quiet)
     rows = pd.read_csv(writer.csv_path, dtype={"case_id": str}).set_index("case_id")
     assert set(rows["status"]) == {"ok"}
     for case in cases:
