@@ -3,8 +3,8 @@
 The runner is generic: an engine (ENGINES, chosen by `engine_for`) builds the case into a State
 (harness/state.py); the runner checks it (first round only: parity gate and accuracy), warms up
 each stage and samples it with the one timer, and tracks peak memory above the engine's
-baseline while the stages run. The headline stage "step" gets the whole budget; every other
-stage a quarter of it.
+baseline while the stages run. The case's budget is split over the stages: the headline stage
+"step" gets four times the share of each other stage (stage_shares).
 """
 
 from __future__ import annotations
