@@ -172,6 +172,8 @@ def history_fig(history: pd.DataFrame, order: list) -> Figure | None:
     d = d[d["case_id"].isin(runs_per_case[runs_per_case > 1].index)]
     if d.empty:
         return None
+    if d["device"].nunique() > 1:  # a case's history is per machine: never one mixed line
+        d = d.assign(label=d["label"] + " @ " + d["device"].astype(str))
     names = _run_names(d, order)
     d = d.assign(
         run=d["run_id"].map(names), pos=d["run_id"].map({r: i for i, r in enumerate(order)})
@@ -191,7 +193,10 @@ def history_fig(history: pd.DataFrame, order: list) -> Figure | None:
     )  # fmt: skip
     fig.update_yaxes(**log_ticks(g[["ci_low_ms", "ci_high_ms", "median_ms"]].stack()))
     title = "History across commits: median latency per case (bars: 95% CI; log y)"
-    note = "One point per run that measured the case, runs ordered by timestamp."
+    note = (
+        "One point per run that measured the case, runs ordered by timestamp; with results "
+        "from several devices, one line per case and device."
+    )
     wide = g.pivot_table(index="label", columns="pos", values="median_ms")
     wide.columns = [names[order[int(p)]].replace("<br>", " ") + " (ms)" for p in wide.columns]
     wide = wide.reset_index().rename(columns={"label": "case"})

@@ -205,3 +205,17 @@ def test_peer_ratio_figure(tmp_path):
     from harness.peers_summary import peer_ratios
 
     assert peer_ratios(pd.concat([ours, peer]))["ratio"].round(9).eq(0.5).all()
+
+
+def test_history_keeps_one_line_per_device(tmp_path):
+    from harness.report_views import history_fig
+
+    syn.rows(0).to_csv(tmp_path / "a.csv", index=False)
+    syn.rows(1).assign(device="NVIDIA H100 (cuda)").to_csv(tmp_path / "b.csv", index=False)
+    syn.rows(1).to_csv(tmp_path / "c.csv", index=False)
+    mixed, _ = load([tmp_path / "a.csv", tmp_path / "b.csv"])
+    fig = history_fig(mixed, list(dict.fromkeys(mixed["run_id"])))
+    assert fig is None or all("@" in c for c in fig.table["case"])  # never one mixed line
+    same, _ = load([tmp_path / "a.csv", tmp_path / "c.csv"])
+    fig = history_fig(same, list(dict.fromkeys(same["run_id"])))
+    assert fig is not None and not any("@" in c for c in fig.table["case"])
