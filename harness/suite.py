@@ -25,6 +25,7 @@ from harness.case import AXES, Case
 from harness.errors import SuiteError
 from harness.presets import PRESETS
 from harness.validate import check_axis, check_case, check_streams, is_int
+from kernels.attention import KERNELS
 
 TOP_KEYS = ("name", "description", "settings", "fixed", "sweep", "zip", "exclude")
 
@@ -261,6 +262,10 @@ def _shape(path: str, combo: dict) -> Case:
         )
     if shape.get("kv_data", "gaussian") != "file":
         shape.pop("kv_file", None)  # only file data reads it; keeps other cases' ids stable
+    kernel = KERNELS.get(shape.get("kernel", "sdpa"))  # None: a peer, which has no tiles
+    if kernel is None or kernel.default_tile is None:
+        # a kernel without tiles ignores tile_kv: one case, not one mislabelled case per tile
+        shape.pop("tile_kv", None)
     return Case(model=model, **shape)
 
 

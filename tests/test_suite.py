@@ -154,3 +154,15 @@ def test_missing_file(tmp_path):
 @pytest.mark.parametrize("name", ["smoke", "default", "decode"])
 def test_shipped_suites_are_valid(name):
     assert expand(load_suite(f"suites/{name}.yaml"))
+
+
+def test_tile_kv_is_dropped_for_kernels_without_tiles(write_suite):
+    path = write_suite(
+        "fixed: {model: tiny, context_len: 64}\nsweep: {kernel: [sdpa, tiled], tile_kv: [32, 64]}\n"
+    )
+    cases = expand(load_suite(path))
+    assert sorted((c.kernel, c.tile_kv) for c in cases) == [
+        ("sdpa", None),
+        ("tiled", 32),
+        ("tiled", 64),
+    ]
