@@ -138,7 +138,7 @@ def test_the_case_tile_reaches_the_kernel(monkeypatch):
         seen.append(tile_kv)
         return reference(q, k, v, fmt, mask=mask, scale=scale)
 
-    monkeypatch.setitem(KERNELS, "tiled", Kernel(spy, any_format))
+    monkeypatch.setitem(KERNELS, "tiled", Kernel(spy, any_format, default_tile=256))
     for kind, order in [("per-stream", "sequential"), ("unified", "interleaved")]:
         seen.clear()
         c = case(workload="independent", layout=kind, decode_order=order, kernel="tiled", tile_kv=8)
@@ -156,7 +156,9 @@ def test_skip_reason_asks_the_kernel_about_the_case_shape_and_tile(monkeypatch):
         asked.append((problem, tile_kv))
         return f"refused tile {tile_kv}"
 
-    monkeypatch.setitem(KERNELS, "tiled", Kernel(KERNELS["tiled"].fn, any_format, fits=fits))
+    monkeypatch.setitem(
+        KERNELS, "tiled", Kernel(KERNELS["tiled"].fn, any_format, fits=fits, default_tile=256)
+    )
     c = case(workload="independent", layout="unified", kernel="tiled", tile_kv=64)
     assert skip_reason(c, "cpu") == "refused tile 64"
     problem, tile = asked[-1]
