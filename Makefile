@@ -6,13 +6,16 @@ SUITE ?= suites/default.yaml
 OUT ?= results
 DEVICE ?=
 DEVICE_FLAG := $(if $(DEVICE),--device $(DEVICE),)
+# EXTRAS=cuda installs MLX's CUDA backend on Linux + NVIDIA (then DEVICE=gpu)
+EXTRAS ?=
+comma := ,
 
 .PHONY: install bench test lint fmt clean bench-streams bench-pytest compare tiles report quant peers
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install -q --upgrade pip
-	$(PY) -m pip install -q -e ".[test]"
+	$(PY) -m pip install -q -e ".[test$(if $(EXTRAS),$(comma)$(EXTRAS),)]"
 	touch $@
 
 install: $(VENV)/.installed
