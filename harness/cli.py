@@ -72,7 +72,8 @@ def cmd_compare(args) -> int:
     from harness.results import load
 
     rules = Rules(args.threshold, args.alpha, args.min_samples)
-    base, new = load(args.base, args.results), load(args.new, args.results)
+    base = load(args.base, args.results, pool=args.pool)
+    new = load(args.new, args.results, pool=args.pool)
     return _report(compare(base, new, args.metric, rules), args)
 
 
@@ -109,7 +110,7 @@ def cmd_gate(args) -> int:
     from harness.gate import gate
 
     rules = Rules(args.threshold, args.alpha, args.min_samples)
-    cmp = gate(args.base, args.suite, args.results, args.metric, rules, args.device)
+    cmp = gate(args.base, args.suite, args.results, args.metric, rules, args.device, args.rounds)
     return _report(cmp, args)
 
 
@@ -208,6 +209,11 @@ def build_parser() -> argparse.ArgumentParser:
     )
     cmp.add_argument("base", help="results CSV, results directory, or git ref")
     cmp.add_argument("new", help="results CSV, results directory, or git ref")
+    cmp.add_argument(
+        "--pool",
+        action="store_true",
+        help="pool the raw samples of every run of a case on a side (default: latest run)",
+    )
     _compare_options(cmp)
     cmp.set_defaults(func=cmd_compare)
 
@@ -228,6 +234,13 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument("base", help="git ref to compare against")
     gate.add_argument("--suite", default="suites/gate.yaml", help="suite YAML to run")
     gate.add_argument("--device", choices=("cpu", "gpu"), help="MLX device for the runs")
+    gate.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="N > 1: run NEW and BASE N times each, interleaved (ABBA), fresh, and compare the "
+        "pooled runs (default 1: run only what is missing)",
+    )
     _compare_options(gate)
     gate.set_defaults(func=cmd_gate)
 

@@ -201,4 +201,4 @@ def compare(base: ResultSet, new: ResultSet, metric: str = "median_ms", rules=Ru
     table["regression"] = table["regression"].fillna(False).astype(bool)
     table[["base_n", "new_n"]] = table[["base_n", "new_n"]].astype("Int64")
     both = b[b["case_id"].isin(n["case_id"])], n[n["case_id"].isin(b["case_id"])]
-    return Comparison(base.source, new.source, metric, rules, table, context_warnings(*both))
+    return Comparison(base.heading(), new.heading(), metric, rules, table, context_warnings(*both))

@@ -8,6 +8,11 @@
    Python (BASE's own harness and kernels measure it; its rows carry BASE's commit), writing
    into the same results directory. The worktree is removed afterwards.
 3. compare BASE -> NEW restricted to this suite's rows.
+With rounds > 1 (`--rounds N`, `make compare` uses 2) nothing is reused: BASE's worktree is
+created once and the suite runs N times on each side, interleaved in ABBA order (NEW, BASE,
+BASE, NEW, NEW, BASE, ...; see `round_order`), and each side is compared with the raw samples
+of its N fresh runs pooled (harness/results.py load_runs). Drift of the machine between runs
+then hits both sides alike instead of looking like a difference of code (docs/compare.md).
 Runs go through `python -m harness run` in a subprocess, so this module imports no mlx.
 """
 
@@ -24,7 +29,7 @@ import yaml
 
 from harness.compare import Comparison, Rules, compare
 from harness.errors import UserError
-from harness.results import MEASURED, ResultSet, load, load_dir, resolve_ref
+from harness.results import MEASURED, ResultSet, load, load_dir, load_runs, resolve_ref
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -89,7 +94,31 @@ def only_suite(rs: ResultSet, suite: str) -> ResultSet:
     rows = rs.rows[rs.rows["suite"] == suite]
     if rows.empty:
         raise UserError(f"{rs.source}: no rows of suite {suite}")
-    return ResultSet(rs.source, rows, rs.samples, rs.prefer_clean)
+    return ResultSet(rs.source, rows, rs.samples, rs.prefer_clean, rs.pool)
+
+
+def round_order(rounds: int) -> list[str]:
+    """Which side runs when: ABBA blocks, NEW BASE BASE NEW NEW BASE ... (2 * rounds runs).
+    For even rounds every side's mean run position is the same, so a drift linear in time
+    adds the same to both pooled sides; plain alternation (NEW BASE NEW BASE) would leave
+    BASE one run later on average."""
+    if rounds < 1:
+        raise UserError(f"--rounds: {rounds}: must be at least 1")
+    return [s for i in range(rounds) for s in (("new", "base") if i % 2 == 0 else ("base", "new"))]
+
+
+def interleaved(
+    repo: Path, base_sha: str, suite: Path, results: Path, device: str | None, rounds: int
+) -> tuple[list[Path], list[Path]]:
+    """Run the suite 2 * rounds times in round_order: here for NEW, in one BASE worktree
+    (created once, removed at the end) for BASE. Returns (base runs, new runs)."""
+    runs: dict[str, list[Path]] = {"base": [], "new": []}
+    order = round_order(rounds)
+    with worktree(repo, base_sha) as tree:
+        for i, side in enumerate(order, 1):
+            print(f"kvbench gate: round {i}/{len(order)}: {side}", file=sys.stderr)
+            runs[side].append(run_suite(repo if side == "new" else tree, suite, results, device))
+    return runs["base"], runs["new"]
 
 
 def gate(
@@ -99,6 +128,7 @@ def gate(
     metric: str = "median_ms",
     rules: Rules | None = None,
     device: str | None = None,
+    rounds: int = 1,
 ) -> Comparison:
     repo = Path(_git(Path.cwd(), "rev-parse", "--show-toplevel"))
     suite_path, results_dir = Path(suite).resolve(), Path(results).resolve()
@@ -108,6 +138,12 @@ def gate(
         raise UserError(f"BASE={base}: not a git ref in {repo}")
     head_sha = _git(repo, "rev-parse", "HEAD")
     dirty = bool(_git(repo, "status", "--porcelain", "--untracked-files=no"))
+    round_order(rounds)  # validates rounds before anything runs
+    if rounds > 1:
+        base_runs, new_runs = interleaved(repo, base_sha, suite_path, results_dir, device, rounds)
+        old = load_runs(base_runs, f"{base} ({base_sha[:12]})")
+        new = load_runs(new_runs, f"HEAD ({head_sha[:12]}{'+' if dirty else ''})")
+        return compare(only_suite(old, name), only_suite(new, name), metric, rules or Rules())
     if dirty or not has_clean_run(results_dir, head_sha, name):
         new_spec = str(run_suite(repo, suite_path, results_dir, device))
     else:

@@ -7,11 +7,18 @@ A side is given as
     directory whose `commit` column (12-character short sha) matches it.
 A path that exists wins over a ref of the same name.
 
-One case, several runs: the latest measured row is used, never a pool. Pooling samples of
-different runs would mix between-run drift into one sample set that the rank test then treats
-as independent draws (too confident), and runs may differ in suite settings. Picking the latest
-is asv's rule too (one result per commit and machine). Ranking: status ok before partial before
-anything else; for a git ref, a clean tree before a dirty one; then the latest timestamp.
+One case, several runs: by default the latest measured row is used. Ranking: status ok before
+partial before anything else; for a git ref, a clean tree before a dirty one; then the latest
+timestamp. Pooling the samples of runs taken at different times would mix between-run drift
+into one sample set that the rank test treats as independent draws.
+
+Pooled (pool=True, `compare --pool`, and `gate --rounds N` with N > 1): each case's row is
+rebuilt from the raw samples of every measured run of that case on the side (for a git ref,
+only clean-tree runs when there are any), concatenated, with harness/stats.py (median, p10,
+p90, IQR, CV, CI, n; write_ms / attend_ms / mask_ms = median of their pooled stage samples).
+Other columns (GB/s, memory, accuracy) stay those of the latest run. This is meant for runs
+that were *interleaved* with the other side's (gate --rounds), so that drift hits both sides
+alike; docs/compare.md says why.
 
 This module imports neither mlx nor kernels/.
 """
@@ -25,6 +32,7 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
+from harness import stats
 from harness.errors import UserError
 
 TEXT_COLUMNS = {"run_id": str, "case_id": str, "commit": str, "branch": str, "suite": str}
@@ -39,14 +47,63 @@ class ResultSet:
     rows: pd.DataFrame  # every row of every run loaded
     samples: pd.DataFrame  # run_id, case_id, stage, round, sample, ms
     prefer_clean: bool = False  # a git ref: runs of a clean tree first
+    pool: bool = False  # one row per case from the samples of all its runs (docstring)
     _by_key: dict | None = field(default=None, repr=False)  # (run, case, stage) -> samples
+    _pool_runs: dict | None = field(default=None, repr=False)  # case_id -> pooled run_ids
 
     def pick(self) -> pd.DataFrame:
-        """One row per case_id, by the ranking in the module docstring, in first-seen order."""
-        return pick_rows(self.rows, self.prefer_clean)
+        """One row per case_id, by the ranking in the module docstring, in first-seen order;
+        pooled over every measured run of the case when self.pool."""
+        picked = pick_rows(self.rows, self.prefer_clean)
+        return self._pooled(picked) if self.pool and not picked.empty else picked
+
+    def heading(self) -> str:
+        """The source, plus how many runs a pooled side pooled (for the compare header)."""
+        if not self.pool:
+            return self.source
+        counts = {len(r) for r in self.pool_runs().values()} or {0}
+        k = str(min(counts)) if len(counts) == 1 else f"{min(counts)}-{max(counts)}"
+        return f"{self.source} [pooled: {k} run{'' if k == '1' else 's'} per case]"
+
+    def pool_runs(self) -> dict:
+        """case_id -> the run_ids whose samples are pooled for it (measured runs only; for a
+        git ref, clean-tree runs when the case has any)."""
+        if self._pool_runs is None:
+            df = self.rows[self.rows["status"].isin(MEASURED)]
+            out = {}
+            for cid, g in df.groupby("case_id", sort=False):
+                if self.prefer_clean:
+                    clean = g[~g["dirty"].astype(str).eq("True")]
+                    g = clean if not clean.empty else g
+                out[cid] = list(dict.fromkeys(g["run_id"]))
+            self._pool_runs = out
+        return self._pool_runs
+
+    def _pooled(self, picked: pd.DataFrame) -> pd.DataFrame:
+        picked = picked.copy()
+        picked["pooled_runs"] = 0
+        runs = self.pool_runs()
+        for i, row in picked.iterrows():
+            if row["status"] not in MEASURED or row["case_id"] not in runs:
+                continue
+            picked.loc[i, "pooled_runs"] = len(runs[row["case_id"]])
+            for metric in METRIC_STAGE.keys() | {"mask_ms"}:
+                x = self.samples_of(row, metric)
+                if not len(x) or metric not in picked.columns:
+                    continue
+                if metric == "median_ms":
+                    for key, v in stats.summarize(x).items():
+                        if key in picked.columns:
+                            picked[key] = picked[key].astype(object)
+                            picked.at[i, key] = v
+                else:
+                    picked[metric] = picked[metric].astype(object)
+                    picked.at[i, metric] = float(np.median(x))
+        return picked.infer_objects()
 
     def samples_of(self, row, metric: str = "median_ms") -> np.ndarray:
-        """The raw samples behind `metric` of one picked row (empty if none were kept)."""
+        """The raw samples behind `metric` of one picked row (empty if none were kept); for a
+        pooled side, those of every pooled run of the case, concatenated in run order."""
         stage = METRIC_STAGE.get(metric) or (
             metric[: -len("_ms")] if metric.endswith("_ms") else None
         )
@@ -55,7 +112,10 @@ class ResultSet:
         if self._by_key is None:
             groups = self.samples.groupby(["run_id", "case_id", "stage"], sort=False)["ms"]
             self._by_key = {k: g.to_numpy(dtype=float) for k, g in groups}
-        return self._by_key.get((row["run_id"], row["case_id"], stage), np.array([]))
+        cid = row["case_id"]
+        runs = self.pool_runs().get(cid, [row["run_id"]]) if self.pool else [row["run_id"]]
+        parts = [self._by_key.get((r, cid, stage), np.array([])) for r in runs]
+        return np.concatenate(parts) if parts else np.array([])
 
 
 def pick_rows(rows: pd.DataFrame, prefer_clean: bool = False) -> pd.DataFrame:
@@ -161,17 +221,32 @@ def load_ref(ref: str, results_dir: str | Path = "results", repo: str | Path = "
     return ResultSet(f"{ref} ({sha[:12]})", rows, samples, prefer_clean=True)
 
 
-def load(spec: str, results_dir: str | Path = "results", repo: str | Path = ".") -> ResultSet:
-    """A result set from a results CSV, a results directory or a git ref (see the docstring)."""
+def load(
+    spec: str, results_dir: str | Path = "results", repo: str | Path = ".", pool: bool = False
+) -> ResultSet:
+    """A result set from a results CSV, a results directory or a git ref (see the docstring);
+    pool=True pools every run of a case instead of picking the latest."""
     path = Path(spec)
     if path.is_dir():
-        return load_dir(path)
-    if path.is_file():
+        rs = load_dir(path)
+    elif path.is_file():
         rows, samples = load_run(path)
         if rows.empty:
             raise UserError(f"{path}: no rows")
-        return ResultSet(str(path), rows, samples)
-    return load_ref(spec, results_dir, repo)
+        rs = ResultSet(str(path), rows, samples)
+    else:
+        rs = load_ref(spec, results_dir, repo)
+    rs.pool = pool
+    return rs
+
+
+def load_runs(paths, source: str, pool: bool = True) -> ResultSet:
+    """These run CSVs (not every run of a commit: gate's rounds of one side), pooled."""
+    loaded = [load_run(p) for p in paths]
+    rows = _concat([r for r, _ in loaded])
+    if rows.empty:
+        raise UserError(f"{source}: no rows in {', '.join(str(p) for p in paths)}")
+    return ResultSet(source, rows, _concat([s for _, s in loaded]), pool=pool)
 
 
 def label(row) -> str:

@@ -159,3 +159,45 @@ def test_measured_at_base_then_error_or_skipped_at_new_is_a_regression(tmp_path,
     assert main(["compare", str(b), str(n)]) == 1
     out = capsys.readouterr().out
     assert "1 error, 1 lost, 2 not_measured; 2 regression(s)" in out
+
+
+def _drift_side(tmp_path, name, slots, drift, **kw):
+    """One side's runs at the given time slots: no real difference, the machine drifts
+    linearly (every sample of the run at slot t is (1 + drift * t) times slower)."""
+    d = tmp_path / name
+    d.mkdir()
+    return [
+        write_run(d, f"{name}{t}", {"c": draw(40, 1.0 + drift * t, seed=t, sigma=0.02)}, **kw)
+        for t in slots
+    ]
+
+
+def _verdict(base_paths, new_paths):
+    from harness.results import load_runs
+
+    cmp = compare(load_runs(base_paths, "base"), load_runs(new_paths, "new"))
+    return cmp.table.loc[0, "verdict"], cmp.table.loc[0, "ratio"]
+
+
+def test_pooling_interleaved_runs_absorbs_drift_that_single_runs_call_a_regression(tmp_path):
+    # A at t1, t3 and B at t2, t4, the same code, 5% drift per run slot
+    a = _drift_side(tmp_path, "a", (1, 3), 0.05)
+    b = _drift_side(tmp_path, "b", (2, 4), 0.05)
+    single, ratio = _verdict(a[:1], b[1:])  # A's t1 run against B's t4 run (e.g. a cached BASE)
+    assert single == "slower" and ratio > 1.1  # a false regression
+    pooled, ratio = _verdict(a, b)
+    assert pooled != "slower" and ratio < 1.1  # what is left is one slot of drift (< 10%)
+
+
+def test_abba_order_cancels_a_linear_drift_that_alternation_leaves(tmp_path):
+    # a steep drift (15% per slot): with ABBA (A t1 t4, B t2 t3) both sides' mean slot is 2.5
+    a = _drift_side(tmp_path, "a", (1, 4), 0.15)
+    b = _drift_side(tmp_path, "b", (2, 3), 0.15)
+    assert _verdict(b[1:], a[1:])[0] == "slower"  # single runs B t3 -> A t4: a false regression
+    assert _verdict(a[:1], b[:1])[0] == "slower"  # A t1 -> B t2 too
+    verdict, ratio = _verdict(b, a)  # pooled: the mixtures' medians agree (a bimodal pool
+    assert verdict not in ("slower", "faster") and abs(ratio - 1) < 0.02  # may be inconclusive)
+    # plain alternation (A t1 t3, B t2 t4) keeps one slot of drift: 15% here, a regression
+    alt_a = _drift_side(tmp_path, "alt_a", (1, 3), 0.15)
+    alt_b = _drift_side(tmp_path, "alt_b", (2, 4), 0.15)
+    assert _verdict(alt_a, alt_b)[0] == "slower"

@@ -64,3 +64,59 @@ def test_a_suite_without_a_name_is_gated_under_its_file_stem(repo, capsys):
     assert gate_mod.suite_name(path / "gs.yaml") == load_suite(path / "gs.yaml").name == "gs"
     assert main(["gate", "HEAD~1", "--suite", "gs.yaml", "--results", "results"]) in (0, 1)
     assert len(calls) == 2 and "cannot read" not in capsys.readouterr().err
+
+
+def _sides(calls):
+    return ["new" if here else "base" for here, _, _ in calls]
+
+
+def test_round_order():
+    assert gate_mod.round_order(1) == ["new", "base"]
+    assert gate_mod.round_order(2) == ["new", "base", "base", "new"]
+    assert gate_mod.round_order(3) == ["new", "base", "base", "new", "new", "base"]
+    with pytest.raises(UserError, match="--rounds"):
+        gate_mod.round_order(0)
+
+
+def test_one_round_keeps_todays_order_and_reuse(repo):
+    path, shas, calls = repo
+    gate_mod.gate("HEAD~1", "s.yaml", "results", rounds=1)
+    assert _sides(calls) == ["new", "base"]
+    gate_mod.gate("HEAD~1", "s.yaml", "results", rounds=1)
+    assert len(calls) == 2  # reused
+
+
+def test_two_rounds_interleave_in_one_worktree_always_fresh_and_pool(repo, monkeypatch):
+    path, shas, calls = repo
+    gate_mod.gate("HEAD~1", "s.yaml", "results")  # results exist for both sides now
+    trees = []
+    real_worktree = gate_mod.worktree
+
+    def counting_worktree(repo_path, sha):
+        trees.append(sha)
+        return real_worktree(repo_path, sha)
+
+    monkeypatch.setattr(gate_mod, "worktree", counting_worktree)
+    cwds = []
+    real_run = gate_mod.run_suite
+
+    def run(cwd, suite, results, device):
+        cwds.append(cwd)
+        return real_run(cwd, suite, results, device)
+
+    monkeypatch.setattr(gate_mod, "run_suite", run)
+    cmp = gate_mod.gate("HEAD~1", "s.yaml", "results", rounds=2)
+    assert _sides(calls[2:]) == ["new", "base", "base", "new"]  # fresh despite results
+    assert trees == [shas[0]] and cwds[1] == cwds[2] != path  # one BASE worktree, reused
+    assert [sha for _, sha, _ in calls[2:]] == [shas[1], shas[0], shas[0], shas[1]]
+    row = cmp.table.iloc[0]
+    assert (row["base_n"], row["new_n"]) == (40, 40)  # 2 fresh runs of 20 a side, not 3
+    assert "[pooled: 2 runs per case]" in cmp.base and "[pooled: 2 runs per case]" in cmp.new
+    assert "kvbench-base" not in git(path, "worktree", "list")
+
+
+def test_a_a_gate_keeps_the_sides_apart(repo):
+    path, shas, calls = repo
+    cmp = gate_mod.gate("HEAD", "s.yaml", "results", rounds=2)  # BASE = HEAD: same commit
+    assert [sha for _, sha, _ in calls] == [shas[1]] * 4
+    assert (cmp.table.loc[0, "base_n"], cmp.table.loc[0, "new_n"]) == (40, 40)

@@ -69,3 +69,34 @@ def test_directory_loads_every_run_and_csv_brings_its_samples(tmp_path):
     (tmp_path / "empty").mkdir()
     with pytest.raises(UserError, match="no kvbench results"):
         load(str(tmp_path / "empty"))
+
+
+def test_pool_concatenates_every_run_and_recomputes_the_row(tmp_path):
+    import numpy as np
+
+    from harness import stats
+
+    x1, x2 = draw(10, 1.0, seed=1), draw(12, 3.0, seed=2)
+    write_run(tmp_path, "a", {"c1": x1}, timestamp="2026-01-01T00:00:00+00:00")
+    write_run(tmp_path, "b", {"c1": x2}, timestamp="2026-01-02T00:00:00+00:00")
+    write_run(tmp_path, "e", {"c1": {"status": "error"}}, timestamp="2026-01-03T00:00:00+00:00")
+    latest = load(str(tmp_path))
+    assert latest.pick().iloc[0]["median_ms"] == pytest.approx(np.median(x2))  # default
+    pooled = load(str(tmp_path), pool=True)
+    row = pooled.pick().iloc[0]
+    both = np.concatenate([x1, x2])
+    assert list(pooled.samples_of(row)) == list(both)  # the error run adds nothing
+    assert row["median_ms"] == pytest.approx(np.median(both)) and row["n_samples"] == 22
+    assert (row["ci_low_ms"], row["ci_high_ms"]) == pytest.approx(stats.median_ci(both))
+    assert row["pooled_runs"] == 2 and "[pooled: 2 runs per case]" in pooled.heading()
+
+
+def test_cli_compare_pool(tmp_path, capsys):
+    base, new = tmp_path / "base", tmp_path / "new"
+    base.mkdir(), new.mkdir()
+    for i in range(2):
+        write_run(base, f"b{i}", {"c1": draw(10, 1.0, seed=i)})
+        write_run(new, f"n{i}", {"c1": draw(10, 1.0, seed=10 + i)})
+    assert main(["compare", str(base), str(new), "--pool"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("[pooled: 2 runs per case]") == 2 and "20/20" in out
