@@ -94,6 +94,13 @@ def int4_codes(y: mx.array) -> mx.array:
 # ---- scaled symmetric formats (fp4, int4, int8) -------------------------------------------
 
 
+# the 16 4-bit code values, built once (decode runs inside timed stages, once per tile)
+CODE_TABLES = {
+    "fp4": mx.array([fp4_value(c) for c in range(16)], dtype=mx.float32),
+    "int4": mx.array([c - 16 if c >= 8 else c for c in range(16)], dtype=mx.float32),
+}
+
+
 @dataclass(frozen=True)
 class Scaled:
     """Symmetric quantization with a float16 scale per row or per group of G elements."""
@@ -153,9 +160,7 @@ class Scaled:
 
     def code_table(self) -> mx.array:
         """float32 value of each of the 16 4-bit codes (before scaling)."""
-        if self.name == "fp4":
-            return mx.array([fp4_value(c) for c in range(16)], dtype=mx.float32)
-        return mx.array([c - 16 if c >= 8 else c for c in range(16)], dtype=mx.float32)
+        return CODE_TABLES[self.name]
 
     def code_values(self, data: mx.array, dtype: mx.Dtype = mx.float32) -> mx.array:
         """Code values [..., D] (before scaling) of the stored data, in `dtype` (exact)."""
