@@ -14,13 +14,14 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import mlx.core as mx
 
 from harness.case import Case
-from harness.state import State, compare_outputs, memory_baseline, parity_gate
-from kernels.attention import KERNELS, effective_tile, reference, unsupported_reason
+from harness.state import State, compare_outputs, memory_baseline, parity_gate, recon_err
+from kernels.attention import KERNELS, reference, unsupported_reason
 from kernels.cache import KVCache
 from kernels.data import make_qkv
 from kernels.formats import get_format
@@ -43,21 +44,21 @@ def problem_of(case: Case, fmt) -> Problem:
     )
 
 
+def call_problem(case: Case, fmt) -> Problem:
+    """The shape of one attention call of the case (plan_calls in the streams engine): one
+    sequence at a time, or a unified buffer whose n_seqs queries are query rows of one call."""
+    problem = problem_of(case, fmt)  # kv_len is nominal for workloads
+    if case.decode_order == "sequential":
+        return dataclasses.replace(problem, n_seqs=1)
+    if case.layout == "unified":
+        return dataclasses.replace(problem, n_seqs=1, q_len=case.n_seqs)
+    return problem
+
+
 def skip_reason(case: Case, backend: str) -> str | None:
-    if case.window is not None:
-        return "window is implemented by the mlx_lm_rotating peer only"
+    """Why the kernel cannot run the case's calls here (the streams engine's too), or None."""
     fmt = get_format(case.kv_dtype, case.group_size)
-    return unsupported_reason(case.kernel, fmt, backend, problem_of(case, fmt), case.tile_kv)
-
-
-def recon_err(fmt, stored: tuple, originals: tuple) -> float:
-    """Relative L2 error of the decoded K and V (together) against the float32 originals."""
-    num = den = 0.0
-    for s, x in zip(stored, originals):
-        diff = fmt.decode(s, mx.float32) - x
-        num += mx.sum(diff * diff).item()
-        den += mx.sum(x * x).item()
-    return (num / den) ** 0.5
+    return unsupported_reason(case.kernel, fmt, backend, call_problem(case, fmt), case.tile_kv)
 
 
 def build(case: Case) -> State:
@@ -125,11 +126,11 @@ def build(case: Case) -> State:
         exact = reference(
             q32, {"data": k32}, {"data": v32}, get_format("fp32"), mask=mask, scale=scale
         )
-        return {**compare_outputs(out, exact), "kv_recon_err": recon_err(fmt, (k, v), (k32, v32))}
+        return {
+            **compare_outputs(out, exact),
+            "kv_recon_err": recon_err(tuple(fmt.decode(x, mx.float32) for x in (k, v)), (k32, v32)),
+        }
 
     stages = {"step": step, "write": write, "attend": attend_all}
     extra = {"fill_peak_bytes": fill_peak}
-    tile = effective_tile(case.kernel, case.tile_kv)
-    if tile is not None:  # the row records the tile used (a null tile_kv is the default)
-        extra["tile_kv"] = tile
     return State(stages, check, alloc_bytes=alloc, baseline_bytes=baseline, extra=extra)

@@ -23,11 +23,13 @@ import math
 import mlx.core as mx
 
 from harness.case import Case
-from harness.state import State, compare_outputs, memory_baseline, parity_gate
+from harness.state import State, compare_outputs, memory_baseline, parity_gate, recon_err
 from kernels.attention import reference
 from kernels.data import make_qkv
 from kernels.formats import get_format
 from kernels.peers import PEERS, DecodeData, unsupported_reason, version
+
+WINDOW_REASON = "window is implemented by the mlx_lm_rotating peer only"
 
 
 def _torch_cuda_reason() -> str | None:
@@ -43,7 +45,7 @@ def skip_reason(case: Case, backend: str) -> str | None:
     if case.layout != "per-stream" or case.workload != "none":
         return f"kernel {case.kernel} runs one plain decode case (per-stream, workload none)"
     if case.window is not None and not peer.windowed:
-        return "window is implemented by the mlx_lm_rotating peer only"
+        return WINDOW_REASON
     try:
         get_format(case.kv_dtype, case.group_size)
     except (KeyError, ValueError) as e:
@@ -52,13 +54,6 @@ def skip_reason(case: Case, backend: str) -> str | None:
     if reason is None and case.kernel == "torch_sdpa" and backend == "cuda":
         reason = _torch_cuda_reason()
     return reason
-
-
-def recon_err(stored: tuple, originals: tuple) -> float:
-    """Relative L2 error of the stored K and V (together) against the float32 originals."""
-    num = sum(mx.sum((s - x) ** 2).item() for s, x in zip(stored, originals))
-    den = sum(mx.sum(x * x).item() for x in originals)
-    return (num / den) ** 0.5
 
 
 def build(case: Case) -> State:

@@ -21,6 +21,7 @@ from harness import cache_engine, metrics, peers_engine, streams_engine, timer
 from harness.case import Case
 from harness.record import Record, make_record
 from harness.suite import Settings
+from kernels.attention import KERNELS, effective_tile
 from kernels.formats import bits_per_elem, get_format
 from kernels.peers import PEERS
 
@@ -61,6 +62,8 @@ def stage_shares(stages, with_stages: bool) -> dict[str, float]:
 
 
 def skip_reason(case: Case, backend: str) -> str | None:
+    if case.window is not None and case.kernel not in PEERS:
+        return peers_engine.WINDOW_REASON  # only a sliding-window peer has a window
     return engine_for(case).skip_reason(case, backend)
 
 
@@ -145,7 +148,9 @@ def finish(
         "peak_mem_bytes": run.peak_mem_bytes,
         **run.accuracy,
     }
-    # an engine's extra fields win (e.g. tile_kv: the tile the kernel used; streams kv_bytes)
+    if case.kernel in KERNELS:  # the tile the kernel used (a null tile_kv means its default)
+        fields["tile_kv"] = effective_tile(case.kernel, case.tile_kv)
+    # an engine's extra fields win (e.g. streams kv_bytes: the occupied cells)
     return make_record(**{**fields, **run.extra})
 
 

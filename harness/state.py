@@ -49,6 +49,13 @@ def compare_outputs(out: mx.array, ref: mx.array) -> dict:
     return {k: float(v.item()) for k, v in stats.items()}
 
 
+def recon_err(decoded: tuple, originals: tuple) -> float:
+    """Relative L2 error of decoded K and V (together, float32) against the float32 originals."""
+    num = sum(mx.sum((d - x) * (d - x)).item() for d, x in zip(decoded, originals))
+    den = sum(mx.sum(x * x).item() for x in originals)
+    return (num / den) ** 0.5
+
+
 def parity_gate(name: str, out: mx.array, ref: mx.array, compute_dtype: mx.Dtype) -> dict:
     """Raise ParityError unless out matches ref within the tolerance of compute_dtype."""
     parity = compare_outputs(out, ref)

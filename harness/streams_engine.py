@@ -23,32 +23,21 @@ Counting (docs/streams.md): cells per layer; bytes = 2 (K, V) x n_layers x forma
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
 import mlx.core as mx
 
-from harness.cache_engine import problem_of
+from harness import cache_engine
 from harness.case import Case
 from harness.state import State, compare_outputs, memory_baseline, parity_gate
-from kernels.attention import KERNELS, effective_tile, reference, unsupported_reason
+from kernels.attention import KERNELS, reference
 from kernels.data import make_qkv
 from kernels.formats import get_format
 from kernels.layouts import KV_PAD, Layout, LayoutStore
 from kernels.workloads import Replay, Workload, build_layout
 
-
-def skip_reason(case: Case, backend: str) -> str | None:
-    if case.window is not None:
-        return "window is implemented by the mlx_lm_rotating peer only"
-    fmt = get_format(case.kv_dtype, case.group_size)
-    problem = problem_of(case, fmt)  # the call's shape (plan_calls); its kv_len is nominal
-    if case.decode_order == "sequential":
-        problem = dataclasses.replace(problem, n_seqs=1)  # one call per sequence, one query
-    elif case.layout == "unified":
-        problem = dataclasses.replace(problem, n_seqs=1, q_len=case.n_seqs)  # sequences as rows
-    return unsupported_reason(case.kernel, fmt, backend, problem, case.tile_kv)
+skip_reason = cache_engine.skip_reason  # the same kernels, with the streams' call shapes
 
 
 def workload_of(case: Case) -> Workload:
@@ -239,9 +228,6 @@ def build(case: Case) -> State:
     # kv_bytes: the K/V the workload holds (its occupied cells), not the case formula
     # n_seqs x context_len (shared prefix, churn); the runner lets extra override it
     extra = {**row, "kv_bytes": row["bytes_used"]}
-    tile = effective_tile(case.kernel, case.tile_kv)
-    if tile is not None:  # the row records the tile used (a null tile_kv is the default)
-        extra["tile_kv"] = tile
     return State(
         {"step": step, "write": write, "mask": mask, "attend": attend},
         check,
