@@ -68,8 +68,9 @@ def _emit(text: str, out: str | None) -> None:
 
 
 def cmd_compare(args) -> int:
-    from harness.compare import Rules, compare
+    from harness.compare import compare
     from harness.results import load
+    from harness.rules import Rules
 
     rules = Rules(args.threshold, args.alpha, args.min_samples)
     base = load(args.base, args.results, pool=args.pool)
@@ -88,8 +89,8 @@ def _report(cmp, args) -> int:
 
 
 def cmd_history(args) -> int:
-    from harness.compare import Rules
     from harness.history import FORMATS, history
+    from harness.rules import Rules
 
     rules = Rules(args.threshold, args.alpha, args.min_samples)
     hist = history(args.dir, args.metric, rules)
@@ -106,8 +107,8 @@ def cmd_import(args) -> int:
 
 
 def cmd_gate(args) -> int:
-    from harness.compare import Rules
     from harness.gate import gate
+    from harness.rules import Rules
 
     rules = Rules(args.threshold, args.alpha, args.min_samples)
     cmp = gate(args.base, args.suite, args.results, args.metric, rules, args.device, args.rounds)
@@ -115,7 +116,7 @@ def cmd_gate(args) -> int:
 
 
 def _stats_options(p: argparse.ArgumentParser) -> None:
-    from harness.compare import Rules
+    from harness.rules import Rules
 
     d = Rules()
     p.add_argument("--metric", default="median_ms", help="column to compare (default median_ms)")

@@ -24,29 +24,14 @@ import numpy as np
 import pandas as pd
 
 from harness import stats
-from harness.errors import UserError
 from harness.results import MEASURED, ResultSet, label
+from harness.rules import HIGHER_IS_BETTER, TESTED, Rules, check_rules  # Rules: also for users
 
 COLUMNS = (
     "case_id", "label", "metric", "base", "new", "ratio", "ratio_ci_low", "ratio_ci_high",
     "p_value", "verdict", "base_n", "new_n", "note", "regression",
 )  # fmt: skip
-TESTED = ("median_ms", "write_ms", "attend_ms", "mask_ms")  # metrics with raw samples
-HIGHER_IS_BETTER = ("gbps", "pct_peak_bw", "tflops", "tokens_per_s", "cosine")
-LOWER_IS_BETTER = (
-    *TESTED, "p10_ms", "p90_ms", "iqr_ms", "cv", "kv_bytes", "bits_per_elem", "alloc_bytes",
-    "peak_mem_bytes", "max_abs_err", "rel_err", "kv_recon_err",
-)  # fmt: skip
-METRICS = (*LOWER_IS_BETTER, *HIGHER_IS_BETTER)
 CONTEXT_KEYS = ("device", "backend", "mlx_version")
-
-
-@dataclass(frozen=True)
-class Rules:
-    threshold: float = 1.1  # a change smaller than 10% is never a verdict (asv's factor)
-    alpha: float = 0.002  # significance level of the rank test (asv's)
-    min_samples: int = 5  # fewer raw samples on a side: inconclusive
-    confidence: float = 0.95  # level of the ratio's bootstrap CI
 
 
 @dataclass
@@ -61,17 +46,6 @@ class Comparison:
     @property
     def regressions(self) -> pd.DataFrame:
         return self.table[self.table["regression"]]
-
-
-def check_rules(metric: str, rules: Rules) -> None:
-    if metric not in METRICS:
-        raise UserError(
-            f"--metric: {metric}: not a comparable metric (one of {', '.join(METRICS)})"
-        )
-    if not rules.threshold >= 1:
-        raise UserError(f"--threshold: {rules.threshold}: must be >= 1 (a factor, e.g. 1.1)")
-    if not 0 < rules.alpha < 1:
-        raise UserError(f"--alpha: {rules.alpha}: must be between 0 and 1")
 
 
 def judge(base_x, new_x, rules: Rules) -> dict:
@@ -185,7 +159,7 @@ def context_warnings(b: pd.DataFrame, n: pd.DataFrame) -> list[str]:
     return out
 
 
-def compare(base: ResultSet, new: ResultSet, metric: str = "median_ms", rules=Rules()):
+def compare(base: ResultSet, new: ResultSet, metric: str = "median_ms", rules=Rules()):  # noqa: B008 (frozen)
     """Join the picked rows of both sides on case_id and judge every case."""
     check_rules(metric, rules)
     b, n = base.pick(), new.pick()

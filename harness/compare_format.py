@@ -18,7 +18,6 @@ ORDER = {
     "better": 5,
     "inconclusive": 6,
 }
-REGRESSIONS = ("slower", "error", "lost")  # verdicts that fail the gate
 PAIRED = ("slower", "faster", "unchanged", "inconclusive", "worse", "better")
 
 
@@ -103,8 +102,8 @@ def markdown(cmp: Comparison) -> str:
     if cells:
         keys = list(cells[0])
         lines += ["| " + " | ".join(keys) + " |", "|" + "---|" * len(keys)]
-        for c in cells:
-            c["verdict"] = f"**{c['verdict']}**" if c["verdict"] in REGRESSIONS else c["verdict"]
+        for c, regression in zip(cells, paired["regression"], strict=True):
+            c["verdict"] = f"**{c['verdict']}**" if regression else c["verdict"]
             lines.append("| " + " | ".join(str(c[k]).replace("|", "\\|") for k in keys) + " |")
     lines += [f"- {line}" for line in _apart(cmp)]
     lines += [f"> warning: {w}" for w in cmp.warnings]

@@ -27,9 +27,10 @@ from pathlib import Path
 
 import yaml
 
-from harness.compare import Comparison, Rules, compare
+from harness.compare import Comparison, compare
 from harness.errors import UserError
 from harness.results import MEASURED, ResultSet, load, load_dir, load_runs, resolve_ref
+from harness.rules import Rules, check_rules
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -138,12 +139,14 @@ def gate(
         raise UserError(f"BASE={base}: not a git ref in {repo}")
     head_sha = _git(repo, "rev-parse", "HEAD")
     dirty = bool(_git(repo, "status", "--porcelain", "--untracked-files=no"))
-    round_order(rounds)  # validates rounds before anything runs
+    round_order(rounds)  # validates rounds and the rules before anything runs
+    rules = rules or Rules()
+    check_rules(metric, rules)
     if rounds > 1:
         base_runs, new_runs = interleaved(repo, base_sha, suite_path, results_dir, device, rounds)
         old = load_runs(base_runs, f"{base} ({base_sha[:12]})")
         new = load_runs(new_runs, f"HEAD ({head_sha[:12]}{'+' if dirty else ''})")
-        return compare(only_suite(old, name), only_suite(new, name), metric, rules or Rules())
+        return compare(only_suite(old, name), only_suite(new, name), metric, rules)
     if dirty or not has_clean_run(results_dir, head_sha, name):
         new_spec = str(run_suite(repo, suite_path, results_dir, device))
     else:
@@ -153,4 +156,4 @@ def gate(
             run_suite(tree, suite_path, results_dir, device)
     old = load(base_sha, results_dir, repo)
     new = load(new_spec, results_dir, repo)
-    return compare(only_suite(old, name), only_suite(new, name), metric, rules or Rules())
+    return compare(only_suite(old, name), only_suite(new, name), metric, rules)

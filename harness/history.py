@@ -23,8 +23,9 @@ from pathlib import Path
 
 import pandas as pd
 
-from harness.compare import TESTED, Rules, check_rules, judge, judge_value, value_ratio
+from harness.compare import judge, judge_value, value_ratio
 from harness.results import MEASURED, ResultSet, label, load_dir, pick_rows
+from harness.rules import TESTED, Rules, check_rules
 
 COLUMNS = (
     "case_id", "label", "device", "backend", "metric", "point", "commit", "dirty", "timestamp",

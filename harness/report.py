@@ -20,20 +20,6 @@ import pandas as pd
 from harness.errors import UserError
 from harness.record import COLUMNS
 
-COMPARE_COLUMNS = (
-    "case_id",
-    "label",
-    "metric",
-    "base",
-    "new",
-    "ratio",
-    "ratio_ci_low",
-    "ratio_ci_high",
-    "p_value",
-    "verdict",
-    "base_n",
-    "new_n",
-)
 # Read as text: a 12-digit commit or case id made only of digits must not become a number.
 TEXT = {c: str for c in ("run_id", "case_id", "commit", "branch", "suite", "label", "host")}
 

@@ -31,7 +31,6 @@ VERDICT_COLORS = {
     "worse": "#d62728",
     "unchanged": "#7f7f7f",
     "inconclusive": "#ff7f0e",
-    "noisy": "#ff7f0e",
 }
 
 

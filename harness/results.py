@@ -34,11 +34,11 @@ import pandas as pd
 
 from harness import stats
 from harness.errors import UserError
+from harness.rules import METRIC_STAGE
 
 TEXT_COLUMNS = {"run_id": str, "case_id": str, "commit": str, "branch": str, "suite": str}
 STATUS_RANK = {"ok": 0, "partial": 1}
 MEASURED = ("ok", "partial")
-METRIC_STAGE = {"median_ms": "step", "write_ms": "write", "attend_ms": "attend"}
 
 
 @dataclass
@@ -87,7 +87,7 @@ class ResultSet:
             if row["status"] not in MEASURED or row["case_id"] not in runs:
                 continue
             picked.loc[i, "pooled_runs"] = len(runs[row["case_id"]])
-            for metric in METRIC_STAGE.keys() | {"mask_ms"}:
+            for metric in METRIC_STAGE:
                 x = self.samples_of(row, metric)
                 if not len(x) or metric not in picked.columns:
                     continue
@@ -104,9 +104,7 @@ class ResultSet:
     def samples_of(self, row, metric: str = "median_ms") -> np.ndarray:
         """The raw samples behind `metric` of one picked row (empty if none were kept); for a
         pooled side, those of every pooled run of the case, concatenated in run order."""
-        stage = METRIC_STAGE.get(metric) or (
-            metric[: -len("_ms")] if metric.endswith("_ms") else None
-        )
+        stage = METRIC_STAGE.get(metric)
         if stage is None or self.samples.empty:
             return np.array([])
         if self._by_key is None:
