@@ -53,28 +53,7 @@ class Case:
         return case_id(self)
 
     def label(self) -> str:
-        parts = [self.model, self.phase, f"ctx{self.context_len}", self.kv_dtype, self.kernel]
-        if self.n_seqs != 1:
-            parts.append(f"seqs{self.n_seqs}")
-        if self.tile_kv:
-            parts.append(f"tile{self.tile_kv}")
-        if self.layout != "per-stream":
-            parts.append(self.layout)
-        if self.workload != "none":
-            parts.append(self.workload)
-        if self.prefix_frac:
-            parts.append(f"prefix{self.prefix_frac:g}")
-        if self.decode_order != "interleaved":
-            parts.append(self.decode_order)
-        if self.churn:
-            parts.append(f"churn{self.churn}")
-        if self.group_size:
-            parts.append(f"g{self.group_size}")
-        if self.kv_data != "gaussian":
-            parts.append(self.kv_data)
-        if self.window:
-            parts.append(f"win{self.window}")
-        return " ".join(parts)
+        return label_of(dataclasses.asdict(self))
 
 
 def identity(case: Case) -> dict:
@@ -93,3 +72,29 @@ def case_id(case: Case) -> str:
 
 
 AXES = tuple(f.name for f in dataclasses.fields(Case)) + ("gqa_ratio",)
+
+
+def _given(value) -> bool:
+    """Set in a row: not None, not NaN (a CSV's empty cell), not empty text."""
+    return value is not None and value == value and value != ""
+
+
+def label_of(fields) -> str:
+    """A short human name for a case from its fields (a Case, or a result row where a missing
+    or empty field means its default): the axes always shown, then the ones set off default."""
+    get = fields.get
+    ctx = int(get("context_len")) if _given(get("context_len")) else "?"
+    parts = [str(get("model")), str(get("phase")), f"ctx{ctx}", str(get("kv_dtype"))]
+    parts.append(str(get("kernel")))
+    shown = (
+        ("n_seqs", 1, "seqs{}"), ("tile_kv", None, "tile{}"), ("layout", "per-stream", "{}"),
+        ("workload", "none", "{}"), ("prefix_frac", 0, "prefix{:g}"),
+        ("decode_order", "interleaved", "{}"), ("churn", 0, "churn{}"),
+        ("group_size", None, "g{}"), ("kv_data", "gaussian", "{}"), ("window", None, "win{}"),
+    )  # fmt: skip
+    for name, default, fmt in shown:
+        v = get(name)
+        if _given(v) and v != default:
+            v = int(v) if isinstance(v, float) and v.is_integer() and name != "prefix_frac" else v
+            parts.append(fmt.format(v))
+    return " ".join(parts)

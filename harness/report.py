@@ -17,6 +17,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from harness.case import label_of
 from harness.errors import UserError
 from harness.record import COLUMNS
 
@@ -52,32 +53,8 @@ def normalize(df: pd.DataFrame) -> pd.DataFrame:
             df[c] = None
     for c in ("dirty", "unstable"):
         df[c] = _bool(df[c])
-    df["label"] = [row_label(r) for r in df.to_dict("records")]
+    df["label"] = [label_of(r) for r in df.to_dict("records")]
     return df
-
-
-def _num(v) -> bool:
-    return v is not None and not (isinstance(v, float) and v != v)
-
-
-def row_label(r: dict) -> str:
-    """A readable name for a case, like Case.label() (recomputed: report never imports Case)."""
-    parts = [str(r.get("model")), str(r.get("phase"))]
-    if _num(r.get("context_len")):
-        parts.append(f"ctx{int(r['context_len'])}")
-    parts.append(
-        str(r.get("kv_dtype")) + (f"/g{int(r['group_size'])}" if _num(r.get("group_size")) else "")
-    )
-    parts.append(str(r.get("kernel")))
-    if isinstance(r.get("layout"), str) and r["layout"] != "per-stream":
-        parts.append(r["layout"])
-    if _num(r.get("n_seqs")) and int(r["n_seqs"]) != 1:
-        parts.append(f"seqs{int(r['n_seqs'])}")
-    if _num(r.get("tile_kv")):
-        parts.append(f"tile{int(r['tile_kv'])}")
-    if isinstance(r.get("kv_data"), str) and r["kv_data"] != "gaussian":
-        parts.append(r["kv_data"])
-    return " ".join(parts)
 
 
 def load(paths) -> tuple[pd.DataFrame, pd.DataFrame | None]:

@@ -33,6 +33,7 @@ import numpy as np
 import pandas as pd
 
 from harness import stats
+from harness.case import label_of
 from harness.errors import UserError
 from harness.rules import METRIC_STAGE
 
@@ -249,20 +250,7 @@ def load_runs(paths, source: str, pool: bool = True) -> ResultSet:
 
 def label(row) -> str:
     """A short human name for a row (Case.label's format; the benchmark name for imports)."""
-    model = row.get("model")
-    if not isinstance(model, str):
+    if not isinstance(row.get("model"), str):
         name = row.get("bench_name")
         return name if isinstance(name, str) else str(row.get("case_id"))
-    parts = [model, str(row.get("phase")), f"ctx{_int(row.get('context_len'))}"]
-    parts += [str(row.get("kv_dtype")), str(row.get("kernel"))]
-    if _int(row.get("n_seqs")) not in ("1", ""):
-        parts.append(f"seqs{_int(row.get('n_seqs'))}")
-    if _int(row.get("tile_kv")):
-        parts.append(f"tile{_int(row.get('tile_kv'))}")
-    return " ".join(parts)
-
-
-def _int(v) -> str:
-    if v is None or (isinstance(v, float) and np.isnan(v)):
-        return ""
-    return str(int(v)) if isinstance(v, (int, float, np.integer, np.floating)) else str(v)
+    return label_of(row)
