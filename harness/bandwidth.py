@@ -15,7 +15,8 @@ from functools import lru_cache
 import mlx.core as mx
 import numpy as np
 
-from harness.timer import run_once, sample, summarize
+from harness.stats import summarize
+from harness.timer import run_once, sample
 
 DEFAULT_BYTES = {"cpu": 256 * 2**20, "metal": 1024 * 2**20, "cuda": 2048 * 2**20}
 

@@ -15,7 +15,7 @@ import os
 
 import mlx.core as mx
 
-from harness import runner, timer
+from harness import runner, stats
 from harness.case import Case
 from harness.context import backend_name
 from harness.errors import UserError
@@ -48,10 +48,10 @@ def capture_problem(path: str, backend: str) -> str | None:
 
 def breakdown(samples: dict[str, list[float]]) -> list[dict]:
     """Per stage: n, median, 95% CI of the median, and % of the step's median."""
-    step = timer.summarize(samples["step"])["median_ms"]
+    step = stats.summarize(samples["step"])["median_ms"]
     rows = []
     for stage, xs in samples.items():
-        s = timer.summarize(xs)
+        s = stats.summarize(xs)
         rows.append(
             {
                 "stage": stage,
@@ -114,7 +114,7 @@ def profile(suite_path: str, case_id: str, metal_capture: str | None = None) -> 
         try:
             runner.measure_round(run, settings, round_no)
         except Exception as exc:  # `run` records it as an error row; here it is the answer
-            text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+            text = runner.error_text(exc)
             raise UserError(f"{suite_path}: --case {case.case_id}: {text}") from exc
     text = format_breakdown(case, backend, breakdown(run.samples))
     if metal_capture is not None:

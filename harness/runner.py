@@ -17,7 +17,7 @@ from typing import NamedTuple
 
 import mlx.core as mx
 
-from harness import cache_engine, metrics, peers_engine, streams_engine, timer
+from harness import cache_engine, metrics, peers_engine, stats, streams_engine, timer
 from harness.case import Case
 from harness.record import Record, make_record
 from harness.suite import Settings
@@ -127,19 +127,19 @@ def finish(
     """The row for a measured case (status ok, or partial when interrupted)."""
     case = run.case
     fmt = get_format(case.kv_dtype, case.group_size)
-    stats = timer.summarize(run.samples["step"], settings.cv_warn)
+    step = stats.summarize(run.samples["step"], settings.cv_warn)
     stage_ms = {
-        f"{s}_ms": timer.summarize(x)["median_ms"]
+        f"{s}_ms": stats.summarize(x)["median_ms"]
         for s, x in run.samples.items()
         if s != "step" and x
     }
-    rates = metrics.rates(case, fmt, stats["median_ms"], common.get("peak_gbps"), run.traffic)
+    rates = metrics.rates(case, fmt, step["median_ms"], common.get("peak_gbps"), run.traffic)
     fields = {
         **common,
         **case_fields(case),
         "status": status,
         "error": error,
-        **stats,
+        **step,
         **stage_ms,
         **rates,
         "kv_bytes": metrics.kv_bytes(case, fmt),
@@ -152,6 +152,12 @@ def finish(
         fields["tile_kv"] = effective_tile(case.kernel, case.tile_kv)
     # an engine's extra fields win (e.g. streams kv_bytes: the occupied cells)
     return make_record(**{**fields, **run.extra})
+
+
+def error_text(exc: BaseException) -> str:
+    """One line naming the exception (at most 500 characters), for an error row."""
+    text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
+    return text[:500]
 
 
 def failed(case: Case, common: dict, status: str, error: str) -> Record:

@@ -42,11 +42,6 @@ def common_fields(suite: Suite, out_dir: str | Path) -> dict:
     }
 
 
-def _error_text(exc: BaseException) -> str:
-    text = f"{type(exc).__name__}: {exc}".replace("\n", " ")
-    return text[:500]
-
-
 def run_suite(
     suite: Suite, cases: list[Case], out_dir: str | Path, progress: Progress | None = None
 ) -> ResultsWriter:
@@ -72,7 +67,7 @@ def run_suite(
                     raise
                 except Exception as exc:  # one bad case must not end the suite
                     del runs[cid]
-                    writer.add(runner.failed(run.case, common, "error", _error_text(exc)))
+                    writer.add(runner.failed(run.case, common, "error", runner.error_text(exc)))
                     mx.clear_cache()
                 progress.done()
                 if round_no == settings.rounds - 1 and cid in runs:

@@ -16,7 +16,7 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
-from harness.stats import ci_rel_halfwidth, median_ci, summarize  # noqa: F401 (re-exported)
+from harness.stats import ci_rel_halfwidth
 
 
 def run_once(fn: Callable[[], object], clock=time.perf_counter) -> float:

@@ -9,12 +9,14 @@ from harness.presets import PRESETS
 from kernels.attention import KERNELS
 from kernels.data import KV_DATA, load_kv_file
 from kernels.formats import FORMATS, get_format
+from kernels.layouts import LAYOUT_KINDS
 from kernels.peers import PEERS
+from kernels.workloads import ORDERS
 
 PHASES = ("decode", "prefill")
-LAYOUTS = ("per-stream", "unified")
+LAYOUTS = LAYOUT_KINDS
 WORKLOADS = ("none", "independent", "shared-prefix")
-DECODE_ORDERS = ("interleaved", "sequential")
+DECODE_ORDERS = ORDERS
 
 
 # ---- value checks: each returns None when fine, else the reason -------------------------
