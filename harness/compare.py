@@ -24,7 +24,7 @@ import numpy as np
 import pandas as pd
 
 from harness import stats
-from harness.results import MEASURED, ResultSet, label
+from harness.results import MEASURED, ResultSet, is_dirty, label
 from harness.rules import HIGHER_IS_BETTER, TESTED, Rules, check_rules  # Rules: also for users
 
 COLUMNS = (
@@ -154,7 +154,7 @@ def context_warnings(b: pd.DataFrame, n: pd.DataFrame) -> list[str]:
         if bv and nv and bv != nv:
             out.append(f"base and new ran on different {key}: {sorted(bv)} vs {sorted(nv)}")
     for name, df in (("base", b), ("new", n)):
-        if "dirty" in df and df["dirty"].astype(str).eq("True").any():
+        if "dirty" in df and is_dirty(df).any():
             out.append(f"{name} includes results from a dirty tree (uncommitted changes)")
     return out
 

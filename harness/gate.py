@@ -29,7 +29,7 @@ import yaml
 
 from harness.compare import Comparison, compare
 from harness.errors import UserError
-from harness.results import MEASURED, ResultSet, load, load_dir, load_runs, resolve_ref
+from harness.results import MEASURED, ResultSet, is_dirty, load, load_dir, load_runs, resolve_ref
 from harness.rules import Rules, check_rules
 
 
@@ -60,7 +60,7 @@ def has_clean_run(results: Path, sha: str, suite: str) -> bool:
         (rows["commit"] == sha[:12])
         & (rows["suite"] == suite)
         & rows["status"].isin(MEASURED)
-        & ~rows["dirty"].astype(str).eq("True")
+        & ~is_dirty(rows)
     ]
     return not hit.empty
 

@@ -24,7 +24,7 @@ from pathlib import Path
 import pandas as pd
 
 from harness.compare import judge, judge_value, value_ratio
-from harness.results import MEASURED, ResultSet, label, load_dir, pick_rows
+from harness.results import MEASURED, ResultSet, is_dirty, label, load_dir, pick_rows
 from harness.rules import TESTED, Rules, check_rules
 
 COLUMNS = (
@@ -65,7 +65,7 @@ def _points(rows: pd.DataFrame, repo) -> tuple[pd.DataFrame, str]:
     rows["commit"] = rows["commit"].fillna("nogit")
     for key in SERIES[1:]:  # unknown (e.g. imported without it): its own series, shown empty
         rows[key] = rows[key].astype(object).fillna("").astype(str) if key in rows else ""
-    rows["dirty"] = rows["dirty"].astype(str).eq("True")
+    rows["dirty"] = is_dirty(rows)
     rows["point"] = rows["commit"].str[:12] + rows["dirty"].map({True: "+", False: ""})
     first = rows.groupby("point")["timestamp"].min()
     order = git_order(repo)

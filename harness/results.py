@@ -42,6 +42,11 @@ STATUS_RANK = {"ok": 0, "partial": 1}
 MEASURED = ("ok", "partial")
 
 
+def is_dirty(rows: pd.DataFrame) -> pd.Series:
+    """The `dirty` column as booleans (a CSV holds it as text; missing counts as clean)."""
+    return rows["dirty"].astype(str).eq("True")
+
+
 @dataclass
 class ResultSet:
     source: str  # what the user named (path or ref), for headings
@@ -74,7 +79,7 @@ class ResultSet:
             out = {}
             for cid, g in df.groupby("case_id", sort=False):
                 if self.prefer_clean:
-                    clean = g[~g["dirty"].astype(str).eq("True")]
+                    clean = g[~is_dirty(g)]
                     g = clean if not clean.empty else g
                 out[cid] = list(dict.fromkeys(g["run_id"]))
             self._pool_runs = out
@@ -123,7 +128,7 @@ def pick_rows(rows: pd.DataFrame, prefer_clean: bool = False) -> pd.DataFrame:
     df = rows.copy()
     df["_order"] = range(len(df))
     df["_status"] = df["status"].map(STATUS_RANK).fillna(2)
-    df["_dirty"] = df["dirty"].astype(str).eq("True") if prefer_clean else False
+    df["_dirty"] = is_dirty(df) if prefer_clean else False
     first_seen = df.groupby("case_id", sort=False)["_order"].min()
     df = df.sort_values(
         ["_status", "_dirty", "timestamp", "run_id"], ascending=[True, True, False, False]
