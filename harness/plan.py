@@ -15,7 +15,7 @@ from dataclasses import asdict, dataclass
 
 from harness.errors import UserError
 from harness.presets import PRESETS
-from kernels.formats import FORMATS, get_format
+from kernels.formats import FORMATS, bits_per_elem, get_format
 
 LAYOUTS = ("per-stream",)  # issue 4 adds unified
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
@@ -152,7 +152,7 @@ def make_plan(
         n_seqs=n_seqs,
         layout=layout,
         context_len=context_len,
-        bits_per_elem=8 * fmt.nbytes(1, shape.head_dim) / shape.head_dim,
+        bits_per_elem=bits_per_elem(fmt, shape.head_dim),
         bytes_per_token=per_token,
         layer=layer,
         model_bytes={k: v * shape.n_layers for k, v in layer.items()},
