@@ -21,7 +21,7 @@ $(VENV)/.installed: pyproject.toml
 install: $(VENV)/.installed
 
 bench: install
-	$(PY) -m harness run $(SUITE) --out $(OUT) $(DEVICE_FLAG)
+	$(PY) -m kvbench run $(SUITE) --out $(OUT) $(DEVICE_FLAG)
 
 test: install
 	$(PY) -m pytest
@@ -40,7 +40,7 @@ clean:
 # per-stream vs unified KV caches for many sequences (docs/streams.md); on a GPU use
 # SUITE=suites/streams-gpu.yaml with `make bench`
 bench-streams: install
-	$(PY) -m harness run suites/streams.yaml --out $(OUT) $(DEVICE_FLAG)
+	$(PY) -m kvbench run suites/streams.yaml --out $(OUT) $(DEVICE_FLAG)
 
 # pytest-benchmark: the decode cases in tests/benchmarks (skipped by `make test`), raw data kept
 # in the JSON so `kvbench import` can rebuild samples. BENCH_JSON names the output.
@@ -60,19 +60,19 @@ ROUNDS ?= 2
 COMPARE_SUITE = $(if $(filter command line environment,$(origin SUITE)),$(SUITE),suites/gate.yaml)
 compare: install
 	@test -n "$(BASE)" || { echo "make compare: give BASE=<git ref>" >&2; exit 2; }
-	$(PY) -m harness gate $(BASE) --suite $(COMPARE_SUITE) --results $(OUT) $(DEVICE_FLAG) \
+	$(PY) -m kvbench gate $(BASE) --suite $(COMPARE_SUITE) --results $(OUT) $(DEVICE_FLAG) \
 		--rounds $(ROUNDS) $(if $(FORMAT),--format $(FORMAT),)
 
 # tile_kv x context x dtype x GQA sweep of the flash-decoding kernels (docs/kernels.md)
 tiles: install
-	$(PY) -m harness run suites/tiles.yaml --out $(OUT) $(DEVICE_FLAG)
+	$(PY) -m kvbench run suites/tiles.yaml --out $(OUT) $(DEVICE_FLAG)
 
 # The newest run in $(OUT) (older runs there feed the history figure): $(OUT)/report.html
 report: install
-	$(PY) -m harness report $(OUT) --latest -o $(OUT)/report.html
+	$(PY) -m kvbench report $(OUT) --latest -o $(OUT)/report.html
 
 quant: install
-	$(PY) -m harness run suites/quant.yaml --out $(OUT) $(DEVICE_FLAG)
+	$(PY) -m kvbench run suites/quant.yaml --out $(OUT) $(DEVICE_FLAG)
 
 # Optional peers (docs/peers.md): mlx-lm, and torch as a CPU build only (a `+cpu` version never
 # resolves to the CUDA wheel and its GBs of packages); where none is at hand, torch_sdpa skips.

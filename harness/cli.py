@@ -8,13 +8,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from harness.errors import UserError
+from kvbench.errors import UserError
 
 
 def cmd_run(args) -> int:
-    from harness.context import set_device
-    from harness.session import run_suite
-    from harness.suite import apply_filters, expand, load_suite
+    from kvbench.run.context import set_device
+    from kvbench.run.session import run_suite
+    from kvbench.spec.suite import apply_filters, expand, load_suite
 
     suite = load_suite(args.suite)
     cases = apply_filters(expand(suite), args.filter or [])
@@ -30,8 +30,7 @@ def cmd_run(args) -> int:
         raise UserError(f"{args.suite}: --filter: no case matches")
     set_device(args.device)
     import pandas as pd
-
-    from harness.summary import table
+    from kvbench.analysis.summary import table
 
     try:
         writer = run_suite(suite, cases, args.out)
@@ -44,15 +43,15 @@ def cmd_run(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from harness.inventory import inventory
+    from kvbench.run.inventory import inventory
 
     print(inventory())
     return 0
 
 
 def cmd_env(args) -> int:
-    from harness.context import set_device
-    from harness.inventory import environment
+    from kvbench.run.context import set_device
+    from kvbench.run.inventory import environment
 
     set_device(args.device)
     print(environment())
@@ -68,9 +67,9 @@ def _emit(text: str, out: str | None) -> None:
 
 
 def cmd_compare(args) -> int:
-    from harness.compare import compare
-    from harness.results import load
-    from harness.rules import Rules
+    from kvbench.analysis.compare import compare
+    from kvbench.analysis.rules import Rules
+    from kvbench.store.results import load
 
     rules = Rules(args.threshold, args.alpha, args.min_samples)
     base = load(args.base, args.results, pool=args.pool)
@@ -80,7 +79,7 @@ def cmd_compare(args) -> int:
 
 def _report(cmp, args) -> int:
     """Print (and write) a comparison; exit status 1 when it holds a regression."""
-    from harness.compare_format import FORMATS
+    from kvbench.analysis.compare_text import FORMATS
 
     for w in cmp.warnings:
         print(f"kvbench: warning: {w}", file=sys.stderr)
@@ -89,8 +88,8 @@ def _report(cmp, args) -> int:
 
 
 def cmd_history(args) -> int:
-    from harness.history import FORMATS, history
-    from harness.rules import Rules
+    from kvbench.analysis.history import FORMATS, history
+    from kvbench.analysis.rules import Rules
 
     rules = Rules(args.threshold, args.alpha, args.min_samples)
     hist = history(args.dir, args.metric, rules)
@@ -99,7 +98,7 @@ def cmd_history(args) -> int:
 
 
 def cmd_import(args) -> int:
-    from harness.importer import import_file
+    from kvbench.store.importer import import_file
 
     csv_path, n = import_file(args.file, args.out)
     print(f"imported {n} benchmarks: {csv_path}")
@@ -107,8 +106,8 @@ def cmd_import(args) -> int:
 
 
 def cmd_gate(args) -> int:
-    from harness.gate import gate
-    from harness.rules import Rules
+    from kvbench.analysis.gate import gate
+    from kvbench.analysis.rules import Rules
 
     rules = Rules(args.threshold, args.alpha, args.min_samples)
     cmp = gate(args.base, args.suite, args.results, args.metric, rules, args.device, args.rounds)
@@ -116,7 +115,7 @@ def cmd_gate(args) -> int:
 
 
 def _stats_options(p: argparse.ArgumentParser) -> None:
-    from harness.rules import Rules
+    from kvbench.analysis.rules import Rules
 
     d = Rules()
     p.add_argument("--metric", default="median_ms", help="column to compare (default median_ms)")
@@ -149,8 +148,8 @@ def _compare_options(p: argparse.ArgumentParser) -> None:
 
 
 def cmd_profile(args) -> int:
-    from harness.context import set_device
-    from harness.profile import profile
+    from kvbench.run.context import set_device
+    from kvbench.run.profile import profile
 
     set_device(args.device)
     print(profile(args.suite, args.case, args.metal_capture))
@@ -158,7 +157,7 @@ def cmd_profile(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from harness.report import write_report
+    from kvbench.report.page import write_report
 
     path, n = write_report(
         args.results, args.output, latest=args.latest, compare=args.compare, title=args.title
@@ -168,7 +167,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from harness.plan import make_plan, parse_size, render, resolve_shape, to_json
+    from kvbench.spec.plan import make_plan, parse_size, render, resolve_shape, to_json
 
     shape = resolve_shape(args.model, args.n_layers, args.n_kv_heads, args.head_dim)
     budget = parse_size(args.budget) if args.budget is not None else None

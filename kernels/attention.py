@@ -15,8 +15,8 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from kernels import gpu_kernels, launch
-from kernels.tiled import DEFAULT_TILE_KV, tiled
+from . import gpu_kernels, launch
+from .tiled import DEFAULT_TILE_KV, tiled
 
 
 def causal_mask(lq: int, lk: int) -> mx.array:

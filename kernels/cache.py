@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from kernels.formats import Stored
+from .formats import Stored
 
 
 class KVCache:

@@ -13,7 +13,7 @@ from functools import partial
 
 import mlx.core as mx
 
-from kernels import quant
+from . import quant
 
 Stored = dict[str, mx.array]
 

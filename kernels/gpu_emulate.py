@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from kernels.launch import SIMD_WIDTH, LaunchPlan, Problem
+from .launch import SIMD_WIDTH, LaunchPlan, Problem
 
 FP4_MAGNITUDE = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
 NP_DTYPES = {"float16": np.float16, "float32": np.float32}

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from kernels import launch
+from . import launch
 
 HERE = Path(__file__).parent
 SOURCES = {

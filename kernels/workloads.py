@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from kernels.layouts import Layout, pad_to
+from .layouts import Layout, pad_to
 
 ORDERS = ("interleaved", "sequential")
 

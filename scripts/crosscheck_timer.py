@@ -16,11 +16,10 @@ import time
 
 import mlx.core as mx
 import pandas as pd
-
-from harness.session import run_suite
-from harness.suite import expand, load_suite
-from kernels.cache import KVCache
-from kernels.formats import get_format
+from kvbench.kernels.cache import KVCache
+from kvbench.kernels.formats import get_format
+from kvbench.run.session import run_suite
+from kvbench.spec.suite import expand, load_suite
 
 SUITE = """
 name: crosscheck

@@ -9,8 +9,7 @@ from __future__ import annotations
 import itertools
 
 import pandas as pd
-
-from harness.record import COLUMNS
+from kvbench.store.record import COLUMNS
 
 # name -> (stored bits per element with scales, data bits)
 FORMATS = {"fp32": 32.0, "fp16": 16.0, "int4": 4.5}

@@ -8,9 +8,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from conftest import numpy_attention
-
-from kernels.attention import KERNELS, causal_mask, unsupported_reason
-from kernels.formats import get_format
+from kvbench.kernels.attention import KERNELS, causal_mask, unsupported_reason
+from kvbench.kernels.formats import get_format
 
 TOL = {"fp32": 2e-5, "fp16": 2e-2, "bf16": 8e-2}  # max abs error on unit-variance data
 

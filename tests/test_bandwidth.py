@@ -5,7 +5,7 @@ from __future__ import annotations
 import math
 import re
 
-from harness import bandwidth
+from kvbench.run import bandwidth
 
 
 def test_cpu_peak_is_the_fastest_probe():

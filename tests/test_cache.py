@@ -5,9 +5,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
-
-from kernels.cache import KVCache
-from kernels.formats import get_format
+from kvbench.kernels.cache import KVCache
+from kvbench.kernels.formats import get_format
 
 
 def test_allocates_every_layer_at_capacity():

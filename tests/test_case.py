@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from harness.case import Case, case_id, identity
+from kvbench.case import Case, case_id, identity
 
 CASE = Case(model="tiny", n_layers=2, n_q_heads=8, n_kv_heads=2, head_dim=64, context_len=128)
 

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import mlx.core as mx
-
-from harness import cache_engine
-from harness.case import Case
-from kernels import attention
+from kvbench.case import Case
+from kvbench.engines import cache as cache_engine
+from kvbench.kernels import attention
 
 
 def test_each_layer_attends_with_the_previous_layers_output(monkeypatch):

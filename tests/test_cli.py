@@ -10,7 +10,7 @@ import pandas as pd
 
 def kvbench(*args, cwd=None):
     return subprocess.run(
-        [sys.executable, "-m", "harness", *args],
+        [sys.executable, "-m", "kvbench", *args],
         capture_output=True,
         text=True,
         cwd=cwd,

@@ -7,12 +7,11 @@ import json
 import numpy as np
 import pytest
 from fake_runs import draw, write_run
-
-from harness import stats
-from harness.cli import main
-from harness.compare import COLUMNS, Rules, compare, judge
-from harness.compare_format import FORMATS
-from harness.results import load
+from kvbench.analysis import stats
+from kvbench.analysis.compare import COLUMNS, Rules, compare, judge
+from kvbench.analysis.compare_text import FORMATS
+from kvbench.cli import main
+from kvbench.store.results import load
 
 IDS = [f"case{i:08d}" for i in range(8)]
 
@@ -173,7 +172,7 @@ def _drift_side(tmp_path, name, slots, drift, **kw):
 
 
 def _verdict(base_paths, new_paths):
-    from harness.results import load_runs
+    from kvbench.store.results import load_runs
 
     cmp = compare(load_runs(base_paths, "base"), load_runs(new_paths, "new"))
     return cmp.table.loc[0, "verdict"], cmp.table.loc[0, "ratio"]

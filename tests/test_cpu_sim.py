@@ -15,11 +15,10 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-
-from harness.state import PARITY_REL_TOL, compare_outputs
-from kernels import gpu_emulate, gpu_kernels, launch
-from kernels.attention import reference
-from kernels.formats import get_format
+from kvbench.engines.contract import PARITY_REL_TOL, compare_outputs
+from kvbench.kernels import gpu_emulate, gpu_kernels, launch
+from kvbench.kernels.attention import reference
+from kvbench.kernels.formats import get_format
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM = ROOT / "tests" / "cpu_sim" / "flash_decode_sim.cpp"

@@ -3,10 +3,9 @@
 from __future__ import annotations
 
 import pandas as pd
-
-from harness.session import run_suite
-from harness.suite import expand, load_suite
-from kernels.attention import KERNELS, effective_tile
+from kvbench.kernels.attention import KERNELS, effective_tile
+from kvbench.run.session import run_suite
+from kvbench.spec.suite import expand, load_suite
 
 SUITE = """
 name: t

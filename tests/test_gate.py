@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import pytest
 from fake_runs import draw, git, make_repo, write_run
-
-from harness import gate as gate_mod
-from harness.errors import UserError
+from kvbench.analysis import gate as gate_mod
+from kvbench.errors import UserError
 
 
 @pytest.fixture
@@ -56,8 +55,8 @@ def test_unknown_base_is_a_user_error(repo):
 
 
 def test_a_suite_without_a_name_is_gated_under_its_file_stem(repo, capsys):
-    from harness.cli import main
-    from harness.suite import load_suite
+    from kvbench.cli import main
+    from kvbench.spec.suite import load_suite
 
     path, _, calls = repo
     (path / "gs.yaml").write_text("fixed: {model: tiny, context_len: 8}\n")  # no name: key

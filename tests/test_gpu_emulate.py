@@ -12,11 +12,10 @@ import re
 import mlx.core as mx
 import numpy as np
 import pytest
-
-from harness.state import PARITY_REL_TOL, compare_outputs
-from kernels import gpu_emulate, gpu_kernels, launch
-from kernels.attention import reference
-from kernels.formats import get_format
+from kvbench.engines.contract import PARITY_REL_TOL, compare_outputs
+from kvbench.kernels import gpu_emulate, gpu_kernels, launch
+from kvbench.kernels.attention import reference
+from kvbench.kernels.formats import get_format
 
 
 def make(kv_dtype, group, d, lk, hkv=2, b=1, group_size=None, seed=0):

@@ -5,10 +5,9 @@ from __future__ import annotations
 import json
 
 from fake_runs import draw, make_repo, write_run
-
-from harness.cli import main
-from harness.compare import Rules
-from harness.history import history
+from kvbench.analysis.compare import Rules
+from kvbench.analysis.history import history
+from kvbench.cli import main
 
 
 def test_history_in_git_order_finds_the_planted_step(tmp_path, capsys, monkeypatch):

@@ -10,14 +10,13 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 import pytest
-
-from harness.case import Case
-from harness.cli import main
-from harness.compare import compare
-from harness.errors import UserError
-from harness.importer import import_file
-from harness.record import COLUMNS
-from harness.results import load
+from kvbench.analysis.compare import compare
+from kvbench.case import Case
+from kvbench.cli import main
+from kvbench.errors import UserError
+from kvbench.store.importer import import_file
+from kvbench.store.record import COLUMNS
+from kvbench.store.results import load
 
 FIXTURE = Path(__file__).parent / "data" / "pytest-benchmark.json"
 DOC = json.loads(FIXTURE.read_text())
@@ -119,8 +118,9 @@ def test_malformed_json_is_one_line_exit_2(tmp_path, capsys, text, where):
 
 def test_compare_history_import_import_no_mlx():
     code = (
-        "import sys; import harness.compare, harness.compare_format, harness.history, "
-        "harness.importer, harness.results, harness.gate; "
+        "import sys; import kvbench.analysis.compare, kvbench.analysis.compare_text, "
+        "kvbench.analysis.history, "
+        "kvbench.store.importer, kvbench.store.results, kvbench.analysis.gate; "
         "bad = [m for m in sys.modules if m == 'mlx' or m.startswith(('mlx.', 'kernels'))]; "
         "assert not bad, bad"
     )

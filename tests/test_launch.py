@@ -8,13 +8,12 @@ grid = threadgroups x threads per threadgroup in each dimension.
 import math
 
 import pytest
-
-from harness.cache_engine import problem_of, skip_reason
-from harness.case import Case
-from harness.suite import expand, load_suite
-from kernels import launch
-from kernels.formats import get_format
-from kernels.launch import CUDA, METAL, Problem, TileConfigError, plan, refusal
+from kvbench.case import Case
+from kvbench.engines.cache import problem_of, skip_reason
+from kvbench.kernels import launch
+from kvbench.kernels.formats import get_format
+from kvbench.kernels.launch import CUDA, METAL, Problem, TileConfigError, plan, refusal
+from kvbench.spec.suite import expand, load_suite
 
 SUITE = load_suite("suites/tiles.yaml")
 GPU_CASES = [c for c in expand(SUITE) if c.kernel in ("metal", "cuda")]
@@ -134,7 +133,7 @@ def test_refusal_is_a_skip_reason_on_the_gpu_backend():
 
 
 def test_default_tile_fits_every_preset_shape_on_metal():
-    from harness.presets import PRESETS
+    from kvbench.spec.presets import PRESETS
 
     for name, s in PRESETS.items():
         problem = Problem(1, s.n_q_heads, s.n_kv_heads, s.head_dim, 4096)

@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from harness import metrics
-from harness.case import Case
-from harness.presets import PRESETS
-from kernels.formats import get_format
+from kvbench.case import Case
+from kvbench.kernels.formats import get_format
+from kvbench.run import metrics
+from kvbench.spec.presets import PRESETS
 
 
 def case_for(preset: str, **kw) -> Case:

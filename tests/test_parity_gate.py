@@ -2,13 +2,12 @@
 
 import mlx.core as mx
 import pandas as pd
-
-from harness import session
-from harness.case import Case
-from harness.session import run_suite
-from harness.suite import Settings, Suite
-from kernels.attention import KERNELS, Kernel, any_format
-from kernels.tiled import tiled
+from kvbench.case import Case
+from kvbench.kernels.attention import KERNELS, Kernel, any_format
+from kvbench.kernels.tiled import tiled
+from kvbench.run import session
+from kvbench.run.session import run_suite
+from kvbench.spec.suite import Settings, Suite
 
 
 def wrong_tiled(q, k, v, fmt, *, mask=None, scale, tile_kv=None):
@@ -45,7 +44,7 @@ def test_wrong_kernel_gets_an_error_row_and_no_time(monkeypatch, tmp_path, quiet
 
 
 def test_gate_rejects_nan():
-    from harness.state import ParityError, parity_gate
+    from kvbench.engines.contract import ParityError, parity_gate
 
     out = mx.full((1, 2, 1, 4), mx.nan)
     try:

@@ -9,14 +9,15 @@ from pathlib import Path
 import mlx.core as mx
 import pandas as pd
 import pytest
-
-from harness import cache_engine, metrics, peers_engine, runner, session
-from harness.case import Case
-from harness.suite import Settings, Suite, expand, load_suite
-from kernels.attention import reference
-from kernels.data import make_qkv
-from kernels.formats import FORMATS, get_format
-from kernels.peers import PEERS, DecodeData, missing_reason
+from kvbench.case import Case
+from kvbench.engines import cache as cache_engine
+from kvbench.engines import peers as peers_engine
+from kvbench.kernels.attention import reference
+from kvbench.kernels.data import make_qkv
+from kvbench.kernels.formats import FORMATS, get_format
+from kvbench.kernels.peers import PEERS, DecodeData, missing_reason
+from kvbench.run import metrics, runner, session
+from kvbench.spec.suite import Settings, Suite, expand, load_suite
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = dict(model="tiny", n_layers=2, n_q_heads=8, n_kv_heads=2, head_dim=64)
@@ -177,7 +178,7 @@ def test_peer_suites_load(name):
 
 
 def test_inventory_lists_the_peers():
-    from harness.inventory import inventory
+    from kvbench.run.inventory import inventory
 
     text = inventory()
     assert "peer kernels" in text and "numpy_ref" in text and "mlx_lm_quant" in text

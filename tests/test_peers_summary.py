@@ -6,8 +6,7 @@ import math
 
 import pandas as pd
 import pytest
-
-from harness.peers_summary import COLUMNS, PEER_KERNELS, peer_ratios
+from kvbench.analysis.peers_summary import COLUMNS, PEER_KERNELS, peer_ratios
 
 
 def rows(*specs) -> pd.DataFrame:
@@ -57,7 +56,7 @@ def test_no_peers_gives_an_empty_frame():
 
 
 def test_peer_names_match_the_registry():
-    from kernels.peers import PEERS
+    from kvbench.kernels.peers import PEERS
 
     assert set(PEER_KERNELS) == set(PEERS)
 
@@ -66,5 +65,8 @@ def test_imports_no_mlx():
     import subprocess
     import sys
 
-    code = "import sys, harness.peers_summary; assert 'mlx' not in sys.modules, 'mlx imported'"
+    code = (
+        "import sys, kvbench.analysis.peers_summary; "
+        "assert 'mlx' not in sys.modules, 'mlx imported'"
+    )
     subprocess.run([sys.executable, "-c", code], check=True)

@@ -3,11 +3,10 @@
 import json
 
 import pytest
+from kvbench.cli import main
+from kvbench.errors import UserError
+from kvbench.spec.plan import make_plan, parse_size, resolve_shape
 from test_quant import HAND
-
-from harness.cli import main
-from harness.errors import UserError
-from harness.plan import make_plan, parse_size, resolve_shape
 
 
 @pytest.mark.parametrize("model, ctx, seqs, name, group, want", HAND)

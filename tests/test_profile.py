@@ -1,12 +1,12 @@
 """`kvbench profile`: one case, per-stage breakdown; Metal capture refused off Apple silicon."""
 
 import pytest
-
-from harness import cache_engine, runner
-from harness.cli import main
-from harness.profile import breakdown, capture_problem, find_case, format_breakdown
-from harness.suite import expand, load_suite
-from kernels.attention import KERNELS, Kernel, any_format, ops
+from kvbench.cli import main
+from kvbench.engines import cache as cache_engine
+from kvbench.kernels.attention import KERNELS, Kernel, any_format, ops
+from kvbench.run import runner
+from kvbench.run.profile import breakdown, capture_problem, find_case, format_breakdown
+from kvbench.spec.suite import expand, load_suite
 
 SMOKE = "suites/smoke.yaml"
 
@@ -25,7 +25,7 @@ def test_find_case_by_id_or_unique_prefix():
     cases = expand(load_suite(SMOKE))
     assert find_case(cases, cases[1].case_id, SMOKE) is cases[1]
     assert find_case(cases, cases[1].case_id[:8], SMOKE) is cases[1]
-    from harness.errors import UserError
+    from kvbench.errors import UserError
 
     with pytest.raises(UserError, match="no case has"):
         find_case(cases, "zzzz", SMOKE)

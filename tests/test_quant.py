@@ -3,10 +3,9 @@
 import mlx.core as mx
 import numpy as np
 import pytest
-
-from harness.presets import PRESETS
-from kernels import quant
-from kernels.formats import FORMATS, bits_per_elem, get_format
+from kvbench.kernels import quant
+from kvbench.kernels.formats import FORMATS, bits_per_elem, get_format
+from kvbench.spec.presets import PRESETS
 
 QUANTIZED = [n for n in FORMATS if get_format(n).quantized]
 

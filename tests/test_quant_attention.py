@@ -5,16 +5,15 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
-
-from harness import metrics
-from harness.cache_engine import build
-from harness.case import Case
-from harness.errors import SuiteError
-from harness.state import compare_outputs
-from harness.suite import resolve
-from kernels.attention import KERNELS, reference, unsupported_reason
-from kernels.data import OUTLIER_GAIN, make_qkv
-from kernels.formats import FORMATS, get_format
+from kvbench.case import Case
+from kvbench.engines.cache import build
+from kvbench.engines.contract import compare_outputs
+from kvbench.errors import SuiteError
+from kvbench.kernels.attention import KERNELS, reference, unsupported_reason
+from kvbench.kernels.data import OUTLIER_GAIN, make_qkv
+from kvbench.kernels.formats import FORMATS, get_format
+from kvbench.run import metrics
+from kvbench.spec.suite import resolve
 
 QUANTIZED = [n for n in FORMATS if get_format(n).quantized]
 MLX_NATIVE = ["mxfp4", "nvfp4", "affine4", "affine8"]
@@ -102,7 +101,7 @@ def test_suite_rejects_group_the_format_cannot_use():
 
 
 def test_quant_suites_load():
-    from harness.suite import expand, load_suite
+    from kvbench.spec.suite import expand, load_suite
 
     root = Path(__file__).resolve().parent.parent
     cpu = expand(load_suite(root / "suites/quant.yaml"))
@@ -113,8 +112,8 @@ def test_quant_suites_load():
 
 def test_peak_memory_covers_stages_not_the_check(monkeypatch):
     """A check that allocates 64 MiB must not show up in peak_mem_bytes."""
-    from harness import runner
-    from harness.suite import Settings
+    from kvbench.run import runner
+    from kvbench.spec.suite import Settings
 
     real_build = runner.cache_engine.build
 

@@ -5,8 +5,7 @@ from __future__ import annotations
 import math
 
 import pandas as pd
-
-from harness.record import COLUMNS, SAMPLE_COLUMNS, Record, ResultsWriter, make_record
+from kvbench.store.record import COLUMNS, SAMPLE_COLUMNS, Record, ResultsWriter, make_record
 
 
 def test_round_trip(tmp_path):

@@ -11,10 +11,9 @@ import pandas as pd
 import pytest
 import report_browser
 import report_synthetic as syn
-
-from harness.cli import main
-from harness.report import build, current, load, write_report
-from harness.report_figures import frontier, split_memory
+from kvbench.cli import main
+from kvbench.report.figures import frontier, split_memory
+from kvbench.report.page import build, current, load, write_report
 
 ALL = ["latency", "bandwidth", "memory", "accuracy", "tiles", "layouts", "history", "compare"]
 
@@ -140,8 +139,8 @@ def test_cli_report_and_compare_option(tmp_path, capsys):
 
 def test_report_imports_no_mlx():
     code = (
-        "import sys, harness.report, harness.report_figures, harness.report_views, "
-        "harness.report_html; bad = [m for m in sys.modules if m.split('.')[0] in "
+        "import sys, kvbench.report.page, kvbench.report.figures, kvbench.report.views, "
+        "kvbench.report.html; bad = [m for m in sys.modules if m.split('.')[0] in "
         "('mlx', 'kernels')]; assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
@@ -164,7 +163,7 @@ def test_layout_memory_uses_cell_bytes_when_present(full_report):
 
 
 def test_log_ticks_label_full_numbers():
-    from harness.report_common import log_ticks
+    from kvbench.report.common import log_ticks
 
     t = log_ticks([0.19, 7.0])
     assert t["tickvals"][:3] == [0.2, 0.5, 1.0] and t["ticktext"][:3] == ["0.2", "0.5", "1"]
@@ -202,13 +201,13 @@ def test_peer_ratio_figure(tmp_path):
     pd.concat([ours, peer]).to_csv(tmp_path / "p.csv", index=False)
     sections = parse(build([tmp_path / "p.csv"])).sections
     assert "peers" in [s["id"] for s in sections]
-    from harness.peers_summary import peer_ratios
+    from kvbench.analysis.peers_summary import peer_ratios
 
     assert peer_ratios(pd.concat([ours, peer]))["ratio"].round(9).eq(0.5).all()
 
 
 def test_history_keeps_one_line_per_device(tmp_path):
-    from harness.report_views import history_fig
+    from kvbench.report.views import history_fig
 
     syn.rows(0).to_csv(tmp_path / "a.csv", index=False)
     syn.rows(1).assign(device="NVIDIA H100 (cuda)").to_csv(tmp_path / "b.csv", index=False)

@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 from fake_runs import draw, make_repo, write_run
-
-from harness.cli import main
-from harness.errors import UserError
-from harness.results import load, resolve_ref
+from kvbench.cli import main
+from kvbench.errors import UserError
+from kvbench.store.results import load, resolve_ref
 
 
 @pytest.fixture
@@ -73,8 +72,7 @@ def test_directory_loads_every_run_and_csv_brings_its_samples(tmp_path):
 
 def test_pool_concatenates_every_run_and_recomputes_the_row(tmp_path):
     import numpy as np
-
-    from harness import stats
+    from kvbench.analysis import stats
 
     x1, x2 = draw(10, 1.0, seed=1), draw(12, 3.0, seed=2)
     write_run(tmp_path, "a", {"c1": x1}, timestamp="2026-01-01T00:00:00+00:00")

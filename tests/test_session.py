@@ -6,11 +6,10 @@ import math
 
 import pandas as pd
 import pytest
-
-from harness import runner
-from harness.session import run_suite
-from harness.suite import expand, load_suite
-from kernels import attention
+from kvbench.kernels import attention
+from kvbench.run import runner
+from kvbench.run.session import run_suite
+from kvbench.spec.suite import expand, load_suite
 
 SUITE = """
 name: t
@@ -112,7 +111,7 @@ def test_ctrl_c_keeps_completed_rows(write_suite, tmp_path, monkeypatch, quiet):
 
 
 def test_run_ids_never_overwrite_an_earlier_run(tmp_path):
-    from harness.session import unique_run_id
+    from kvbench.run.session import unique_run_id
 
     assert unique_run_id(tmp_path, "r") == "r"
     (tmp_path / "r.csv").write_text("x")

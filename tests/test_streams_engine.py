@@ -9,13 +9,12 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from conftest import numpy_attention
-
-from harness import metrics, runner
-from harness.errors import SuiteError
-from harness.streams_engine import Run, build, counts, make_tables, skip_reason, workload_of
-from harness.suite import Settings, expand, load_suite, resolve
-from kernels.attention import KERNELS, Kernel, any_format, reference
-from kernels.formats import get_format
+from kvbench.engines.streams import Run, build, counts, make_tables, skip_reason, workload_of
+from kvbench.errors import SuiteError
+from kvbench.kernels.attention import KERNELS, Kernel, any_format, reference
+from kvbench.kernels.formats import get_format
+from kvbench.run import metrics, runner
+from kvbench.spec.suite import Settings, expand, load_suite, resolve
 
 TINY = {"model": "tiny", "n_seqs": 3, "context_len": 40, "kv_dtype": "fp32"}
 

@@ -1,8 +1,7 @@
 """tile_heatmap: result rows -> tile x context table (pandas only)."""
 
 import pandas as pd
-
-from harness.summary import tile_heatmap
+from kvbench.analysis.summary import tile_heatmap
 
 
 def test_pivot_keeps_ok_rows_one_column_per_tile():

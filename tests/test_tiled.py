@@ -4,11 +4,10 @@ import math
 
 import mlx.core as mx
 import pytest
-
-from harness.state import PARITY_REL_TOL, compare_outputs
-from kernels.attention import KERNELS, reference
-from kernels.formats import get_format
-from kernels.tiled import DEFAULT_TILE_KV, folded_mask
+from kvbench.engines.contract import PARITY_REL_TOL, compare_outputs
+from kvbench.kernels.attention import KERNELS, reference
+from kvbench.kernels.formats import get_format
+from kvbench.kernels.tiled import DEFAULT_TILE_KV, folded_mask
 
 
 def make(fmt, b, hkv, group, lq, lk, d, seed=0):

@@ -6,8 +6,8 @@ import time
 
 import numpy as np
 import pytest
-
-from harness import stats, timer
+from kvbench.analysis import stats
+from kvbench.run import timer
 
 
 class FakeClock:

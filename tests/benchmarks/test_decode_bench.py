@@ -13,10 +13,9 @@ import dataclasses
 
 import mlx.core as mx
 import pytest
-
-from harness.cache_engine import build
-from harness.context import run_context
-from harness.suite import resolve
+from kvbench.engines.cache import build
+from kvbench.run.context import run_context
+from kvbench.spec.suite import resolve
 
 CASES = [
     {"model": "tiny", "context_len": 256, "kv_dtype": "fp16", "kernel": "sdpa"},

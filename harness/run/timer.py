@@ -15,8 +15,7 @@ import time
 from collections.abc import Callable
 
 import mlx.core as mx
-
-from harness.stats import ci_rel_halfwidth
+from kvbench.analysis.stats import ci_rel_halfwidth
 
 
 def run_once(fn: Callable[[], object], clock=time.perf_counter) -> float:

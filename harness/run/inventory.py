@@ -2,14 +2,14 @@
 
 from __future__ import annotations
 
-from harness.bandwidth import peak_read_bandwidth
-from harness.context import backend_name, run_context
-from harness.presets import PRESETS
-from harness.validate import DECODE_ORDERS, LAYOUTS, WORKLOADS
-from kernels.attention import KERNELS, unsupported_reason
-from kernels.data import KV_DATA
-from kernels.formats import FORMATS, bits_per_elem, get_format
-from kernels.peers import PEERS, missing_reason
+from kvbench.kernels.attention import KERNELS, unsupported_reason
+from kvbench.kernels.data import KV_DATA
+from kvbench.kernels.formats import FORMATS, bits_per_elem, get_format
+from kvbench.kernels.peers import PEERS, missing_reason
+from kvbench.run.bandwidth import peak_read_bandwidth
+from kvbench.run.context import backend_name, run_context
+from kvbench.spec.presets import PRESETS
+from kvbench.spec.validate import DECODE_ORDERS, LAYOUTS, WORKLOADS
 
 
 def inventory() -> str:

@@ -27,15 +27,14 @@ import math
 from dataclasses import dataclass
 
 import mlx.core as mx
-
-from harness import cache_engine
-from harness.case import Case
-from harness.state import State, compare_outputs, memory_baseline, parity_gate
-from kernels.attention import KERNELS, reference
-from kernels.data import make_qkv
-from kernels.formats import get_format
-from kernels.layouts import KV_PAD, Layout, LayoutStore
-from kernels.workloads import Replay, Workload, build_layout
+from kvbench.case import Case
+from kvbench.engines import cache as cache_engine
+from kvbench.engines.contract import State, compare_outputs, memory_baseline, parity_gate
+from kvbench.kernels.attention import KERNELS, reference
+from kvbench.kernels.data import make_qkv
+from kvbench.kernels.formats import get_format
+from kvbench.kernels.layouts import KV_PAD, Layout, LayoutStore
+from kvbench.kernels.workloads import Replay, Workload, build_layout
 
 skip_reason = cache_engine.skip_reason  # the same kernels, with the streams' call shapes
 

@@ -22,10 +22,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
-
-from harness import stats
-from harness.results import MEASURED, ResultSet, is_dirty, label
-from harness.rules import HIGHER_IS_BETTER, TESTED, Rules, check_rules  # Rules: also for users
+from kvbench.analysis import stats
+from kvbench.analysis.rules import (  # Rules: also for users
+    HIGHER_IS_BETTER,
+    TESTED,
+    Rules,
+    check_rules,
+)
+from kvbench.store.results import MEASURED, ResultSet, is_dirty, label
 
 COLUMNS = (
     "case_id", "label", "metric", "base", "new", "ratio", "ratio_ci_low", "ratio_ci_high",

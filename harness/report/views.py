@@ -10,9 +10,7 @@ from __future__ import annotations
 
 import pandas as pd
 import plotly.express as px
-from plotly.subplots import make_subplots
-
-from harness.report_common import (
+from kvbench.report.common import (
     MIB,
     Figure,
     add_series,
@@ -23,6 +21,7 @@ from harness.report_common import (
     style,
     table,
 )
+from plotly.subplots import make_subplots
 
 VERDICT_COLORS = {
     "faster": "#2ca02c",
@@ -243,7 +242,7 @@ def compare(cmp: pd.DataFrame | None) -> Figure | None:
 
 def peers(cur: pd.DataFrame) -> Figure | None:
     """Each kvbench kernel's median over the fastest peer's in the same case group."""
-    from harness.peers_summary import peer_ratios
+    from kvbench.analysis.peers_summary import peer_ratios
 
     r = peer_ratios(measured(cur))
     if r.empty:

@@ -22,10 +22,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
-
-from harness.compare import judge, judge_value, value_ratio
-from harness.results import MEASURED, ResultSet, is_dirty, label, load_dir, pick_rows
-from harness.rules import TESTED, Rules, check_rules
+from kvbench.analysis.compare import judge, judge_value, value_ratio
+from kvbench.analysis.rules import TESTED, Rules, check_rules
+from kvbench.store.results import MEASURED, ResultSet, is_dirty, label, load_dir, pick_rows
 
 COLUMNS = (
     "case_id", "label", "device", "backend", "metric", "point", "commit", "dirty", "timestamp",

@@ -21,13 +21,12 @@ from __future__ import annotations
 import math
 
 import mlx.core as mx
-
-from harness.case import Case
-from harness.state import State, compare_outputs, memory_baseline, parity_gate, recon_err
-from kernels.attention import reference
-from kernels.data import make_qkv
-from kernels.formats import get_format
-from kernels.peers import PEERS, DecodeData, unsupported_reason, version
+from kvbench.case import Case
+from kvbench.engines.contract import State, compare_outputs, memory_baseline, parity_gate, recon_err
+from kvbench.kernels.attention import reference
+from kvbench.kernels.data import make_qkv
+from kvbench.kernels.formats import get_format
+from kvbench.kernels.peers import PEERS, DecodeData, unsupported_reason, version
 
 WINDOW_REASON = "window is implemented by the mlx_lm_rotating peer only"
 

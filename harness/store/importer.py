@@ -19,10 +19,10 @@ import hashlib
 import json
 from pathlib import Path
 
-from harness import SCHEMA_VERSION
-from harness.errors import UserError
-from harness.record import COLUMNS, SAMPLE_COLUMNS, make_record, write_csv_atomic
-from harness.stats import summarize
+from kvbench import SCHEMA_VERSION
+from kvbench.analysis.stats import summarize
+from kvbench.errors import UserError
+from kvbench.store.record import COLUMNS, SAMPLE_COLUMNS, make_record, write_csv_atomic
 
 CONTEXT_KEYS = ("device", "backend", "mlx_version", "kvbench_version")
 STAT_KEYS = ("median", "iqr", "mean", "stddev", "rounds")

@@ -7,9 +7,8 @@ from dataclasses import dataclass
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
-
-from harness.record import COLUMNS
-from harness.results import MEASURED  # noqa: F401 (statuses whose rows carry times)
+from kvbench.store.record import COLUMNS
+from kvbench.store.results import MEASURED  # noqa: F401 (statuses whose rows carry times)
 
 MIB = 2**20
 

@@ -13,14 +13,13 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
-
-from harness import runner
-from harness.bandwidth import peak_read_bandwidth
-from harness.case import Case
-from harness.context import run_context, run_id
-from harness.progress import Progress
-from harness.record import ResultsWriter
-from harness.suite import Suite
+from kvbench.case import Case
+from kvbench.run import runner
+from kvbench.run.bandwidth import peak_read_bandwidth
+from kvbench.run.context import run_context, run_id
+from kvbench.run.progress import Progress
+from kvbench.spec.suite import Suite
+from kvbench.store.record import ResultsWriter
 
 
 def unique_run_id(out_dir: str | Path, base: str) -> str:

@@ -18,15 +18,14 @@ import dataclasses
 import math
 
 import mlx.core as mx
-
-from harness.case import Case
-from harness.state import State, compare_outputs, memory_baseline, parity_gate, recon_err
-from kernels.attention import KERNELS, reference, unsupported_reason
-from kernels.cache import KVCache
-from kernels.data import make_qkv
-from kernels.formats import get_format
-from kernels.gpu_kernels import DTYPE_NAMES, kv_code
-from kernels.launch import Problem
+from kvbench.case import Case
+from kvbench.engines.contract import State, compare_outputs, memory_baseline, parity_gate, recon_err
+from kvbench.kernels.attention import KERNELS, reference, unsupported_reason
+from kvbench.kernels.cache import KVCache
+from kvbench.kernels.data import make_qkv
+from kvbench.kernels.formats import get_format
+from kvbench.kernels.gpu_kernels import DTYPE_NAMES, kv_code
+from kvbench.kernels.launch import Problem
 
 
 def problem_of(case: Case, fmt) -> Problem:

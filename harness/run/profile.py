@@ -14,12 +14,12 @@ import dataclasses
 import os
 
 import mlx.core as mx
-
-from harness import runner, stats
-from harness.case import Case
-from harness.context import backend_name
-from harness.errors import UserError
-from harness.suite import expand, load_suite
+from kvbench.analysis import stats
+from kvbench.case import Case
+from kvbench.errors import UserError
+from kvbench.run import runner
+from kvbench.run.context import backend_name
+from kvbench.spec.suite import expand, load_suite
 
 
 def find_case(cases: list[Case], case_id: str, path: str) -> Case:

@@ -20,12 +20,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-
-from harness.case import AXES, Case
-from harness.errors import SuiteError
-from harness.presets import PRESETS
-from harness.validate import check_axis, check_case, check_streams, is_int
-from kernels.attention import KERNELS
+from kvbench.case import AXES, Case
+from kvbench.errors import SuiteError
+from kvbench.kernels.attention import KERNELS
+from kvbench.spec.presets import PRESETS
+from kvbench.spec.validate import check_axis, check_case, check_streams, is_int
 
 TOP_KEYS = ("name", "description", "settings", "fixed", "sweep", "zip", "exclude")
 

@@ -10,8 +10,7 @@ from functools import lru_cache
 from pathlib import Path
 
 import mlx.core as mx
-
-from harness import SCHEMA_VERSION, __version__
+from kvbench import SCHEMA_VERSION, __version__
 
 REPO = Path(__file__).resolve().parent.parent
 
@@ -54,7 +53,7 @@ def set_device(name: str | None) -> None:
     if name is None:
         return
     if name == "gpu" and not gpu_available():
-        from harness.errors import UserError
+        from kvbench.errors import UserError
 
         raise UserError("--device: gpu: this MLX build has no GPU backend (Metal or CUDA)")
     mx.set_default_device(mx.gpu if name == "gpu" else mx.cpu)

@@ -3,15 +3,15 @@ axes (check_case, check_streams). A problem raises SuiteError(file, key, reason)
 
 from __future__ import annotations
 
-from harness.case import AXES, Case
-from harness.errors import SuiteError
-from harness.presets import PRESETS
-from kernels.attention import KERNELS
-from kernels.data import KV_DATA, load_kv_file
-from kernels.formats import FORMATS, get_format
-from kernels.layouts import LAYOUT_KINDS
-from kernels.peers import PEERS
-from kernels.workloads import ORDERS
+from kvbench.case import AXES, Case
+from kvbench.errors import SuiteError
+from kvbench.kernels.attention import KERNELS
+from kvbench.kernels.data import KV_DATA, load_kv_file
+from kvbench.kernels.formats import FORMATS, get_format
+from kvbench.kernels.layouts import LAYOUT_KINDS
+from kvbench.kernels.peers import PEERS
+from kvbench.kernels.workloads import ORDERS
+from kvbench.spec.presets import PRESETS
 
 PHASES = ("decode", "prefill")
 LAYOUTS = LAYOUT_KINDS

@@ -14,9 +14,8 @@ from functools import lru_cache
 
 import mlx.core as mx
 import numpy as np
-
-from harness.stats import summarize
-from harness.timer import run_once, sample
+from kvbench.analysis.stats import summarize
+from kvbench.run.timer import run_once, sample
 
 DEFAULT_BYTES = {"cpu": 256 * 2**20, "metal": 1024 * 2**20, "cuda": 2048 * 2**20}
 

@@ -12,9 +12,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
-from plotly.subplots import make_subplots
-
-from harness.report_common import (
+from kvbench.report.common import (
     MEASURED,
     MIB,
     Figure,
@@ -28,6 +26,7 @@ from harness.report_common import (
     table,
     with_fmt,
 )
+from plotly.subplots import make_subplots
 
 PEAK_COLORS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 # Width in bits of one stored element's code, scales excluded.
@@ -376,7 +375,7 @@ def accuracy(cur: pd.DataFrame) -> Figure | None:
 
 def all_figures(cur, history, compare_rows, order) -> list[Figure]:
     """Every figure the data supports, in page order."""
-    from harness.report_views import compare, history_fig, layouts, peers, tiles
+    from kvbench.report.views import compare, history_fig, layouts, peers, tiles
 
     figs = [latency(cur), bandwidth(cur), memory(cur), accuracy(cur), tiles(cur), layouts(cur)]
     figs += [peers(cur)]

@@ -16,10 +16,9 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
-
-from harness.case import label_of
-from harness.errors import UserError
-from harness.record import COLUMNS
+from kvbench.case import label_of
+from kvbench.errors import UserError
+from kvbench.store.record import COLUMNS
 
 # Read as text: a 12-digit commit or case id made only of digits must not become a number.
 TEXT = {c: str for c in ("run_id", "case_id", "commit", "branch", "suite", "label", "host")}
@@ -122,8 +121,8 @@ def current(rows: pd.DataFrame, latest: bool = False) -> pd.DataFrame:
 
 def build(paths, latest: bool = False, compare: str | Path | None = None, title=None) -> str:
     """The report page's HTML for result paths (files or directories)."""
-    from harness.report_figures import all_figures
-    from harness.report_html import page
+    from kvbench.report.figures import all_figures
+    from kvbench.report.html import page
 
     rows, compare_rows = load(paths)
     if compare is not None:

@@ -13,9 +13,9 @@ import json
 import re
 from dataclasses import asdict, dataclass
 
-from harness.errors import UserError
-from harness.presets import PRESETS
-from kernels.formats import FORMATS, bits_per_elem, get_format
+from kvbench.errors import UserError
+from kvbench.kernels.formats import FORMATS, bits_per_elem, get_format
+from kvbench.spec.presets import PRESETS
 
 LAYOUTS = ("per-stream",)  # issue 4 adds unified
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}

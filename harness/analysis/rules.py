@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from harness.errors import UserError
+from kvbench.errors import UserError
 
 # metric -> the stage whose raw samples stand behind it (the metrics a rank test can judge)
 METRIC_STAGE = {"median_ms": "step", "write_ms": "write", "attend_ms": "attend", "mask_ms": "mask"}

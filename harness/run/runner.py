@@ -16,14 +16,17 @@ from dataclasses import dataclass, field
 from typing import NamedTuple
 
 import mlx.core as mx
-
-from harness import cache_engine, metrics, peers_engine, stats, streams_engine, timer
-from harness.case import Case
-from harness.record import Record, make_record
-from harness.suite import Settings
-from kernels.attention import KERNELS, effective_tile
-from kernels.formats import bits_per_elem, get_format
-from kernels.peers import PEERS
+from kvbench.analysis import stats
+from kvbench.case import Case
+from kvbench.engines import cache as cache_engine
+from kvbench.engines import peers as peers_engine
+from kvbench.engines import streams as streams_engine
+from kvbench.kernels.attention import KERNELS, effective_tile
+from kvbench.kernels.formats import bits_per_elem, get_format
+from kvbench.kernels.peers import PEERS
+from kvbench.run import metrics, timer
+from kvbench.spec.suite import Settings
+from kvbench.store.record import Record, make_record
 
 
 class Engine(NamedTuple):

@@ -6,8 +6,7 @@ import json
 import math
 
 import pandas as pd
-
-from harness.compare import COLUMNS, Comparison
+from kvbench.analysis.compare import COLUMNS, Comparison
 
 ORDER = {
     "slower": 0,

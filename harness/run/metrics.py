@@ -14,7 +14,7 @@ reads and attends over min(W, L) positions instead of L.
 
 from __future__ import annotations
 
-from harness.case import Case
+from kvbench.case import Case
 
 
 def attended(case: Case) -> int:

@@ -26,11 +26,18 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
-
-from harness.compare import Comparison, compare
-from harness.errors import UserError
-from harness.results import MEASURED, ResultSet, is_dirty, load, load_dir, load_runs, resolve_ref
-from harness.rules import Rules, check_rules
+from kvbench.analysis.compare import Comparison, compare
+from kvbench.analysis.rules import Rules, check_rules
+from kvbench.errors import UserError
+from kvbench.store.results import (
+    MEASURED,
+    ResultSet,
+    is_dirty,
+    load,
+    load_dir,
+    load_runs,
+    resolve_ref,
+)
 
 
 def _git(repo: Path, *args: str) -> str:
@@ -68,7 +75,7 @@ def has_clean_run(results: Path, sha: str, suite: str) -> bool:
 def run_suite(cwd: Path, suite: Path, results: Path, device: str | None) -> Path:
     """Run `suite` with the harness found in `cwd`; returns the new results CSV."""
     before = set(results.glob("*.csv")) if results.is_dir() else set()
-    cmd = [sys.executable, "-m", "harness", "run", str(suite), "--out", str(results)]
+    cmd = [sys.executable, "-m", "kvbench", "run", str(suite), "--out", str(results)]
     cmd += ["--device", device] if device else []
     print(f"kvbench gate: running {suite.name} in {cwd}", file=sys.stderr)
     if subprocess.run(cmd, cwd=cwd, stdout=sys.stderr).returncode:

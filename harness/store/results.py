@@ -31,11 +31,10 @@ from pathlib import Path
 
 import numpy as np
 import pandas as pd
-
-from harness import stats
-from harness.case import label_of
-from harness.errors import UserError
-from harness.rules import METRIC_STAGE
+from kvbench.analysis import stats
+from kvbench.analysis.rules import METRIC_STAGE
+from kvbench.case import label_of
+from kvbench.errors import UserError
 
 TEXT_COLUMNS = {"run_id": str, "case_id": str, "commit": str, "branch": str, "suite": str}
 STATUS_RANK = {"ok": 0, "partial": 1}
