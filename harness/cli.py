@@ -30,6 +30,7 @@ def cmd_run(args) -> int:
         raise UserError(f"{args.suite}: --filter: no case matches")
     set_device(args.device)
     import pandas as pd
+
     from kvbench.analysis.summary import table
 
     try:

@@ -16,6 +16,7 @@ import time
 
 import mlx.core as mx
 import pandas as pd
+
 from kvbench.kernels.cache import KVCache
 from kvbench.kernels.formats import get_format
 from kvbench.run.session import run_suite

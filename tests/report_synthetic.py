@@ -9,6 +9,7 @@ from __future__ import annotations
 import itertools
 
 import pandas as pd
+
 from kvbench.store.record import COLUMNS
 
 # name -> (stored bits per element with scales, data bits)

@@ -8,6 +8,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from conftest import numpy_attention
+
 from kvbench.kernels.attention import KERNELS, causal_mask, unsupported_reason
 from kvbench.kernels.formats import get_format
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 import pytest
+
 from kvbench.kernels.cache import KVCache
 from kvbench.kernels.formats import get_format
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import mlx.core as mx
+
 from kvbench.case import Case
 from kvbench.engines import cache as cache_engine
 from kvbench.kernels import attention

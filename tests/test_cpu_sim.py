@@ -15,6 +15,7 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+
 from kvbench.engines.contract import PARITY_REL_TOL, compare_outputs
 from kvbench.kernels import gpu_emulate, gpu_kernels, launch
 from kvbench.kernels.attention import reference

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pandas as pd
+
 from kvbench.kernels.attention import KERNELS, effective_tile
 from kvbench.run.session import run_suite
 from kvbench.spec.suite import expand, load_suite

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 from fake_runs import draw, git, make_repo, write_run
+
 from kvbench.analysis import gate as gate_mod
 from kvbench.errors import UserError
+from kvbench.store import git as store_git
 
 
 @pytest.fixture
@@ -13,13 +15,16 @@ def repo(tmp_path, monkeypatch):
     shas = make_repo(tmp_path / "repo", 2)
     path = tmp_path / "repo"
     (path / "s.yaml").write_text("name: gs\n")
+    # the suite file and results are not part of the measured code: ignored, as a user's
+    # results/ is by the project's .gitignore (an untracked, non-ignored file makes a tree dirty)
+    (path / ".git" / "info" / "exclude").write_text("s.yaml\nresults/\n")
     monkeypatch.chdir(path)
     calls = []
 
     def fake_run(cwd, suite, results, device):
         """Record where the suite ran; write a run stamped like that tree's HEAD."""
         sha = git(cwd, "rev-parse", "HEAD")
-        dirty = bool(git(cwd, "status", "--porcelain", "--untracked-files=no"))
+        dirty = store_git.is_dirty(cwd)  # as the run context stamps rows
         calls.append((cwd == path, sha, dirty))
         results.mkdir(exist_ok=True)
         i = len(calls)
@@ -47,6 +52,17 @@ def test_a_dirty_tree_is_always_measured_and_recorded_dirty(repo):
     cmp = gate_mod.gate("HEAD~1", "s.yaml", "results")
     assert calls[-1] == (True, shas[1], True)
     assert any("dirty" in w for w in cmp.warnings)
+
+
+def test_an_untracked_file_is_dirty_for_the_gate_as_for_the_run_context(repo):
+    # the run context stamps rows dirty when an untracked file exists; the gate must agree, or
+    # it looks for a clean run of HEAD that can never exist
+    path, shas, calls = repo
+    (path / "new_kernel.py").write_text("x = 1\n")
+    cmp = gate_mod.gate("HEAD~1", "s.yaml", "results")
+    assert calls[0] == (True, shas[1], True)
+    assert any("dirty" in w for w in cmp.warnings)
+    assert store_git.info(path)["dirty"] is True
 
 
 def test_unknown_base_is_a_user_error(repo):

@@ -12,6 +12,7 @@ import re
 import mlx.core as mx
 import numpy as np
 import pytest
+
 from kvbench.engines.contract import PARITY_REL_TOL, compare_outputs
 from kvbench.kernels import gpu_emulate, gpu_kernels, launch
 from kvbench.kernels.attention import reference

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 
 from fake_runs import draw, make_repo, write_run
+
 from kvbench.analysis.compare import Rules
 from kvbench.analysis.history import history
 from kvbench.cli import main

@@ -3,13 +3,12 @@
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+
 from kvbench.analysis.compare import compare
 from kvbench.case import Case
 from kvbench.cli import main
@@ -114,14 +113,3 @@ def test_malformed_json_is_one_line_exit_2(tmp_path, capsys, text, where):
     assert err.startswith(f"kvbench: {src}: {where}"), err
     assert err.strip().count("\n") == 0 and "Traceback" not in err
     assert not (tmp_path / "out").exists()
-
-
-def test_compare_history_import_import_no_mlx():
-    code = (
-        "import sys; import kvbench.analysis.compare, kvbench.analysis.compare_text, "
-        "kvbench.analysis.history, "
-        "kvbench.store.importer, kvbench.store.results, kvbench.analysis.gate; "
-        "bad = [m for m in sys.modules if m == 'mlx' or m.startswith(('mlx.', 'kernels'))]; "
-        "assert not bad, bad"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True, cwd=Path(__file__).parent.parent)

@@ -8,6 +8,7 @@ grid = threadgroups x threads per threadgroup in each dimension.
 import math
 
 import pytest
+
 from kvbench.case import Case
 from kvbench.engines.cache import problem_of, skip_reason
 from kvbench.kernels import launch

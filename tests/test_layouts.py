@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+
 from kvbench.kernels.layouts import CacheFullError, Cells, Layout, pad_to
 from kvbench.kernels.workloads import Workload, build_layout
 

@@ -3,8 +3,8 @@
 from __future__ import annotations
 
 from kvbench.case import Case
+from kvbench.engines import metrics
 from kvbench.kernels.formats import get_format
-from kvbench.run import metrics
 from kvbench.spec.presets import PRESETS
 
 

@@ -2,6 +2,7 @@
 
 import mlx.core as mx
 import pandas as pd
+
 from kvbench.case import Case
 from kvbench.kernels.attention import KERNELS, Kernel, any_format
 from kvbench.kernels.tiled import tiled

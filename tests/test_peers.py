@@ -9,14 +9,17 @@ from pathlib import Path
 import mlx.core as mx
 import pandas as pd
 import pytest
+
+from kvbench import engines
 from kvbench.case import Case
 from kvbench.engines import cache as cache_engine
+from kvbench.engines import metrics
 from kvbench.engines import peers as peers_engine
 from kvbench.kernels.attention import reference
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats import FORMATS, get_format
 from kvbench.kernels.peers import PEERS, DecodeData, missing_reason
-from kvbench.run import metrics, runner, session
+from kvbench.run import session
 from kvbench.spec.suite import Settings, Suite, expand, load_suite
 
 REPO = Path(__file__).resolve().parent.parent
@@ -50,8 +53,8 @@ DENSE_CASES = [
 def test_peer_matches_reference(kernel, kv_dtype, kw):
     need(kernel)
     c = case(kernel, kv_dtype, **kw)
-    assert runner.skip_reason(c, "cpu") is None
-    state = runner.engine_for(c).build(c)
+    assert engines.skip_reason(c, "cpu") is None
+    state = engines.engine_for(c).build(c)
     acc = state.check()  # raises ParityError on a mismatch
     tol = 1e-5 if kv_dtype == "fp32" else 1e-2
     assert acc["rel_err"] < tol and acc["cosine"] > 0.999
@@ -87,7 +90,7 @@ def test_mlx_lm_quant_matches_reference_over_its_stored_cache(kv_dtype):
 @pytest.mark.skipif("affine4" not in FORMATS, reason="affine4/affine8 formats land with issue 3")
 def test_mlx_lm_quant_through_the_engine():
     need("mlx_lm_quant")
-    acc = runner.engine_for(c := case("mlx_lm_quant", "affine4")).build(c).check()
+    acc = engines.engine_for(c := case("mlx_lm_quant", "affine4")).build(c).check()
     assert 1e-4 < acc["kv_recon_err"] < 0.3
 
 
@@ -109,9 +112,9 @@ def test_absent_packages_give_skip_reasons(monkeypatch):
     monkeypatch.setitem(sys.modules, "mlx_lm", None)
     monkeypatch.setitem(sys.modules, "torch", None)
     for kernel in ("mlx_lm", "mlx_lm_rotating", "torch_sdpa"):
-        reason = runner.skip_reason(case(kernel), "cpu")
+        reason = engines.skip_reason(case(kernel), "cpu")
         assert "not installed" in reason and "kvbench[peers]" in reason
-    assert runner.skip_reason(case("numpy_ref", "fp32"), "cpu") is None
+    assert engines.skip_reason(case("numpy_ref", "fp32"), "cpu") is None
 
 
 def test_absent_packages_are_skipped_rows_in_a_run(monkeypatch, tmp_path):
@@ -148,12 +151,12 @@ def test_absent_packages_are_skipped_rows_in_a_run(monkeypatch, tmp_path):
     ],
 )
 def test_unsupported_combinations_are_skipped_with_a_reason(c, backend, expect):
-    assert expect in runner.skip_reason(c, backend)
+    assert expect in engines.skip_reason(c, backend)
 
 
 def test_engines_are_picked_by_kernel_name():
-    assert runner.engine_for(case("mlx_lm")).build is peers_engine.build
-    assert runner.engine_for(case("sdpa")).build is cache_engine.build
+    assert engines.engine_for(case("mlx_lm")).build is peers_engine.build
+    assert engines.engine_for(case("sdpa")).build is cache_engine.build
 
 
 def test_window_shrinks_the_byte_model_and_flops():

@@ -6,6 +6,7 @@ import math
 
 import pandas as pd
 import pytest
+
 from kvbench.analysis.peers_summary import COLUMNS, PEER_KERNELS, peer_ratios
 
 
@@ -59,14 +60,3 @@ def test_peer_names_match_the_registry():
     from kvbench.kernels.peers import PEERS
 
     assert set(PEER_KERNELS) == set(PEERS)
-
-
-def test_imports_no_mlx():
-    import subprocess
-    import sys
-
-    code = (
-        "import sys, kvbench.analysis.peers_summary; "
-        "assert 'mlx' not in sys.modules, 'mlx imported'"
-    )
-    subprocess.run([sys.executable, "-c", code], check=True)

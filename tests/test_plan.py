@@ -3,10 +3,11 @@
 import json
 
 import pytest
+from test_quant import HAND
+
 from kvbench.cli import main
 from kvbench.errors import UserError
 from kvbench.spec.plan import make_plan, parse_size, resolve_shape
-from test_quant import HAND
 
 
 @pytest.mark.parametrize("model, ctx, seqs, name, group, want", HAND)

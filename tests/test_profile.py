@@ -1,10 +1,12 @@
 """`kvbench profile`: one case, per-stage breakdown; Metal capture refused off Apple silicon."""
 
 import pytest
+
+from kvbench import engines
 from kvbench.cli import main
 from kvbench.engines import cache as cache_engine
+from kvbench.engines.contract import Engine
 from kvbench.kernels.attention import KERNELS, Kernel, any_format, ops
-from kvbench.run import runner
 from kvbench.run.profile import breakdown, capture_problem, find_case, format_breakdown
 from kvbench.spec.suite import expand, load_suite
 
@@ -76,7 +78,9 @@ def _broken_build(case):
         (lambda mp: mp.setitem(KERNELS, "ops", Kernel(_wrong_ops, any_format)), "ParityError: "),
         (
             lambda mp: mp.setitem(
-                runner.ENGINES, "cache", runner.Engine(_broken_build, cache_engine.skip_reason)
+                engines.ENGINES,
+                "cache",
+                Engine(cache_engine.claims, cache_engine.skip_reason, _broken_build),
             ),
             "ValueError: engine exploded",
         ),

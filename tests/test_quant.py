@@ -3,6 +3,7 @@
 import mlx.core as mx
 import numpy as np
 import pytest
+
 from kvbench.kernels import quant
 from kvbench.kernels.formats import FORMATS, bits_per_elem, get_format
 from kvbench.spec.presets import PRESETS

@@ -5,14 +5,15 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 import pytest
+
 from kvbench.case import Case
+from kvbench.engines import metrics
 from kvbench.engines.cache import build
 from kvbench.engines.contract import compare_outputs
 from kvbench.errors import SuiteError
 from kvbench.kernels.attention import KERNELS, reference, unsupported_reason
 from kvbench.kernels.data import OUTLIER_GAIN, make_qkv
 from kvbench.kernels.formats import FORMATS, get_format
-from kvbench.run import metrics
 from kvbench.spec.suite import resolve
 
 QUANTIZED = [n for n in FORMATS if get_format(n).quantized]
@@ -112,10 +113,13 @@ def test_quant_suites_load():
 
 def test_peak_memory_covers_stages_not_the_check(monkeypatch):
     """A check that allocates 64 MiB must not show up in peak_mem_bytes."""
+    from kvbench import engines
+    from kvbench.engines import cache as cache_engine
+    from kvbench.engines.contract import Engine
     from kvbench.run import runner
     from kvbench.spec.suite import Settings
 
-    real_build = runner.cache_engine.build
+    real_build = cache_engine.build
 
     def build_with_big_check(case):
         state = real_build(case)
@@ -128,11 +132,12 @@ def test_peak_memory_covers_stages_not_the_check(monkeypatch):
         state.check = heavy_check
         return state
 
-    monkeypatch.setitem(runner.ENGINES, "cache", runner.Engine(build_with_big_check, None))
+    engine = Engine(lambda c: True, None, build_with_big_check)
+    monkeypatch.setitem(engines.ENGINES, "cache", engine)
     case = Case("tiny", 2, 8, 2, 64, 64, kv_dtype="fp4", kernel="dequant_sdpa")
     run = runner.CaseRun(case)
     settings = Settings(warmup_s=0.01, min_samples=2, max_samples=3, budget_s=0.02, rounds=1)
     runner.measure_round(run, settings, 0)
     kv = metrics.kv_bytes(case, get_format("fp4"))
     assert kv <= run.peak_mem_bytes < 2**24
-    assert run.extra["fill_peak_bytes"] >= kv
+    assert run.reported["fill_peak_bytes"] >= kv

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+
 from kvbench.store.record import COLUMNS, SAMPLE_COLUMNS, Record, ResultsWriter, make_record
 
 

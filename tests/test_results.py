@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pytest
 from fake_runs import draw, make_repo, write_run
+
 from kvbench.cli import main
 from kvbench.errors import UserError
-from kvbench.store.results import load, resolve_ref
+from kvbench.store.git import resolve_ref
+from kvbench.store.results import load
 
 
 @pytest.fixture
@@ -72,6 +74,7 @@ def test_directory_loads_every_run_and_csv_brings_its_samples(tmp_path):
 
 def test_pool_concatenates_every_run_and_recomputes_the_row(tmp_path):
     import numpy as np
+
     from kvbench.analysis import stats
 
     x1, x2 = draw(10, 1.0, seed=1), draw(12, 3.0, seed=2)

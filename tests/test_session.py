@@ -6,6 +6,7 @@ import math
 
 import pandas as pd
 import pytest
+
 from kvbench.kernels import attention
 from kvbench.run import runner
 from kvbench.run.session import run_suite

@@ -9,11 +9,14 @@ import mlx.core as mx
 import numpy as np
 import pytest
 from conftest import numpy_attention
+
+from kvbench import engines
+from kvbench.engines import metrics
 from kvbench.engines.streams import Run, build, counts, make_tables, skip_reason, workload_of
 from kvbench.errors import SuiteError
 from kvbench.kernels.attention import KERNELS, Kernel, any_format, reference
 from kvbench.kernels.formats import get_format
-from kvbench.run import metrics, runner
+from kvbench.run import runner
 from kvbench.spec.suite import Settings, expand, load_suite, resolve
 
 TINY = {"model": "tiny", "n_seqs": 3, "context_len": 40, "kv_dtype": "fp32"}
@@ -84,9 +87,9 @@ def test_counts_for_a_hand_worked_case():
 
 
 def test_engine_choice():
-    assert runner.engine_for(case()) is runner.ENGINES["cache"]
-    assert runner.engine_for(case(workload="independent")) is runner.ENGINES["streams"]
-    assert runner.engine_for(case(workload="independent", layout="unified")).build is build
+    assert engines.engine_for(case()) is engines.ENGINES["cache"]
+    assert engines.engine_for(case(workload="independent")) is engines.ENGINES["streams"]
+    assert engines.engine_for(case(workload="independent", layout="unified")).build is build
 
 
 @pytest.mark.parametrize(
@@ -202,8 +205,8 @@ def test_kv_bytes_of_a_workload_row_is_the_occupied_cells():
     uni = dataclasses.replace(c, layout="unified")
     for cs, cells in ((c, 27), (uni, 21)):
         state = build(cs)
-        assert state.extra["kv_bytes"] == state.extra["bytes_used"] == cells * 1024
-        run = runner.CaseRun(cs, samples={"step": [1.0, 1.1, 0.9]}, extra=state.extra)
+        assert state.kv_bytes == state.extra["bytes_used"] == cells * 1024
+        run = runner.CaseRun(cs, {"step": [1.0, 1.1, 0.9]}, reported=runner.reported(cs, state))
         row = runner.finish(run, Settings(), {})
         assert row.kv_bytes == cells * 1024
 
@@ -213,7 +216,7 @@ def test_a_workload_row_records_the_effective_tile():
     for kernel, tile, want in (("tiled", None, 256), ("tiled", 8, 8), ("sdpa", None, None)):
         c = case(workload="independent", kernel=kernel, tile_kv=tile)
         state = build(c)
-        run = runner.CaseRun(c, samples={"step": [1.0, 1.1, 0.9]}, extra=state.extra)
+        run = runner.CaseRun(c, {"step": [1.0, 1.1, 0.9]}, reported=runner.reported(c, state))
         row = runner.finish(run, Settings(), {})
         assert (row.tile_kv, row.case_id) == (want, c.case_id)
         assert c.tile_kv == tile  # the case (and its case_id) keep the value as written

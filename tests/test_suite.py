@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kvbench.errors import SuiteError
 from kvbench.spec.suite import apply_filters, expand, load_suite
 

@@ -1,6 +1,7 @@
 """tile_heatmap: result rows -> tile x context table (pandas only)."""
 
 import pandas as pd
+
 from kvbench.analysis.summary import tile_heatmap
 
 

@@ -4,6 +4,7 @@ import math
 
 import mlx.core as mx
 import pytest
+
 from kvbench.engines.contract import PARITY_REL_TOL, compare_outputs
 from kvbench.kernels.attention import KERNELS, reference
 from kvbench.kernels.formats import get_format

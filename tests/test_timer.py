@@ -6,6 +6,7 @@ import time
 
 import numpy as np
 import pytest
+
 from kvbench.analysis import stats
 from kvbench.run import timer
 

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 import pandas as pd
+
 from kvbench.analysis import stats
 from kvbench.analysis.rules import (  # Rules: also for users
     HIGHER_IS_BETTER,
@@ -29,6 +30,7 @@ from kvbench.analysis.rules import (  # Rules: also for users
     Rules,
     check_rules,
 )
+from kvbench.errors import UserError
 from kvbench.store.results import MEASURED, ResultSet, is_dirty, label
 
 COLUMNS = (
@@ -167,6 +169,13 @@ def compare(base: ResultSet, new: ResultSet, metric: str = "median_ms", rules=Ru
     """Join the picked rows of both sides on case_id and judge every case."""
     check_rules(metric, rules)
     b, n = base.pick(), new.pick()
+    for side, rs, df in (("BASE", base, b), ("NEW", new, n)):
+        if df["case_id"].duplicated().any():  # picked per (case, device, backend)
+            devices = ", ".join(sorted(df["device"].dropna().astype(str).unique()))
+            raise UserError(
+                f"{rs.source}: {side} holds the same cases measured on several machines "
+                f"({devices}); compare one machine's results per side"
+            )
     b_by, n_by = b.set_index("case_id", drop=False), n.set_index("case_id", drop=False)
     rows = []
     for cid in b["case_id"]:

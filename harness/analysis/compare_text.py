@@ -6,6 +6,7 @@ import json
 import math
 
 import pandas as pd
+
 from kvbench.analysis.compare import COLUMNS, Comparison
 
 ORDER = {

@@ -13,7 +13,8 @@ created once and the suite runs N times on each side, interleaved in ABBA order 
 BASE, NEW, NEW, BASE, ...; see `round_order`), and each side is compared with the raw samples
 of its N fresh runs pooled (harness/results.py load_runs). Drift of the machine between runs
 then hits both sides alike instead of looking like a difference of code (docs/compare.md).
-Runs go through `python -m harness run` in a subprocess, so this module imports no mlx.
+Each side runs in a subprocess with the kvbench code of its own tree (`tree_command`), so this
+module imports no mlx, and an installed kvbench never stands in for BASE's code.
 """
 
 from __future__ import annotations
@@ -26,9 +27,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
+
 from kvbench.analysis.compare import Comparison, compare
 from kvbench.analysis.rules import Rules, check_rules
 from kvbench.errors import UserError
+from kvbench.store import git
 from kvbench.store.results import (
     MEASURED,
     ResultSet,
@@ -36,15 +39,32 @@ from kvbench.store.results import (
     load,
     load_dir,
     load_runs,
-    resolve_ref,
 )
 
+# Runs the kvbench of the tree named by argv[1]: its harness/ as `kvbench` and its kernels/ as
+# `kvbench.kernels`, registered before anything imports them, so an installed (or editable)
+# kvbench of another checkout is never used; then `python -m kvbench` with the rest of argv.
+BOOTSTRAP = """
+import importlib.util, runpy, sys
+root = sys.argv.pop(1)
+for name, folder in (("kvbench", "harness"), ("kvbench.kernels", "kernels")):
+    spec = importlib.util.spec_from_file_location(
+        name, f"{root}/{folder}/__init__.py", submodule_search_locations=[f"{root}/{folder}"])
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+sys.modules["kvbench"].kernels = sys.modules["kvbench.kernels"]
+runpy.run_module("kvbench", run_name="__main__", alter_sys=True)
+"""
 
-def _git(repo: Path, *args: str) -> str:
-    out = subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True)
-    if out.returncode:
-        raise UserError(f"git {' '.join(args)}: {out.stderr.strip().splitlines()[-1:]}")
-    return out.stdout.strip()
+
+def tree_command(tree: Path) -> list[str]:
+    """The command line that runs the kvbench CLI of `tree`: trees from before kvbench was
+    installed under its own name (a top-level harness/cli.py importing `harness.*`) run as
+    `python -m harness` from the tree; newer ones through BOOTSTRAP."""
+    if not (tree / "harness" / "spec").is_dir():
+        return [sys.executable, "-m", "harness"]
+    return [sys.executable, "-c", BOOTSTRAP, str(tree)]
 
 
 def suite_name(path: Path) -> str:
@@ -75,7 +95,7 @@ def has_clean_run(results: Path, sha: str, suite: str) -> bool:
 def run_suite(cwd: Path, suite: Path, results: Path, device: str | None) -> Path:
     """Run `suite` with the harness found in `cwd`; returns the new results CSV."""
     before = set(results.glob("*.csv")) if results.is_dir() else set()
-    cmd = [sys.executable, "-m", "kvbench", "run", str(suite), "--out", str(results)]
+    cmd = [*tree_command(cwd), "run", str(suite), "--out", str(results)]
     cmd += ["--device", device] if device else []
     print(f"kvbench gate: running {suite.name} in {cwd}", file=sys.stderr)
     if subprocess.run(cmd, cwd=cwd, stdout=sys.stderr).returncode:
@@ -89,13 +109,12 @@ def run_suite(cwd: Path, suite: Path, results: Path, device: str | None) -> Path
 
 @contextmanager
 def worktree(repo: Path, sha: str) -> Iterator[Path]:
-    tmp = Path(tempfile.mkdtemp(prefix="kvbench-base-")) / "tree"
-    _git(repo, "worktree", "add", "--detach", str(tmp), sha)
+    tmp = Path(tempfile.mkdtemp(prefix="kvbench-base-"))
     try:
-        yield tmp
+        with git.worktree(repo, sha, tmp / "tree") as tree:
+            yield tree
     finally:
-        _git(repo, "worktree", "remove", "--force", str(tmp))
-        tmp.parent.rmdir()
+        tmp.rmdir()
 
 
 def only_suite(rs: ResultSet, suite: str) -> ResultSet:
@@ -138,14 +157,14 @@ def gate(
     device: str | None = None,
     rounds: int = 1,
 ) -> Comparison:
-    repo = Path(_git(Path.cwd(), "rev-parse", "--show-toplevel"))
+    repo = Path(git.must(Path.cwd(), "rev-parse", "--show-toplevel"))
     suite_path, results_dir = Path(suite).resolve(), Path(results).resolve()
     name = suite_name(suite_path)
-    base_sha = resolve_ref(base, repo)
+    base_sha = git.resolve_ref(base, repo)
     if base_sha is None:
         raise UserError(f"BASE={base}: not a git ref in {repo}")
-    head_sha = _git(repo, "rev-parse", "HEAD")
-    dirty = bool(_git(repo, "status", "--porcelain", "--untracked-files=no"))
+    head_sha = git.must(repo, "rev-parse", "HEAD")
+    dirty = bool(git.is_dirty(repo))  # the run context's meaning: untracked files count
     round_order(rounds)  # validates rounds and the rules before anything runs
     rules = rules or Rules()
     check_rules(metric, rules)

@@ -17,13 +17,14 @@ from __future__ import annotations
 
 import json
 import math
-import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
+
 from kvbench.analysis.compare import judge, judge_value, value_ratio
 from kvbench.analysis.rules import TESTED, Rules, check_rules
+from kvbench.store import git
 from kvbench.store.results import MEASURED, ResultSet, is_dirty, label, load_dir, pick_rows
 
 COLUMNS = (
@@ -45,18 +46,7 @@ class History:
 
 def git_order(repo: str | Path = ".") -> dict[str, int]:
     """Short sha (12) -> position in a topological order of every commit in the repository."""
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(repo), "rev-list", "--topo-order", "--reverse", "--all"],
-            capture_output=True,
-            text=True,
-            timeout=30,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return {}
-    if out.returncode:
-        return {}
-    return {sha[:12]: i for i, sha in enumerate(out.stdout.split())}
+    return {sha[:12]: i for i, sha in enumerate(git.topo_order(repo))}
 
 
 def _points(rows: pd.DataFrame, repo) -> tuple[pd.DataFrame, str]:

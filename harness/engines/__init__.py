@@ -1,0 +1,25 @@
+"""Engines: the code that builds one case into timed stages (harness/engines/contract.py).
+
+ENGINES is tried in order; the first engine whose `claims(case)` is true runs the case. Adding
+an engine = a module with `claims`, `skip_reason` and `build`, and one line here.
+"""
+
+from __future__ import annotations
+
+from kvbench.case import Case
+from kvbench.engines import cache, peers, streams
+from kvbench.engines.contract import Engine
+
+ENGINES: dict[str, Engine] = {
+    "peers": Engine(peers.claims, peers.skip_reason, peers.build),
+    "streams": Engine(streams.claims, streams.skip_reason, streams.build),
+    "cache": Engine(cache.claims, cache.skip_reason, cache.build),
+}
+
+
+def engine_for(case: Case) -> Engine:
+    return next(e for e in ENGINES.values() if e.claims(case))
+
+
+def skip_reason(case: Case, backend: str) -> str | None:
+    return engine_for(case).skip_reason(case, backend)

@@ -14,13 +14,21 @@
 
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import mlx.core as mx
+
 from kvbench.case import Case
-from kvbench.engines.contract import State, compare_outputs, memory_baseline, parity_gate, recon_err
-from kvbench.kernels.attention import KERNELS, reference, unsupported_reason
+from kvbench.engines import metrics
+from kvbench.engines.contract import (
+    State,
+    compare_outputs,
+    memory_baseline,
+    parity_gate,
+    recon_err,
+    window_reason,
+)
+from kvbench.kernels.attention import KERNELS, effective_tile, reference, unsupported_reason
 from kvbench.kernels.cache import KVCache
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats import get_format
@@ -43,21 +51,26 @@ def problem_of(case: Case, fmt) -> Problem:
     )
 
 
-def call_problem(case: Case, fmt) -> Problem:
-    """The shape of one attention call of the case (plan_calls in the streams engine): one
-    sequence at a time, or a unified buffer whose n_seqs queries are query rows of one call."""
-    problem = problem_of(case, fmt)  # kv_len is nominal for workloads
-    if case.decode_order == "sequential":
-        return dataclasses.replace(problem, n_seqs=1)
-    if case.layout == "unified":
-        return dataclasses.replace(problem, n_seqs=1, q_len=case.n_seqs)
-    return problem
+def claims(case: Case) -> bool:
+    """The fallback engine: every case no engine before it in ENGINES claimed."""
+    return True
+
+
+def kernel_reason(case: Case, backend: str, problem: Problem) -> str | None:
+    """Why the case's kvbench kernel cannot run a call of this shape here, or None."""
+    fmt = get_format(case.kv_dtype, case.group_size)
+    reason = window_reason(case)
+    return reason or unsupported_reason(case.kernel, fmt, backend, problem, case.tile_kv)
 
 
 def skip_reason(case: Case, backend: str) -> str | None:
-    """Why the kernel cannot run the case's calls here (the streams engine's too), or None."""
     fmt = get_format(case.kv_dtype, case.group_size)
-    return unsupported_reason(case.kernel, fmt, backend, call_problem(case, fmt), case.tile_kv)
+    return kernel_reason(case, backend, problem_of(case, fmt))
+
+
+def effective(case: Case) -> dict:
+    """The case axes as the kernel runs them: a null tile_kv is the kernel's default tile."""
+    return {"tile_kv": effective_tile(case.kernel, case.tile_kv)}
 
 
 def build(case: Case) -> State:
@@ -130,6 +143,13 @@ def build(case: Case) -> State:
             "kv_recon_err": recon_err(tuple(fmt.decode(x, mx.float32) for x in (k, v)), (k32, v32)),
         }
 
-    stages = {"step": step, "write": write, "attend": attend_all}
-    extra = {"fill_peak_bytes": fill_peak}
-    return State(stages, check, alloc_bytes=alloc, baseline_bytes=baseline, extra=extra)
+    return State(
+        {"step": step, "write": write, "attend": attend_all},
+        check,
+        traffic=metrics.traffic_bytes(case, fmt),
+        kv_bytes=metrics.kv_bytes(case, fmt),
+        alloc_bytes=alloc,
+        baseline_bytes=baseline,
+        effective=effective(case),
+        extra={"fill_peak_bytes": fill_peak},
+    )

@@ -1,18 +1,24 @@
 """The contract between the runner and an engine (the code that builds and runs one case).
 
-An engine's `build(case)` returns a State: named timed stages (plain functions returning the
-arrays to evaluate; "step" is the case's headline time, other stages such as "write",
-"attend" or "mask" are timed on their own beside it), a `check()` that runs the parity gate and
-returns the accuracy fields, and what it measured while building (allocated bytes, the memory
-baseline for peak memory, extra row fields, an optional override of the byte model).
+An Engine declares which cases it claims, why it would skip one on a backend, and how it builds
+one. `build(case)` returns a State: named timed stages (plain functions returning the arrays to
+evaluate; "step" is the case's headline time, other stages such as "write", "attend" or "mask"
+are timed on their own beside it), a `check()` that runs the parity gate and returns the
+accuracy fields, the engine's byte model of one step (traffic, kv_bytes), the case axes as they
+actually ran (`effective`, e.g. the tile a null tile_kv meant), and what it measured while
+building (allocated bytes, the memory baseline for peak memory, engine-specific row fields).
+The runner knows nothing engine-specific: every figure it records comes through this State.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 import mlx.core as mx
+
+from kvbench.case import Case
 
 # parity tolerance (relative L2 error vs the float32 reference on the same stored cache), by
 # the dtype the kernel computes in: rounding of q, scores and probabilities, not the format's.
@@ -29,12 +35,27 @@ class ParityError(RuntimeError):
 class State:
     stages: dict[str, Callable[[], object]]  # "step" first; each returns arrays to eval
     check: Callable[[], dict]  # parity gate (raises ParityError) -> accuracy fields
+    traffic: tuple[int, int]  # (bytes_read, bytes_written) of one step, all layers
+    kv_bytes: int  # exact format bytes of the K/V the case holds, all layers
     alloc_bytes: int | None = None  # measured growth of active memory for the cache
     # active memory before the cache; peak memory is above this. None: the engine's arrays are
     # not MLX's (torch, numpy), so MLX's peak memory says nothing about them: not recorded
     baseline_bytes: int | None = 0
-    extra: dict = field(default_factory=dict)  # extra row fields (engine specific)
-    traffic: tuple[int, int] | None = None  # (bytes_read, bytes_written) if not the default
+    effective: dict = field(default_factory=dict)  # case axes as run (recorded in the row)
+    extra: dict = field(default_factory=dict)  # engine-specific row fields, never the runner's
+
+
+class Engine(NamedTuple):
+    claims: Callable[[Case], bool]  # does this engine run the case?
+    skip_reason: Callable[[Case, str], str | None]  # (case, backend) -> reason, or None
+    build: Callable[[Case], State]
+
+
+def window_reason(case: Case) -> str | None:
+    """Engines without a sliding-window cache refuse a case with a window."""
+    if case.window is None:
+        return None
+    return "window is implemented by the mlx_lm_rotating peer only"
 
 
 def compare_outputs(out: mx.array, ref: mx.array) -> dict:

@@ -21,14 +21,21 @@ from __future__ import annotations
 import math
 
 import mlx.core as mx
+
 from kvbench.case import Case
-from kvbench.engines.contract import State, compare_outputs, memory_baseline, parity_gate, recon_err
+from kvbench.engines import metrics
+from kvbench.engines.contract import (
+    State,
+    compare_outputs,
+    memory_baseline,
+    parity_gate,
+    recon_err,
+    window_reason,
+)
 from kvbench.kernels.attention import reference
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats import get_format
 from kvbench.kernels.peers import PEERS, DecodeData, unsupported_reason, version
-
-WINDOW_REASON = "window is implemented by the mlx_lm_rotating peer only"
 
 
 def _torch_cuda_reason() -> str | None:
@@ -37,14 +44,18 @@ def _torch_cuda_reason() -> str | None:
     return None if torch.cuda.is_available() else "this torch build has no CUDA device"
 
 
+def claims(case: Case) -> bool:
+    return case.kernel in PEERS
+
+
 def skip_reason(case: Case, backend: str) -> str | None:
     peer = PEERS[case.kernel]
     if case.phase != "decode":
         return f"kernel {case.kernel} runs the decode phase only"
     if case.layout != "per-stream" or case.workload != "none":
         return f"kernel {case.kernel} runs one plain decode case (per-stream, workload none)"
-    if case.window is not None and not peer.windowed:
-        return WINDOW_REASON
+    if not peer.windowed and window_reason(case):
+        return window_reason(case)
     try:
         get_format(case.kv_dtype, case.group_size)
     except (KeyError, ValueError) as e:
@@ -90,6 +101,8 @@ def build(case: Case) -> State:
     return State(
         impl.stages(),
         check,
+        traffic=metrics.traffic_bytes(case, fmt),  # the case's format: like for like
+        kv_bytes=metrics.kv_bytes(case, fmt),
         alloc_bytes=impl.nbytes,
         baseline_bytes=baseline,
         extra={"peer_version": version(case.kernel)},

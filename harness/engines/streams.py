@@ -23,20 +23,43 @@ Counting (docs/streams.md): cells per layer; bytes = 2 (K, V) x n_layers x forma
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 
 import mlx.core as mx
+
 from kvbench.case import Case
 from kvbench.engines import cache as cache_engine
 from kvbench.engines.contract import State, compare_outputs, memory_baseline, parity_gate
 from kvbench.kernels.attention import KERNELS, reference
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats import get_format
+from kvbench.kernels.launch import Problem
 from kvbench.kernels.layouts import KV_PAD, Layout, LayoutStore
 from kvbench.kernels.workloads import Replay, Workload, build_layout
 
-skip_reason = cache_engine.skip_reason  # the same kernels, with the streams' call shapes
+
+def claims(case: Case) -> bool:
+    """Many-sequence workloads and the unified layout."""
+    return case.layout == "unified" or case.workload != "none"
+
+
+def call_problem(case: Case, fmt) -> Problem:
+    """The shape of one attention call of the case (as plan_calls makes them): one sequence at
+    a time, or a unified buffer whose n_seqs queries are query rows of one call."""
+    problem = cache_engine.problem_of(case, fmt)  # kv_len is nominal for workloads
+    if case.decode_order == "sequential":
+        return dataclasses.replace(problem, n_seqs=1)
+    if case.layout == "unified":
+        return dataclasses.replace(problem, n_seqs=1, q_len=case.n_seqs)
+    return problem
+
+
+def skip_reason(case: Case, backend: str) -> str | None:
+    """The cache engine's kernels, asked about the streams' call shapes."""
+    fmt = get_format(case.kv_dtype, case.group_size)
+    return cache_engine.kernel_reason(case, backend, call_problem(case, fmt))
 
 
 def workload_of(case: Case) -> Workload:
@@ -224,14 +247,15 @@ def build(case: Case) -> State:
         return compare_outputs(out, exact)
 
     row = counts(case, run)
-    # kv_bytes: the K/V the workload holds (its occupied cells), not the case formula
-    # n_seqs x context_len (shared prefix, churn); the runner lets extra override it
-    extra = {**row, "kv_bytes": row["bytes_used"]}
     return State(
         {"step": step, "write": write, "mask": mask, "attend": attend},
         check,
+        traffic=traffic(case, run, row["bytes_touched"]),
+        # the K/V the workload holds (its occupied cells), not n_seqs x context_len: a shared
+        # prefix is stored once, finished sequences are gone
+        kv_bytes=row["bytes_used"],
         alloc_bytes=run.alloc_bytes,
         baseline_bytes=run.baseline,
-        extra=extra,
-        traffic=traffic(case, run, row["bytes_touched"]),
+        effective=cache_engine.effective(case),
+        extra=row,
     )

@@ -7,6 +7,7 @@ from dataclasses import dataclass
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
+
 from kvbench.store.record import COLUMNS
 from kvbench.store.results import MEASURED  # noqa: F401 (statuses whose rows carry times)
 

@@ -12,6 +12,8 @@ from __future__ import annotations
 import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
+from plotly.subplots import make_subplots
+
 from kvbench.report.common import (
     MEASURED,
     MIB,
@@ -26,7 +28,6 @@ from kvbench.report.common import (
     table,
     with_fmt,
 )
-from plotly.subplots import make_subplots
 
 PEAK_COLORS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 # Width in bits of one stored element's code, scales excluded.

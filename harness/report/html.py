@@ -13,8 +13,9 @@ from datetime import datetime, timezone
 
 import pandas as pd
 import plotly.io as pio
-from kvbench.report.common import Figure
 from plotly.offline import get_plotlyjs
+
+from kvbench.report.common import Figure
 
 STATUSES = ("ok", "error", "skipped", "partial")
 OPEN_ROWS = 12  # longer tables start folded (still in the page; a click opens them)

@@ -3,12 +3,14 @@
 Inputs are result CSVs (harness/record.py's columns) or directories of them; raw-sample files
 (`*.samples.csv`) are skipped and compare CSVs (issue 5's columns: ratio, verdict, ...) found
 among the inputs are treated like `--compare FILE`. Which rows the figures use:
-  - the "current" rows: for each (case_id, device, backend) the row of the newest run holding it
-    (runs ordered by their timestamp), so several suites' files combine and a re-run replaces
-    the older row; with `latest=True` only the newest run's rows;
+  - the "current" rows: one row per (case_id, device, backend) by the results store's one
+    picking rule (harness/store/results.py: measured before error, then the newest), so several
+    suites' files combine and a re-run replaces the older row, but a re-run that errors does not
+    hide a good one; with `latest=True` only the newest run's rows;
   - the history figure uses every run given, restricted to the current cases.
 plotly.js is inlined once in the page head; no file, font or script is fetched from anywhere.
-This module imports neither mlx nor kernels/ (only pandas, plotly and harness/record.py).
+Result files are read by the results store (one reader for compare, history, gate and report).
+This module imports neither mlx nor kernels/.
 """
 
 from __future__ import annotations
@@ -16,12 +18,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pandas as pd
+
 from kvbench.case import label_of
 from kvbench.errors import UserError
 from kvbench.store.record import COLUMNS
-
-# Read as text: a 12-digit commit or case id made only of digits must not become a number.
-TEXT = {c: str for c in ("run_id", "case_id", "commit", "branch", "suite", "label", "host")}
+from kvbench.store.results import is_results_csv, migrate, pick_rows, read_csv, read_rows
 
 
 def _csv_files(paths) -> list[Path]:
@@ -46,10 +47,7 @@ def _bool(col: pd.Series) -> pd.Series:
 
 def normalize(df: pd.DataFrame) -> pd.DataFrame:
     """Every Record column present (older files lack some), booleans as booleans, a label."""
-    df = df.copy()
-    for c in COLUMNS:
-        if c not in df:
-            df[c] = None
+    df = migrate(df, "results")
     for c in ("dirty", "unstable"):
         df[c] = _bool(df[c])
     df["label"] = [label_of(r) for r in df.to_dict("records")]
@@ -60,14 +58,11 @@ def load(paths) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """(all result rows, compare rows or None) from CSV files and directories."""
     results, compares = [], []
     for f in _csv_files(paths):
-        try:
-            df = pd.read_csv(f, dtype=TEXT)
-        except (pd.errors.EmptyDataError, pd.errors.ParserError) as e:
-            raise UserError(f"{f}: not a readable CSV ({e})") from e
+        df = read_csv(f)
         if _is_compare(df):
             compares.append(df)
-        elif "status" in df.columns and "case_id" in df.columns:
-            results.append(df)
+        elif is_results_csv(f):
+            results.append(read_rows(f))
         else:
             raise UserError(f"{f}: neither a kvbench result CSV nor a compare CSV")
     rows = (
@@ -89,11 +84,7 @@ def load_compare_frames(frames: list[pd.DataFrame]) -> pd.DataFrame | None:
 
 
 def load_compare(path: str | Path) -> pd.DataFrame:
-    try:
-        df = pd.read_csv(path, dtype=TEXT)
-    except (OSError, pd.errors.EmptyDataError, pd.errors.ParserError) as e:
-        raise UserError(f"{path}: cannot read compare CSV ({e})") from e
-    return load_compare_frames([df])
+    return load_compare_frames([read_csv(Path(path))])
 
 
 def run_order(rows: pd.DataFrame) -> list[str]:
@@ -111,12 +102,7 @@ def current(rows: pd.DataFrame, latest: bool = False) -> pd.DataFrame:
         return rows
     if latest:
         return rows[rows["run_id"] == order[-1]].reset_index(drop=True)
-    rank = {r: i for i, r in enumerate(order)}
-    ranked = rows.assign(_rank=rows["run_id"].map(rank))
-    keep = ranked.sort_values("_rank").drop_duplicates(
-        ["case_id", "device", "backend"], keep="last"
-    )
-    return keep.drop(columns="_rank").sort_index().reset_index(drop=True)
+    return pick_rows(rows)
 
 
 def build(paths, latest: bool = False, compare: str | Path | None = None, title=None) -> str:

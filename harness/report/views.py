@@ -10,6 +10,8 @@ from __future__ import annotations
 
 import pandas as pd
 import plotly.express as px
+from plotly.subplots import make_subplots
+
 from kvbench.report.common import (
     MIB,
     Figure,
@@ -21,7 +23,6 @@ from kvbench.report.common import (
     style,
     table,
 )
-from plotly.subplots import make_subplots
 
 VERDICT_COLORS = {
     "faster": "#2ca02c",

@@ -14,6 +14,7 @@ from functools import lru_cache
 
 import mlx.core as mx
 import numpy as np
+
 from kvbench.analysis.stats import summarize
 from kvbench.run.timer import run_once, sample
 

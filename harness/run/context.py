@@ -5,34 +5,15 @@ from __future__ import annotations
 import datetime as dt
 import platform
 import socket
-import subprocess
 from functools import lru_cache
 from pathlib import Path
 
 import mlx.core as mx
+
 from kvbench import SCHEMA_VERSION, __version__
+from kvbench.store import git
 
-REPO = Path(__file__).resolve().parent.parent
-
-
-def _git(*args: str) -> str | None:
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(REPO), *args], capture_output=True, text=True, timeout=10
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 else None
-
-
-def git_info() -> dict:
-    commit = _git("rev-parse", "HEAD")
-    status = _git("status", "--porcelain")  # untracked source counts: it may be measured
-    return {
-        "commit": commit[:12] if commit else None,
-        "dirty": bool(status) if status is not None else None,
-        "branch": _git("rev-parse", "--abbrev-ref", "HEAD"),
-    }
+REPO = Path(__file__).resolve().parents[2]  # the checkout holding harness/ (and kernels/)
 
 
 def backend_name() -> str:
@@ -71,7 +52,7 @@ def device_name() -> str:
 @lru_cache(maxsize=1)
 def _static() -> dict:
     return {
-        **git_info(),
+        **git.info(REPO),
         "host": socket.gethostname(),
         "os": f"{platform.system()} {platform.release()} {platform.machine()}",
         "mlx_version": mx.__version__,

@@ -14,6 +14,8 @@ import dataclasses
 import os
 
 import mlx.core as mx
+
+from kvbench import engines
 from kvbench.analysis import stats
 from kvbench.case import Case
 from kvbench.errors import UserError
@@ -84,7 +86,7 @@ def format_breakdown(case: Case, backend: str, rows: list[dict]) -> str:
 
 def write_capture(case: Case, path: str) -> None:
     """One step of `case` recorded into a Metal GPU trace at `path` (after a warm-up step)."""
-    state = runner.engine_for(case).build(case)
+    state = engines.engine_for(case).build(case)
     step = state.stages["step"]
     mx.eval(step())
     mx.synchronize()
@@ -101,7 +103,7 @@ def profile(suite_path: str, case_id: str, metal_capture: str | None = None) -> 
     suite = load_suite(suite_path)
     case = find_case(expand(suite), case_id, suite_path)
     backend = backend_name()
-    reason = runner.skip_reason(case, backend)
+    reason = engines.skip_reason(case, backend)
     if reason:
         raise UserError(f"{suite_path}: --case {case.case_id}: cannot run here: {reason}")
     if metal_capture is not None:

@@ -1,55 +1,30 @@
 """Run one case for one round and turn its measurements into a Record.
 
-The runner is generic: an engine (ENGINES, chosen by `engine_for`) builds the case into a State
-(harness/state.py); the runner checks it (first round only: parity gate and accuracy), warms up
-each stage and samples it with the one timer, and tracks peak memory above the engine's
-baseline while the stages run. The case's budget is split over the stages: the headline stage
-"step" gets four times the share of each other stage (stage_shares).
+The runner is generic: an engine (harness/engines: ENGINES, chosen by `engine_for`) builds the
+case into a State (harness/engines/contract.py); the runner checks it (first round only: parity
+gate and accuracy), warms up each stage and samples it with the one timer, and tracks peak
+memory above the engine's baseline while the stages run; every other figure comes from the
+State (the engine's byte model, allocation, effective axes and own fields). The case's budget
+is split over the stages: the headline stage "step" gets four times the share of each other
+stage (stage_shares).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
 
 import mlx.core as mx
+
 from kvbench.analysis import stats
 from kvbench.case import Case
-from kvbench.engines import cache as cache_engine
-from kvbench.engines import peers as peers_engine
-from kvbench.engines import streams as streams_engine
-from kvbench.kernels.attention import KERNELS, effective_tile
+from kvbench.engines import engine_for, metrics
+from kvbench.engines.contract import State
 from kvbench.kernels.formats import bits_per_elem, get_format
-from kvbench.kernels.peers import PEERS
-from kvbench.run import metrics, timer
+from kvbench.run import timer
 from kvbench.spec.suite import Settings
 from kvbench.store.record import Record, make_record
-
-
-class Engine(NamedTuple):
-    build: Callable  # Case -> State
-    skip_reason: Callable  # (Case, backend) -> reason or None
-
-
-ENGINES = {
-    "cache": Engine(cache_engine.build, cache_engine.skip_reason),
-    "peers": Engine(peers_engine.build, peers_engine.skip_reason),
-    "streams": Engine(streams_engine.build, streams_engine.skip_reason),
-}
-
-
-def engine_for(case: Case) -> Engine:
-    """The peers engine for peer kernels; the streams engine for many-sequence workloads and the
-    unified layout; else the cache engine."""
-    if case.kernel in PEERS:
-        return ENGINES["peers"]
-    if case.layout == "unified" or case.workload != "none":
-        return ENGINES["streams"]
-    return ENGINES["cache"]
-
 
 STAGE_WEIGHT = {"step": 1.0}  # relative share of the case's budget; others get OTHER_WEIGHT
 OTHER_WEIGHT = 0.25
@@ -64,12 +39,6 @@ def stage_shares(stages, with_stages: bool) -> dict[str, float]:
     return {s: w / total for s, w in weights.items()}
 
 
-def skip_reason(case: Case, backend: str) -> str | None:
-    if case.window is not None and case.kernel not in PEERS:
-        return peers_engine.WINDOW_REASON  # only a sliding-window peer has a window
-    return engine_for(case).skip_reason(case, backend)
-
-
 @dataclass
 class CaseRun:
     """A case's measurements accumulated over rounds."""
@@ -78,9 +47,8 @@ class CaseRun:
     samples: dict = field(default_factory=dict)  # stage -> [ms]
     sample_rows: list = field(default_factory=list)
     accuracy: dict = field(default_factory=dict)
-    extra: dict = field(default_factory=dict)
-    traffic: tuple | None = None
-    alloc_bytes: int | None = None
+    reported: dict = field(default_factory=dict)  # row fields the engine's State reported
+    traffic: tuple | None = None  # the engine's (bytes_read, bytes_written) of one step
     peak_mem_bytes: int | None = None
     rounds_done: int = 0
 
@@ -95,7 +63,7 @@ def measure_round(run: CaseRun, settings: Settings, round_no: int) -> None:
     # build's own peak in extra, e.g. fill_peak_bytes)
     mx.synchronize()
     mx.reset_peak_memory()
-    run.alloc_bytes, run.extra, run.traffic = state.alloc_bytes, state.extra, state.traffic
+    run.reported, run.traffic = reported(run.case, state), state.traffic
     share = 1.0 / settings.rounds
     for stage, weight in stage_shares(state.stages, settings.stages).items():
         fn = state.stages[stage]
@@ -120,6 +88,22 @@ def measure_round(run: CaseRun, settings: Settings, round_no: int) -> None:
     run.rounds_done += 1
 
 
+def reported(case: Case, state: State) -> dict:
+    """The row fields an engine reports: its byte model's kv_bytes, measured allocation, the
+    axes as they ran (only case axes may be overridden) and its own fields (never one the
+    runner fills: a clash is a bug in the engine, not something to resolve by dict order)."""
+    unknown = set(state.effective) - set(case_fields(case))
+    clash = set(state.extra) & set(case_fields(case))
+    if unknown or clash:
+        raise ValueError(f"engine reports {sorted(unknown | clash)}: not its fields to set")
+    return {
+        "kv_bytes": state.kv_bytes,
+        "alloc_bytes": state.alloc_bytes,
+        **state.effective,
+        **state.extra,
+    }
+
+
 def case_fields(case: Case) -> dict:
     return {**dataclasses.asdict(case), "gqa_ratio": case.gqa_ratio, "case_id": case.case_id}
 
@@ -137,24 +121,22 @@ def finish(
         if s != "step" and x
     }
     rates = metrics.rates(case, fmt, step["median_ms"], common.get("peak_gbps"), run.traffic)
-    fields = {
+    measured = {
         **common,
-        **case_fields(case),
         "status": status,
         "error": error,
         **step,
         **stage_ms,
         **rates,
-        "kv_bytes": metrics.kv_bytes(case, fmt),
         "bits_per_elem": bits_per_elem(fmt, case.head_dim),
-        "alloc_bytes": run.alloc_bytes,
         "peak_mem_bytes": run.peak_mem_bytes,
         **run.accuracy,
     }
-    if case.kernel in KERNELS:  # the tile the kernel used (a null tile_kv means its default)
-        fields["tile_kv"] = effective_tile(case.kernel, case.tile_kv)
-    # an engine's extra fields win (e.g. streams kv_bytes: the occupied cells)
-    return make_record(**{**fields, **run.extra})
+    clash = set(measured) & set(run.reported)
+    if clash:
+        raise ValueError(f"engine reports {sorted(clash)}: fields the runner measures")
+    # the engine's effective axes (e.g. the tile a null tile_kv meant) replace the case's
+    return make_record(**(case_fields(case) | measured | run.reported))
 
 
 def error_text(exc: BaseException) -> str:

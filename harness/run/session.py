@@ -13,6 +13,8 @@ import sys
 from pathlib import Path
 
 import mlx.core as mx
+
+from kvbench import engines
 from kvbench.case import Case
 from kvbench.run import runner
 from kvbench.run.bandwidth import peak_read_bandwidth
@@ -49,7 +51,7 @@ def run_suite(
     settings = suite.settings
     runs: dict[str, runner.CaseRun] = {}
     for case in cases:
-        reason = runner.skip_reason(case, common["backend"])
+        reason = engines.skip_reason(case, common["backend"])
         if reason:
             writer.add(runner.failed(case, common, "skipped", reason))
         else:

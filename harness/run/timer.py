@@ -15,6 +15,7 @@ import time
 from collections.abc import Callable
 
 import mlx.core as mx
+
 from kvbench.analysis.stats import ci_rel_halfwidth
 
 

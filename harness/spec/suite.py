@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
+
 from kvbench.case import AXES, Case
 from kvbench.errors import SuiteError
 from kvbench.kernels.attention import KERNELS

@@ -7,10 +7,15 @@ A side is given as
     directory whose `commit` column (12-character short sha) matches it.
 A path that exists wins over a ref of the same name.
 
-One case, several runs: by default the latest measured row is used. Ranking: status ok before
-partial before anything else; for a git ref, a clean tree before a dirty one; then the latest
-timestamp. Pooling the samples of runs taken at different times would mix between-run drift
-into one sample set that the rank test treats as independent draws.
+This is the one reader of result files: compare, history, gate and the report all load rows
+through `read_rows` (text columns kept as text, booleans as booleans, older schema versions
+migrated, newer ones refused) and pick them with `pick_rows`.
+
+One case, several runs: one row per (case_id, device, backend) — the same case measured on two
+machines is two rows, never one replacing the other. Ranking: status ok before partial before
+anything else (a re-run that errors never hides a good row); for a git ref, a clean tree before
+a dirty one; then the latest timestamp. Pooling the samples of runs taken at different times
+would mix between-run drift into one sample set that the rank test treats as independent draws.
 
 Pooled (pool=True, `compare --pool`, and `gate --rounds N` with N > 1): each case's row is
 rebuilt from the raw samples of every measured run of that case on the side (for a git ref,
@@ -25,25 +30,46 @@ This module imports neither mlx nor kernels/.
 
 from __future__ import annotations
 
-import subprocess
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from kvbench import SCHEMA_VERSION
 from kvbench.analysis import stats
 from kvbench.analysis.rules import METRIC_STAGE
 from kvbench.case import label_of
 from kvbench.errors import UserError
+from kvbench.store import git
+from kvbench.store.record import COLUMNS
 
-TEXT_COLUMNS = {"run_id": str, "case_id": str, "commit": str, "branch": str, "suite": str}
+# Read as text: a 12-digit commit or case id made only of digits must not become a number.
+TEXT_COLUMNS = {c: str for c in ("run_id", "case_id", "commit", "branch", "suite", "host", "label")}
 STATUS_RANK = {"ok": 0, "partial": 1}
 MEASURED = ("ok", "partial")
+PICK_KEYS = ("case_id", "device", "backend")  # one row per case per machine (module docstring)
 
 
 def is_dirty(rows: pd.DataFrame) -> pd.Series:
     """The `dirty` column as booleans (a CSV holds it as text; missing counts as clean)."""
     return rows["dirty"].astype(str).eq("True")
+
+
+def migrate(df: pd.DataFrame, source: str) -> pd.DataFrame:
+    """Rows of any schema version up to SCHEMA_VERSION in today's form: every column present
+    (older files lack the newer ones, which stay empty); a newer version is refused."""
+    version = pd.to_numeric(df.get("schema_version"), errors="coerce")
+    newest = version.max() if version is not None and len(df) else None
+    if newest is not None and newest == newest and newest > SCHEMA_VERSION:
+        raise UserError(
+            f"{source}: schema_version: {int(newest)} is newer than this kvbench reads "
+            f"({SCHEMA_VERSION}); update kvbench"
+        )
+    missing = [c for c in COLUMNS if c not in df.columns]
+    if missing:
+        df = pd.concat([df, pd.DataFrame(None, index=df.index, columns=missing)], axis=1)
+    return df
 
 
 @dataclass
@@ -122,27 +148,39 @@ class ResultSet:
 
 
 def pick_rows(rows: pd.DataFrame, prefer_clean: bool = False) -> pd.DataFrame:
+    """One row per PICK_KEYS by the ranking in the module docstring, in first-seen order."""
     if rows.empty:
         return rows
     df = rows.copy()
     df["_order"] = range(len(df))
     df["_status"] = df["status"].map(STATUS_RANK).fillna(2)
     df["_dirty"] = is_dirty(df) if prefer_clean else False
-    first_seen = df.groupby("case_id", sort=False)["_order"].min()
+    keys = [k for k in PICK_KEYS if k in df.columns]
+    key_cols = df[keys].astype(object)
+    df["_key"] = key_cols.where(key_cols.notna(), "").astype(str).agg("|".join, axis=1)
     df = df.sort_values(
         ["_status", "_dirty", "timestamp", "run_id"], ascending=[True, True, False, False]
     )
-    best = df.drop_duplicates("case_id", keep="first").set_index("case_id")
-    best = best.loc[first_seen.index].reset_index()
-    return best.drop(columns=["_order", "_status", "_dirty"])
+    best = df.drop_duplicates("_key", keep="first").sort_values("_order")
+    return best.drop(columns=["_order", "_status", "_dirty", "_key"]).reset_index(drop=True)
 
 
-def _read_csv(path: Path) -> pd.DataFrame:
+def read_csv(path: Path) -> pd.DataFrame:
     try:
         df = pd.read_csv(path, dtype=TEXT_COLUMNS)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
         raise UserError(f"{path}: cannot read: {e}") from None
     return df
+
+
+def read_rows(path: str | Path) -> pd.DataFrame:
+    """One results CSV's rows, migrated to today's columns (`migrate`)."""
+    path = Path(path)
+    rows = read_csv(path)
+    missing = {"run_id", "case_id", "status"} - set(rows.columns)
+    if missing:
+        raise UserError(f"{path}: not a kvbench results CSV (no {', '.join(sorted(missing))})")
+    return migrate(rows.dropna(subset=["case_id"]), str(path))
 
 
 def samples_path(csv_path: Path) -> Path:
@@ -162,13 +200,9 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     path = Path(path)
     if path.name.endswith(".samples.csv"):
         raise UserError(f"{path}: a raw-samples file; give the results CSV beside it")
-    rows = _read_csv(path)
-    missing = {"run_id", "case_id", "status"} - set(rows.columns)
-    if missing:
-        raise UserError(f"{path}: not a kvbench results CSV (no {', '.join(sorted(missing))})")
-    rows = rows.dropna(subset=["case_id"])
+    rows = read_rows(path)
     sp = samples_path(path)
-    samples = _read_csv(sp) if sp.exists() else pd.DataFrame()
+    samples = read_csv(sp) if sp.exists() else pd.DataFrame()
     if not samples.empty:
         # the samples file has no run_id column: every sample belongs to this file's run
         samples["run_id"] = rows["run_id"].iloc[0] if len(rows) else path.stem
@@ -191,22 +225,8 @@ def load_dir(path: str | Path) -> ResultSet:
     return ResultSet(str(path), rows, _concat([s for _, s in loaded]))
 
 
-def resolve_ref(ref: str, repo: str | Path = ".") -> str | None:
-    """The full sha `ref` names in the git repository at `repo`, or None."""
-    try:
-        out = subprocess.run(
-            ["git", "-C", str(repo), "rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}"],
-            capture_output=True,
-            text=True,
-            timeout=10,
-        )
-    except (OSError, subprocess.TimeoutExpired):
-        return None
-    return out.stdout.strip() if out.returncode == 0 and out.stdout.strip() else None
-
-
 def load_ref(ref: str, results_dir: str | Path = "results", repo: str | Path = ".") -> ResultSet:
-    sha = resolve_ref(ref, repo)
+    sha = git.resolve_ref(ref, repo)
     if sha is None:
         raise UserError(f"{ref}: not a results CSV, a results directory or a git ref")
     if not Path(results_dir).is_dir():

@@ -13,6 +13,7 @@ import dataclasses
 
 import mlx.core as mx
 import pytest
+
 from kvbench.engines.cache import build
 from kvbench.run.context import run_context
 from kvbench.spec.suite import resolve

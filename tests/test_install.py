@@ -1,0 +1,58 @@
+"""The installed distribution claims only the import name `kvbench`.
+
+PyPI's popular `kernels` package (compute kernels from the Hugging Face Hub) installs a
+top-level `kernels`; if kvbench installed its kernels/ folder under that name too, pip would
+silently overwrite one with the other. A fresh venv gets PyPI's `kernels` first, then kvbench
+(a regular, non-editable install); both must import as themselves and `kvbench run` must work.
+kvbench's own dependencies (mlx, pandas, ...) are borrowed from the test environment through a
+.pth line, so the test downloads only `kernels` and its dependencies (pip's cache keeps them).
+"""
+
+from __future__ import annotations
+
+import os
+import site
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def pip(venv_python: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", "pip", "--python", str(venv_python), "install", "-q", *args]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=600)
+
+
+def test_kvbench_installs_beside_pypi_kernels(tmp_path):
+    venv = tmp_path / "venv"
+    subprocess.run([sys.executable, "-m", "venv", "--without-pip", str(venv)], check=True)
+    py = venv / "bin" / "python"
+    got = pip(py, "kernels")
+    if got.returncode:
+        pytest.skip(f"PyPI's kernels package could not be installed here: {got.stderr[-300:]}")
+    purelib = subprocess.run(
+        [py, "-c", "import sysconfig; print(sysconfig.get_paths()['purelib'])"],
+        capture_output=True, text=True, check=True,
+    ).stdout.strip()  # fmt: skip
+    # kvbench's dependencies from this environment, after the venv's own packages
+    Path(purelib, "borrowed.pth").write_text("\n".join(site.getsitepackages()) + "\n")
+    got = pip(py, "--no-deps", str(ROOT))
+    assert got.returncode == 0, got.stderr[-2000:]
+    check = (
+        "import kernels, kvbench, kvbench.kernels.formats as f, sys; "
+        f"assert kernels.__file__.startswith({purelib!r}), kernels.__file__; "
+        "assert hasattr(kernels, 'get_kernel'), 'not PyPI kernels'; "
+        "assert 'kvbench/kernels/formats.py' in f.__file__, f.__file__; "
+        f"assert f.__file__.startswith({purelib!r}), f.__file__"
+    )
+    subprocess.run([py, "-c", check], check=True, cwd=tmp_path)
+    out = tmp_path / "out"
+    run = [venv / "bin" / "kvbench", "run", str(ROOT / "suites" / "smoke.yaml"), "--out", str(out)]
+    run += ["--filter", "kernel=ops", "--filter", "context_len=64"]
+    env = {**os.environ, "PYTHONNOUSERSITE": "1"}
+    r = subprocess.run(run, capture_output=True, text=True, cwd=tmp_path, env=env)
+    assert r.returncode == 0, r.stderr[-2000:]
+    assert any(p.suffix == ".csv" for p in out.iterdir())
