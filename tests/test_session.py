@@ -50,6 +50,7 @@ def test_suite_writes_ok_rows_with_finite_figures(write_suite, tmp_path, quiet):
     assert rows.set_index("case_id")["n_samples"].sort_index().equals(steps.sort_index())
     assert set(samples["round"]) == {0, 1}  # interleaved in two rounds
     assert rows["backend"].eq("cpu").all() and rows["schema_version"].eq(1).all()
+    assert rows["data_bits"].eq(16).all() and rows["kernel_kind"].eq("kvbench").all()  # fp16
 
 
 def test_a_failing_case_becomes_an_error_row(write_suite, tmp_path, monkeypatch, quiet):

@@ -120,7 +120,7 @@ class Run:
     def attend(self, layer: int, masks: list[mx.array]) -> list[mx.array]:
         outs = []
         for call, mask in zip(self.calls, masks):
-            k, v = self.store.view(layer, call.streams, call.n_kv)
+            k, v = self.store.view(layer, call.n_kv, call.streams)
             outs.append(
                 self.kernel(
                     call.q, k, v, self.fmt, mask=mask, scale=self.scale, tile_kv=self.case.tile_kv

@@ -22,8 +22,8 @@ from kvbench.engines import cache as cache_engine
 from kvbench.engines import peers as peers_engine
 from kvbench.engines import streams as streams_engine
 from kvbench.kernels.attention import KERNELS, effective_tile
-from kvbench.kernels.formats import bits_per_elem, get_format
-from kvbench.kernels.peers import PEERS
+from kvbench.kernels.formats import get_format
+from kvbench.kernels.peers import PEERS, kernel_kind
 from kvbench.run import metrics, timer
 from kvbench.spec.suite import Settings
 from kvbench.store.record import Record, make_record
@@ -146,7 +146,9 @@ def finish(
         **stage_ms,
         **rates,
         "kv_bytes": metrics.kv_bytes(case, fmt),
-        "bits_per_elem": bits_per_elem(fmt, case.head_dim),
+        "bits_per_elem": fmt.bits_per_elem(case.head_dim),
+        "data_bits": fmt.data_bits,
+        "kernel_kind": kernel_kind(case.kernel),
         "alloc_bytes": run.alloc_bytes,
         "peak_mem_bytes": run.peak_mem_bytes,
         **run.accuracy,

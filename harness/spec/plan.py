@@ -14,7 +14,7 @@ import re
 from dataclasses import asdict, dataclass
 
 from kvbench.errors import UserError
-from kvbench.kernels.formats import FORMATS, bits_per_elem, get_format
+from kvbench.kernels.formats import FORMATS, get_format
 from kvbench.spec.presets import PRESETS
 
 LAYOUTS = ("per-stream",)  # issue 4 adds unified
@@ -90,15 +90,6 @@ def _format(kv_dtype: str, group_size: int | None, head_dim: int):
     return fmt
 
 
-def describe_scales(fmt, head_dim: int) -> str:
-    if not fmt.quantized:
-        return "no scales"
-    group = getattr(fmt, "group", None)
-    if isinstance(group, int):  # MLX-native modes: None means the mode's default group
-        return f"group {group}" + ("" if fmt.group_size else " (mode default)")
-    return f"group {fmt.group_size}" if fmt.group_size else f"per row (group {head_dim})"
-
-
 def row_parts(fmt, head_dim: int) -> dict:
     """Bytes of one row (one position x one head) by stored array: data, scales, biases."""
     parts = {name: a.nbytes for name, a in fmt.alloc((1, 1, 1, head_dim)).items()}  # lazy
@@ -148,11 +139,11 @@ def make_plan(
         head_dim=shape.head_dim,
         kv_dtype=kv_dtype,
         group_size=group_size,
-        scales=describe_scales(fmt, shape.head_dim),
+        scales=fmt.describe_scales(shape.head_dim),
         n_seqs=n_seqs,
         layout=layout,
         context_len=context_len,
-        bits_per_elem=bits_per_elem(fmt, shape.head_dim),
+        bits_per_elem=fmt.bits_per_elem(shape.head_dim),
         bytes_per_token=per_token,
         layer=layer,
         model_bytes={k: v * shape.n_layers for k, v in layer.items()},
