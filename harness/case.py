@@ -31,7 +31,7 @@ class Case:
     group_size: int | None = None
     kv_data: str = "gaussian"
     seed: int = 0
-    # many-sequence workloads (harness/streams_engine.py, docs/streams.md); the defaults are
+    # many-sequence workloads (harness/engines/streams.py, docs/streams.md); the defaults are
     # the plain cache engine's case, so existing case ids do not change
     workload: str = "none"  # none | independent | shared-prefix
     prefix_frac: float = 0.0  # shared prefix = int(prefix_frac * context_len) tokens

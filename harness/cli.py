@@ -89,7 +89,8 @@ def _report(cmp, args) -> int:
 
 
 def cmd_history(args) -> int:
-    from kvbench.analysis.history import FORMATS, history
+    from kvbench.analysis.history import history
+    from kvbench.analysis.history_text import FORMATS
     from kvbench.analysis.rules import Rules
 
     rules = Rules(args.threshold, args.alpha, args.min_samples)

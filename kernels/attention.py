@@ -79,7 +79,7 @@ def quantized_matmul(q, k, v, fmt, *, mask=None, scale: float, tile_kv=None) -> 
     b, hq, lq, d = q.shape
     hkv, lk = k["data"].shape[1], k["data"].shape[2]
     group = hq // hkv
-    qargs = fmt.qargs()
+    qargs = fmt.mx_quantize_args()
     qg = (q * scale).reshape(b, hkv, group, lq, d)  # [B, Hkv, G, Lq, D]
     kx = {n: mx.expand_dims(a, 2) for n, a in k.items()}  # [B, Hkv, 1, Lk, ...]
     vx = {n: mx.expand_dims(a, 2) for n, a in v.items()}
@@ -107,7 +107,7 @@ def quantized_only(fmt) -> str | None:
 
 
 def mlx_modes_only(fmt) -> str | None:
-    if hasattr(fmt, "qargs"):
+    if fmt.mx_quantize_args() is not None:
         return None
     return f"needs an MLX-native quantized format (mx.quantize), not {fmt.name}"
 

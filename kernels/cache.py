@@ -1,55 +1,58 @@
-"""The full KV cache: every layer's K and V pre-allocated to a fixed capacity.
+"""KV stores: every layer's K and V pre-allocated, and the full cache built on them.
 
-Storage per layer is the format's dict of arrays, each [n_seqs, n_kv_heads, capacity, ...].
-Writes are slice updates into the pre-allocated buffers (as mlx-lm's KVCache does), so a decode
-step writes one position per layer instead of growing an array. `alloc_bytes` is measured from
-the arrays actually allocated, not computed from the formula.
+A store holds per layer one K and one V dict of the format's arrays, each
+[n_buffers, n_kv_heads, size, ...] (a buffer is a sequence of the full cache, or a stream of a
+layout: kernels/layouts.py LayoutStore). Writes are slice updates into the pre-allocated buffers
+(as mlx-lm's KVCache does), so a decode step writes one position per layer instead of growing an
+array. The bytes a store allocates are measured by the engines (active-memory growth), not here.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 
-from .formats import Stored
+from .protocol import Format, Stored
+
+ALL = slice(None)
 
 
-class KVCache:
+class KVStore:
+    """Per layer K and V, each the format's arrays [n_buffers, n_kv_heads, size, ...]."""
+
     def __init__(
-        self, fmt, n_layers: int, n_seqs: int, n_kv_heads: int, capacity: int, head_dim: int
+        self, fmt: Format, n_layers: int, n_buffers: int, n_kv_heads: int, size: int, head_dim: int
     ):
-        self.fmt = fmt
-        self.capacity = capacity
-        shape = (n_seqs, n_kv_heads, capacity, head_dim)
+        self.fmt, self.size = fmt, size
+        shape = (n_buffers, n_kv_heads, size, head_dim)
         self.keys: list[Stored] = [fmt.alloc(shape) for _ in range(n_layers)]
         self.values: list[Stored] = [fmt.alloc(shape) for _ in range(n_layers)]
-        self.offset = 0  # next position to write (the number of positions filled)
 
     @property
     def n_layers(self) -> int:
         return len(self.keys)
 
-    def write(self, layer: int, k: mx.array, v: mx.array, pos: int) -> None:
-        """Store k, v [B, Hkv, n, D] at positions pos..pos+n of `layer` (encoding on write)."""
-        n = k.shape[2]
-        if pos < 0 or pos + n > self.capacity:
-            raise IndexError(f"write of {n} positions at {pos} exceeds capacity {self.capacity}")
-        for store, x in ((self.keys[layer], k), (self.values[layer], v)):
-            for name, part in self.fmt.encode(x).items():
-                store[name][:, :, pos : pos + n, ...] = part
+    def put(self, layer: int, index: tuple, k: mx.array, v: mx.array) -> None:
+        """Store k, v at `index` (buffers, heads, positions) of `layer`, encoding on write."""
+        self._put_parts(layer, index, self.fmt.encode(k), self.fmt.encode(v))
 
-    def view(self, layer: int, n_kv: int) -> tuple[Stored, Stored]:
-        """The first n_kv positions of `layer`'s K and V (slices, no copy)."""
-        if n_kv == self.capacity:
-            return self.keys[layer], self.values[layer]
-        cut = lambda s: {name: a[:, :, :n_kv, ...] for name, a in s.items()}  # noqa: E731
-        return cut(self.keys[layer]), cut(self.values[layer])
+    def _put_parts(self, layer: int, index: tuple, k_parts: Stored, v_parts: Stored) -> None:
+        for store, parts in ((self.keys[layer], k_parts), (self.values[layer], v_parts)):
+            for name, part in parts.items():
+                store[name][index] = part
 
-    def fill(self, k: mx.array, v: mx.array) -> None:
-        """Prefill: write the same k, v [B, Hkv, n, D] into every layer from position 0."""
+    def put_every_layer(self, index: tuple, k: mx.array, v: mx.array) -> None:
+        """Store the same k, v at `index` of every layer (encoded once)."""
+        k_parts, v_parts = self.fmt.encode(k), self.fmt.encode(v)
         for layer in range(self.n_layers):
-            self.write(layer, k, v, 0)
+            self._put_parts(layer, index, k_parts, v_parts)
             mx.eval(self.layer_arrays(layer))  # one layer at a time bounds peak memory
-        self.offset = k.shape[2]
+
+    def view(self, layer: int, n_kv: int, buffers: slice = ALL) -> tuple[Stored, Stored]:
+        """Buffers `buffers`, positions [0, n_kv) of `layer`'s K and V (slices, no copy)."""
+        if buffers == ALL and n_kv == self.size:
+            return self.keys[layer], self.values[layer]
+        cut = lambda s: {name: a[buffers, :, :n_kv] for name, a in s.items()}  # noqa: E731
+        return cut(self.keys[layer]), cut(self.values[layer])
 
     def layer_arrays(self, layer: int) -> list[mx.array]:
         return [*self.keys[layer].values(), *self.values[layer].values()]
@@ -57,5 +60,31 @@ class KVCache:
     def arrays(self) -> list[mx.array]:
         return [a for layer in range(self.n_layers) for a in self.layer_arrays(layer)]
 
-    def alloc_bytes(self) -> int:
-        return sum(a.nbytes for a in self.arrays())
+
+class KVCache(KVStore):
+    """The full KV cache: every layer's K and V for n_seqs sequences, `capacity` positions
+    each (one buffer per sequence, the batch axis)."""
+
+    def __init__(
+        self, fmt: Format, n_layers: int, n_seqs: int, n_kv_heads: int, capacity: int, head_dim: int
+    ):
+        super().__init__(fmt, n_layers, n_seqs, n_kv_heads, capacity, head_dim)
+        self.offset = 0  # next position to write (the number of positions filled)
+
+    @property
+    def capacity(self) -> int:
+        return self.size
+
+    def positions(self, pos: int, n: int) -> tuple:
+        if pos < 0 or pos + n > self.capacity:
+            raise IndexError(f"write of {n} positions at {pos} exceeds capacity {self.capacity}")
+        return (ALL, ALL, slice(pos, pos + n))
+
+    def write(self, layer: int, k: mx.array, v: mx.array, pos: int) -> None:
+        """Store k, v [B, Hkv, n, D] at positions pos..pos+n of `layer` (encoding on write)."""
+        self.put(layer, self.positions(pos, k.shape[2]), k, v)
+
+    def fill(self, k: mx.array, v: mx.array) -> None:
+        """Prefill: write the same k, v [B, Hkv, n, D] into every layer from position 0."""
+        self.put_every_layer(self.positions(0, k.shape[2]), k, v)
+        self.offset = k.shape[2]

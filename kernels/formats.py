@@ -1,9 +1,9 @@
-"""KV-cache storage formats.
+"""KV-cache storage formats: the registry, and the dense floating-point formats.
 
-A format turns float K/V rows (last axis = head_dim) into the arrays a cache stores, and back.
-Every format stores a dict of named arrays whose leading axes are [n_seqs, n_kv_heads, positions]
-so that the cache can write and slice positions without knowing the format. `nbytes` is the
-exact storage formula (data + scales + biases) that byte-accounting tests check by hand.
+Every format implements the Format protocol (kernels/protocol.py): a dict of named arrays whose
+leading axes are [n_seqs, n_kv_heads, positions], so that the cache can write and slice positions
+without knowing the format. `nbytes` is the exact storage formula (data + scales + biases) that
+byte-accounting tests check by hand; `bits_per_elem` derives from it.
 """
 
 from __future__ import annotations
@@ -14,12 +14,11 @@ from functools import partial
 import mlx.core as mx
 
 from . import quant
-
-Stored = dict[str, mx.array]
+from .protocol import Format, Stored
 
 
 @dataclass(frozen=True)
-class Dense:
+class Dense(Format):
     """Plain floating-point storage: one array `data` of shape [B, H, L, D] in `dtype`."""
 
     name: str
@@ -33,8 +32,8 @@ class Dense:
         return self.dtype
 
     @property
-    def bits_per_element(self) -> float:
-        return 8.0 * self.dtype.size
+    def data_bits(self) -> int:
+        return 8 * self.dtype.size
 
     def alloc(self, shape: tuple[int, ...]) -> Stored:
         return {"data": mx.zeros(shape, dtype=self.dtype)}
@@ -48,6 +47,12 @@ class Dense:
     def nbytes(self, n_rows: int, head_dim: int) -> int:
         """Exact bytes to store `n_rows` rows of `head_dim` values."""
         return n_rows * head_dim * self.dtype.size
+
+    def mx_quantize_args(self) -> None:
+        return None  # not stored as mx.quantize returns it
+
+    def describe_scales(self, head_dim: int) -> str:
+        return "no scales"
 
 
 # name -> constructor taking group_size (None for formats without scales)
@@ -65,15 +70,10 @@ FORMATS = {
 }
 
 
-def get_format(name: str, group_size: int | None = None):
+def get_format(name: str, group_size: int | None = None) -> Format:
     """The format `name` with scale granularity `group_size` (None: per row / mode default).
 
     Raises KeyError for an unknown name, ValueError for a group size the format cannot use."""
     if name not in FORMATS:
         raise KeyError(f"unknown kv_dtype {name!r}; known: {', '.join(FORMATS)}")
     return FORMATS[name](group_size=group_size)
-
-
-def bits_per_elem(fmt, head_dim: int) -> float:
-    """Exact stored bits per K/V element at `head_dim`, scales and biases included."""
-    return 8 * fmt.nbytes(1, head_dim) / head_dim

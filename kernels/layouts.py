@@ -21,6 +21,9 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from .cache import ALL, KVStore
+from .protocol import Format
+
 KV_PAD = 256
 LAYOUT_KINDS = ("per-stream", "unified")
 
@@ -173,18 +176,12 @@ class Layout:
         return sum(c.peak_used for c in self.streams)
 
 
-class LayoutStore:
+class LayoutStore(KVStore):
     """Per layer K and V stores [n_stream, n_kv_heads, size, ...] for a Layout, in fmt."""
 
-    def __init__(self, layout: Layout, fmt, n_layers: int, n_kv_heads: int, head_dim: int):
-        self.layout, self.fmt = layout, fmt
-        shape = (layout.n_stream, n_kv_heads, layout.size, head_dim)
-        self.keys = [fmt.alloc(shape) for _ in range(n_layers)]
-        self.values = [fmt.alloc(shape) for _ in range(n_layers)]
-
-    @property
-    def n_layers(self) -> int:
-        return len(self.keys)
+    def __init__(self, layout: Layout, fmt: Format, n_layers: int, n_kv_heads: int, head_dim: int):
+        super().__init__(fmt, n_layers, layout.n_stream, n_kv_heads, layout.size, head_dim)
+        self.layout = layout
 
     def fill(self, k_tab: mx.array, v_tab: mx.array) -> None:
         """Write every occupied cell's token from tables [1, Hkv, n_tokens, D] into every layer
@@ -192,33 +189,15 @@ class LayoutStore:
         tokens = np.stack([c.token for c in self.layout.streams])  # [n_stream, size]
         n_stream, size = tokens.shape
         idx = mx.array(np.where(tokens >= 0, tokens, k_tab.shape[2]).reshape(-1))
-        parts = []
+        full = []
         for tab in (k_tab, v_tab):
             zero = mx.zeros((*tab.shape[:2], 1, tab.shape[3]), dtype=tab.dtype)
-            full = mx.take(mx.concatenate([tab, zero], axis=2), idx, axis=2)
-            full = full.reshape(tab.shape[1], n_stream, size, tab.shape[3])  # [Hkv, S, L, D]
-            parts.append(self.fmt.encode(full.transpose(1, 0, 2, 3)))  # [S, Hkv, L, D]
-        for layer in range(self.n_layers):
-            for store, enc in zip((self.keys[layer], self.values[layer]), parts):
-                for name, part in enc.items():
-                    # a copy per layer: a full-slice assignment would share one buffer
-                    store[name] = mx.array(part)
-            mx.eval(self.layer_arrays(layer))  # one layer at a time bounds peak memory
+            cells = mx.take(mx.concatenate([tab, zero], axis=2), idx, axis=2)
+            cells = cells.reshape(tab.shape[1], n_stream, size, tab.shape[3])  # [Hkv, S, L, D]
+            full.append(cells.transpose(1, 0, 2, 3))  # [S, Hkv, L, D]
+        self.put_every_layer((ALL, ALL, ALL), *full)
 
     def write(self, layer: int, streams: mx.array, cells: mx.array, k, v) -> None:
         """Store token i's k, v [n, Hkv, D] at (streams[i], cells[i]) of `layer`, encoding on
         write: one scatter over all streams (llama.cpp's set_rows with global indices)."""
-        for store, x in ((self.keys[layer], k), (self.values[layer], v)):
-            for name, part in self.fmt.encode(x).items():
-                store[name][streams, :, cells] = part
-
-    def view(self, layer: int, streams: slice, n_kv: int) -> tuple[dict, dict]:
-        """Streams `streams`, cells [0, n_kv) of `layer` (slices, no copy)."""
-        cut = lambda s: {n: a[streams, :, :n_kv] for n, a in s.items()}  # noqa: E731
-        return cut(self.keys[layer]), cut(self.values[layer])
-
-    def layer_arrays(self, layer: int) -> list[mx.array]:
-        return [*self.keys[layer].values(), *self.values[layer].values()]
-
-    def arrays(self) -> list[mx.array]:
-        return [a for layer in range(self.n_layers) for a in self.layer_arrays(layer)]
+        self.put(layer, (streams, ALL, cells), k, v)

@@ -14,6 +14,7 @@ harness: it gets arrays and returns arrays.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import importlib.util
 import sys
@@ -84,7 +85,7 @@ class DecodePeer:
 
     def output(self, layer: int) -> mx.array:
         """Layer `layer`'s output of the last step, float32 [B, Hq, 1, D]."""
-        return mx.array(np.asarray(self.last[layer], dtype=np.float32))
+        raise NotImplementedError
 
     def stored(self, layer: int) -> tuple[mx.array, mx.array]:
         """Layer's K and V as stored (dequantized), float32, oldest attended position first."""
@@ -196,10 +197,60 @@ class MlxLmRotating(MlxLm):
         return k.astype(mx.float32), v.astype(mx.float32)
 
 
-# ---- torch -------------------------------------------------------------------------------
+# ---- peers with a pre-allocated cache ----------------------------------------------------
 
 
-class TorchSdpa(DecodePeer):
+class Preallocated(DecodePeer):
+    """A peer that owns a pre-allocated cache per layer, K and V [B, Hkv, L, D] in its own array
+    type: the first L-1 positions are prefilled, and every write stores the L-th token at the
+    fixed index L-1. A subclass converts the float32 data and says how its arrays copy, count
+    their bytes and come back as numpy."""
+
+    def __init__(self, data: DecodeData, k, v):
+        self.n_layers, self.scale, ctx = data.n_layers, data.scale, data.context_len
+        self.pos, self.span = ctx - 1, ctx
+        self.k_new, self.v_new = self.copy(k[:, :, ctx - 1 :]), self.copy(v[:, :, ctx - 1 :])
+        self.keys = [self.empty_like(k) for _ in range(self.n_layers)]
+        self.values = [self.empty_like(v) for _ in range(self.n_layers)]
+        for kc, vc in zip(self.keys, self.values):
+            kc[:, :, : ctx - 1], vc[:, :, : ctx - 1] = k[:, :, : ctx - 1], v[:, :, : ctx - 1]
+
+    def copy(self, a):
+        raise NotImplementedError
+
+    def empty_like(self, a):
+        raise NotImplementedError
+
+    def nbytes_of(self, a) -> int:
+        raise NotImplementedError
+
+    def to_numpy(self, a) -> np.ndarray:
+        raise NotImplementedError
+
+    def no_grad(self):  # the context writes and attention run in
+        return contextlib.nullcontext()
+
+    def write(self, layer: int):
+        with self.no_grad():
+            self.keys[layer][:, :, self.pos : self.pos + 1] = self.k_new
+            self.values[layer][:, :, self.pos : self.pos + 1] = self.v_new
+        return self.fetch(layer)
+
+    def fetch(self, layer: int):
+        return self.keys[layer], self.values[layer]
+
+    def output(self, layer: int) -> mx.array:
+        return mx.array(self.to_numpy(self.last[layer]))
+
+    @property
+    def nbytes(self) -> int:
+        return sum(self.nbytes_of(a) for a in self.keys + self.values)
+
+    def stored(self, layer: int):
+        return tuple(mx.array(self.to_numpy(a)) for a in self.fetch(layer))
+
+
+class TorchSdpa(Preallocated):
     """torch.nn.functional.scaled_dot_product_attention (enable_gqa=True) over a preallocated
     torch cache per layer, written by slice assignment. Work on CPU is synchronous; on CUDA
     each timed call ends with torch.cuda.synchronize()."""
@@ -213,28 +264,27 @@ class TorchSdpa(DecodePeer):
         dt, dev = dtype[data.kv_dtype], torch.device(data.device)
         self.cuda = dev.type == "cuda"
         to = lambda a: torch.from_numpy(np.array(a)).to(dev, dt)  # noqa: E731
-        self.n_layers, self.scale, ctx = data.n_layers, data.scale, data.context_len
-        self.q, k, v = to(data.q), to(data.k), to(data.v)
-        self.pos, self.span = ctx - 1, ctx
-        self.k_new, self.v_new = k[:, :, ctx - 1 :].clone(), v[:, :, ctx - 1 :].clone()
-        self.keys = [torch.empty_like(k) for _ in range(self.n_layers)]
-        self.values = [torch.empty_like(v) for _ in range(self.n_layers)]
-        for kc, vc in zip(self.keys, self.values):
-            kc[:, :, : ctx - 1] = k[:, :, : ctx - 1]
-            vc[:, :, : ctx - 1] = v[:, :, : ctx - 1]
+        self.q = to(data.q)
+        super().__init__(data, to(data.k), to(data.v))
         self.done([])
 
-    def write(self, layer: int):
-        with self.torch.no_grad():
-            self.keys[layer][:, :, self.pos : self.pos + 1] = self.k_new
-            self.values[layer][:, :, self.pos : self.pos + 1] = self.v_new
-        return self.fetch(layer)
+    def copy(self, a):
+        return a.clone()
 
-    def fetch(self, layer: int):
-        return self.keys[layer], self.values[layer]
+    def empty_like(self, a):
+        return self.torch.empty_like(a)
+
+    def nbytes_of(self, a) -> int:
+        return a.numel() * a.element_size()
+
+    def to_numpy(self, a) -> np.ndarray:
+        return a.float().cpu().numpy()
+
+    def no_grad(self):
+        return self.torch.no_grad()
 
     def attend(self, layer: int, kv):
-        with self.torch.no_grad():
+        with self.no_grad():
             return self.F.scaled_dot_product_attention(
                 self.q, *kv, scale=self.scale, enable_gqa=True
             )
@@ -244,45 +294,30 @@ class TorchSdpa(DecodePeer):
             self.torch.cuda.synchronize()
         return None
 
-    def output(self, layer: int) -> mx.array:
-        return mx.array(self.last[layer].float().cpu().numpy())
 
-    @property
-    def nbytes(self) -> int:
-        return sum(t.numel() * t.element_size() for t in self.keys + self.values)
-
-    def stored(self, layer: int):
-        return tuple(mx.array(t.float().cpu().numpy()) for t in self.fetch(layer))
-
-
-# ---- numpy -------------------------------------------------------------------------------
-
-
-class NumpyRef(DecodePeer):
+class NumpyRef(Preallocated):
     """Plain numpy float32 decode attention over a preallocated numpy cache: GQA folded into
     rows (each KV head serves its G query heads in one matmul), max-subtracted softmax."""
 
     def __init__(self, data: DecodeData):
-        self.n_layers, self.scale, ctx = data.n_layers, data.scale, data.context_len
         q, k, v = (np.array(a, dtype=np.float32) for a in (data.q, data.k, data.v))
-        self.pos, self.span = ctx - 1, ctx
+        super().__init__(data, k, v)
         b, hq, _, d = q.shape
         hkv = k.shape[1]
         self.q_shape = q.shape
         self.qg = (q * self.scale).reshape(b, hkv, hq // hkv, d)  # [B, Hkv, G, D]
-        self.k_new, self.v_new = k[:, :, ctx - 1 :].copy(), v[:, :, ctx - 1 :].copy()
-        self.keys = [np.empty_like(k) for _ in range(self.n_layers)]
-        self.values = [np.empty_like(v) for _ in range(self.n_layers)]
-        for kc, vc in zip(self.keys, self.values):
-            kc[:, :, : ctx - 1], vc[:, :, : ctx - 1] = k[:, :, : ctx - 1], v[:, :, : ctx - 1]
 
-    def write(self, layer: int):
-        self.keys[layer][:, :, self.pos : self.pos + 1] = self.k_new
-        self.values[layer][:, :, self.pos : self.pos + 1] = self.v_new
-        return self.fetch(layer)
+    def copy(self, a):
+        return a.copy()
 
-    def fetch(self, layer: int):
-        return self.keys[layer], self.values[layer]
+    def empty_like(self, a):
+        return np.empty_like(a)
+
+    def nbytes_of(self, a) -> int:
+        return a.nbytes
+
+    def to_numpy(self, a) -> np.ndarray:
+        return np.asarray(a, dtype=np.float32)
 
     def attend(self, layer: int, kv):
         k, v = kv
@@ -291,13 +326,6 @@ class NumpyRef(DecodePeer):
         probs = np.exp(scores)
         probs /= probs.sum(axis=-1, keepdims=True)
         return (probs @ v).reshape(self.q_shape)  # [B, Hkv, G, D] -> [B, Hq, 1, D]
-
-    @property
-    def nbytes(self) -> int:
-        return sum(a.nbytes for a in self.keys + self.values)
-
-    def stored(self, layer: int):
-        return tuple(mx.array(a) for a in self.fetch(layer))
 
 
 # ---- registry ----------------------------------------------------------------------------
@@ -330,6 +358,11 @@ PEERS = {
 }
 
 
+def kernel_kind(name: str) -> str:
+    """ "peer" for a peer kernel, "kvbench" for kvbench's own (recorded on every row)."""
+    return "peer" if name in PEERS else "kvbench"
+
+
 def version(name: str) -> str:
     """The peer's package and version, e.g. "mlx-lm 0.32.2" (recorded on its rows)."""
     dist = {"mlx_lm": "mlx-lm"}.get(PEERS[name].module, PEERS[name].module)
@@ -352,7 +385,7 @@ def missing_reason(name: str) -> str | None:
     return None if found else peer.install
 
 
-def unsupported_reason(name: str, kv_dtype: str, backend: str) -> str | None:
+def peer_unsupported_reason(name: str, kv_dtype: str, backend: str) -> str | None:
     """Why peer `name` cannot run kv_dtype on backend, or None when it can."""
     peer = PEERS[name]
     if backend not in peer.backends:

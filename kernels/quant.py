@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-Stored = dict[str, mx.array]
+from .protocol import Format, Stored
 
 GROUP_SIZES = (32, 64, 128)  # allowed explicit group sizes for fp4 / int4 / int8
 NIBBLE_SHIFTS = mx.array([4 * j for j in range(8)], dtype=mx.uint32)  # element j -> bits 4j..
@@ -102,11 +102,11 @@ CODE_TABLES = {
 
 
 @dataclass(frozen=True)
-class Scaled:
+class Scaled(Format):
     """Symmetric quantization with a float16 scale per row or per group of G elements."""
 
     name: str
-    bits: int  # bits per stored code
+    data_bits: int  # bits per stored code
     qmax: float  # largest code magnitude: scale = absmax / qmax
     group_size: int | None = None  # None: one scale per row (G = head_dim)
 
@@ -128,16 +128,16 @@ class Scaled:
             )
         return g
 
-    @property
-    def bits_per_element(self) -> float:
-        """Stored bits per element with scales; per row (G = D) counts the codes only, because
-        the scale overhead 16/D depends on head_dim (see formats.bits_per_elem)."""
-        return self.bits + (16 / self.group_size if self.group_size else 0.0)
+    def mx_quantize_args(self) -> None:
+        return None  # own packing, not mx.quantize's
+
+    def describe_scales(self, head_dim: int) -> str:
+        return f"group {self.group_size}" if self.group_size else f"per row (group {head_dim})"
 
     def alloc(self, shape: tuple[int, ...]) -> Stored:
         *lead, d = shape
         g = self.group(d)
-        if self.bits == 4:
+        if self.data_bits == 4:
             data = mx.zeros((*lead, d // 8), dtype=mx.uint32)
         else:
             data = mx.zeros((*lead, d), dtype=mx.int8)
@@ -152,7 +152,7 @@ class Scaled:
         y = (xg / mx.where(s32 > 0, s32, 1.0)).reshape(*lead, d)  # [..., D] in code units
         if self.name == "fp4":
             data = pack_nibbles(fp4_codes(y))
-        elif self.bits == 4:
+        elif self.data_bits == 4:
             data = pack_nibbles(int4_codes(y))
         else:
             data = mx.clip(mx.round(y), -127, 127).astype(mx.int8)
@@ -164,7 +164,7 @@ class Scaled:
 
     def code_values(self, data: mx.array, dtype: mx.Dtype = mx.float32) -> mx.array:
         """Code values [..., D] (before scaling) of the stored data, in `dtype` (exact)."""
-        if self.bits == 4:
+        if self.data_bits == 4:
             return self.code_table().astype(dtype)[unpack_nibbles(data)]  # one gather
         return data.astype(dtype)
 
@@ -182,7 +182,7 @@ class Scaled:
     def nbytes(self, n_rows: int, head_dim: int) -> int:
         """Codes (bits/8 per element) + one float16 scale per group, per row."""
         g = self.group(head_dim)
-        return n_rows * (head_dim * self.bits // 8 + 2 * (head_dim // g))
+        return n_rows * (head_dim * self.data_bits // 8 + 2 * (head_dim // g))
 
 
 # ---- MLX-native modes ----------------------------------------------------------------------
@@ -197,7 +197,7 @@ MLX_MODES = {
 
 
 @dataclass(frozen=True)
-class MlxQuant:
+class MlxQuant(Format):
     """A format stored exactly as mx.quantize(x, group_size, bits, mode) returns it."""
 
     name: str
@@ -219,7 +219,7 @@ class MlxQuant:
         return MLX_MODES[self.name][0]
 
     @property
-    def bits(self) -> int:
+    def data_bits(self) -> int:
         return MLX_MODES[self.name][1]
 
     @property
@@ -230,20 +230,18 @@ class MlxQuant:
     def has_biases(self) -> bool:
         return MLX_MODES[self.name][5]
 
-    @property
-    def bits_per_element(self) -> float:
-        scale_bits = 8 * MLX_MODES[self.name][4] * (2 if self.has_biases else 1)
-        return self.bits + scale_bits / self.group
+    def mx_quantize_args(self) -> dict:
+        return {"group_size": self.group, "bits": self.data_bits, "mode": self.mode}
 
-    def qargs(self) -> dict:
-        return {"group_size": self.group, "bits": self.bits, "mode": self.mode}
+    def describe_scales(self, head_dim: int) -> str:
+        return f"group {self.group}" + ("" if self.group_size else " (mode default)")
 
     def alloc(self, shape: tuple[int, ...]) -> Stored:
         *lead, d = shape
         self._check(d)
         scale_dtype = mx.float16 if self.has_biases else mx.uint8
         out = {
-            "data": mx.zeros((*lead, d * self.bits // 32), dtype=mx.uint32),
+            "data": mx.zeros((*lead, d * self.data_bits // 32), dtype=mx.uint32),
             "scales": mx.zeros((*lead, d // self.group), dtype=scale_dtype),
         }
         if self.has_biases:
@@ -257,7 +255,7 @@ class MlxQuant:
             )
 
     def encode(self, x: mx.array) -> Stored:
-        parts = mx.quantize(x.astype(mx.float16), **self.qargs())
+        parts = mx.quantize(x.astype(mx.float16), **self.mx_quantize_args())
         return dict(zip(("data", "scales", "biases"), parts))
 
     def decode(self, stored: Stored, dtype: mx.Dtype | None = None) -> mx.array:
@@ -266,13 +264,13 @@ class MlxQuant:
             stored["scales"],
             stored.get("biases"),
             dtype=dtype or self.compute_dtype,
-            **self.qargs(),
+            **self.mx_quantize_args(),
         )
 
     def nbytes(self, n_rows: int, head_dim: int) -> int:
         self._check(head_dim)
         scale_bytes = MLX_MODES[self.name][4] * (2 if self.has_biases else 1)
-        return n_rows * (head_dim * self.bits // 8 + scale_bytes * (head_dim // self.group))
+        return n_rows * (head_dim * self.data_bits // 8 + scale_bytes * (head_dim // self.group))
 
 
 def fp4(group_size: int | None = None) -> Scaled:

@@ -41,7 +41,7 @@ def write_suite(tmp_path):
 
 
 class _Quiet:
-    """A progress display that prints nothing (harness/progress.py's interface)."""
+    """A progress display that prints nothing (harness/run/progress.py's interface)."""
 
     def start(self, label):
         pass

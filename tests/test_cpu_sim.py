@@ -16,7 +16,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from kvbench.engines.contract import PARITY_REL_TOL, compare_outputs
+from kvbench.engines.parity import PARITY_REL_TOL, compare_outputs
 from kvbench.kernels import gpu_emulate, gpu_kernels, launch
 from kvbench.kernels.attention import reference
 from kvbench.kernels.formats import get_format

@@ -31,7 +31,7 @@ def repo(tmp_path, monkeypatch):
         x = draw(20, 1.0, seed=i)
         return write_run(results, f"r{i}", {"c": x}, commit=sha[:12], dirty=dirty, suite="gs")
 
-    monkeypatch.setattr(gate_mod, "run_suite", fake_run)
+    monkeypatch.setattr(gate_mod, "run_in_tree", fake_run)
     return path, shas, calls
 
 
@@ -113,13 +113,13 @@ def test_two_rounds_interleave_in_one_worktree_always_fresh_and_pool(repo, monke
 
     monkeypatch.setattr(gate_mod, "worktree", counting_worktree)
     cwds = []
-    real_run = gate_mod.run_suite
+    real_run = gate_mod.run_in_tree
 
     def run(cwd, suite, results, device):
         cwds.append(cwd)
         return real_run(cwd, suite, results, device)
 
-    monkeypatch.setattr(gate_mod, "run_suite", run)
+    monkeypatch.setattr(gate_mod, "run_in_tree", run)
     cmp = gate_mod.gate("HEAD~1", "s.yaml", "results", rounds=2)
     assert _sides(calls[2:]) == ["new", "base", "base", "new"]  # fresh despite results
     assert trees == [shas[0]] and cwds[1] == cwds[2] != path  # one BASE worktree, reused

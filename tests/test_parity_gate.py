@@ -45,7 +45,7 @@ def test_wrong_kernel_gets_an_error_row_and_no_time(monkeypatch, tmp_path, quiet
 
 
 def test_gate_rejects_nan():
-    from kvbench.engines.contract import ParityError, parity_gate
+    from kvbench.engines.parity import ParityError, parity_gate
 
     out = mx.full((1, 2, 1, 4), mx.nan)
     try:

@@ -136,6 +136,9 @@ def test_absent_packages_are_skipped_rows_in_a_run(monkeypatch, tmp_path):
     assert df.loc["numpy_ref", "bytes_read"] == df.loc["sdpa", "bytes_read"]
     assert pd.isna(df.loc["numpy_ref", "peak_mem_bytes"])  # numpy memory is not MLX's
     assert df.loc["numpy_ref", "alloc_bytes"] == df.loc["sdpa", "kv_bytes"]
+    # facts the report needs are recorded in the measured rows (not copied into the report)
+    assert df.loc[["numpy_ref", "sdpa"], "kernel_kind"].tolist() == ["peer", "kvbench"]
+    assert (df.loc[["numpy_ref", "sdpa"], "data_bits"] == 32).all()
 
 
 @pytest.mark.parametrize(

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 import pytest
 
-from kvbench.analysis.peers_summary import COLUMNS, PEER_KERNELS, peer_ratios
+from kvbench.analysis.peers_summary import COLUMNS, peer_ratios
 
 
 def rows(*specs) -> pd.DataFrame:
@@ -56,7 +56,8 @@ def test_no_peers_gives_an_empty_frame():
     assert peer_ratios(rows((1024, "fp16", "sdpa", 1.0))).empty
 
 
-def test_peer_names_match_the_registry():
-    from kvbench.kernels.peers import PEERS
-
-    assert set(PEER_KERNELS) == set(PEERS)
+def test_recorded_kernel_kind_decides_what_is_a_peer():
+    df = rows((1024, "fp16", "sdpa", 4.0), (1024, "fp16", "new_peer", 2.0))
+    assert peer_ratios(df).empty  # older rows: new_peer is not in the frozen v1 table
+    out = peer_ratios(df.assign(kernel_kind=["kvbench", "peer"]))
+    assert out.loc[0, "best_peer"] == "new_peer" and out.loc[0, "ratio"] == 2.0

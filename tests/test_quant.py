@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kvbench.kernels import quant
-from kvbench.kernels.formats import FORMATS, bits_per_elem, get_format
+from kvbench.kernels.formats import FORMATS, get_format
 from kvbench.spec.presets import PRESETS
 
 QUANTIZED = [n for n in FORMATS if get_format(n).quantized]
@@ -179,15 +179,12 @@ def test_byte_formulas_match_hand_calculations(model, ctx, seqs, name, group, wa
 
 
 def test_bits_per_element():
-    assert bits_per_elem(get_format("fp4"), 128) == 4.125  # 4 + 16/128
-    assert bits_per_elem(get_format("int4", 32), 128) == 4.5
-    assert bits_per_elem(get_format("mxfp4"), 128) == 4.25  # 4 + 8/32
-    assert bits_per_elem(get_format("nvfp4"), 64) == 4.5  # 4 + 8/16
-    assert bits_per_elem(get_format("affine4", 64), 128) == 4.5  # 4 + (16+16)/64
-    assert bits_per_elem(get_format("fp16"), 128) == 16.0
-    for name in QUANTIZED:
-        fmt = get_format(name, 32 if name not in ("nvfp4",) else None)
-        assert fmt.bits_per_element == bits_per_elem(fmt, 128)
+    assert get_format("fp4").bits_per_elem(128) == 4.125  # 4 + 16/128
+    assert get_format("int4", 32).bits_per_elem(128) == 4.5
+    assert get_format("mxfp4").bits_per_elem(128) == 4.25  # 4 + 8/32
+    assert get_format("nvfp4").bits_per_elem(64) == 4.5  # 4 + 8/16
+    assert get_format("affine4", 64).bits_per_elem(128) == 4.5  # 4 + (16+16)/64
+    assert get_format("fp16").bits_per_elem(128) == 16.0
 
 
 def test_fp4_ties_round_to_even_code():

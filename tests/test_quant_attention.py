@@ -9,7 +9,7 @@ import pytest
 from kvbench.case import Case
 from kvbench.engines import metrics
 from kvbench.engines.cache import build
-from kvbench.engines.contract import compare_outputs
+from kvbench.engines.parity import compare_outputs
 from kvbench.errors import SuiteError
 from kvbench.kernels.attention import KERNELS, reference, unsupported_reason
 from kvbench.kernels.data import OUTLIER_GAIN, make_qkv

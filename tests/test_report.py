@@ -109,6 +109,9 @@ def test_memory_split_is_exact():
     s = split_memory(d)
     assert list(s["scales_bytes"]) == [0, 128, 0]  # int4/g32 fp16 scales: 0.5 of 4.5 bits
     assert list(s["k_bytes"]) == [2048, 512, 50] and list(s["split_known"]) == [1, 1, 0]
+    # a recorded data_bits is used: a format the old table never knew splits too
+    s = split_memory(d.assign(data_bits=[16, 4, 2]))
+    assert list(s["scales_bytes"]) == [0, 128, 33] and list(s["split_known"]) == [1, 1, 1]
 
 
 def test_frontier_keeps_pareto_points():

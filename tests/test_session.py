@@ -7,6 +7,7 @@ import math
 import pandas as pd
 import pytest
 
+from kvbench import SCHEMA_VERSION
 from kvbench.kernels import attention
 from kvbench.run import runner
 from kvbench.run.session import run_suite
@@ -50,7 +51,8 @@ def test_suite_writes_ok_rows_with_finite_figures(write_suite, tmp_path, quiet):
     steps = samples[samples["stage"] == "step"].groupby("case_id").size()
     assert rows.set_index("case_id")["n_samples"].sort_index().equals(steps.sort_index())
     assert set(samples["round"]) == {0, 1}  # interleaved in two rounds
-    assert rows["backend"].eq("cpu").all() and rows["schema_version"].eq(1).all()
+    assert rows["backend"].eq("cpu").all() and rows["schema_version"].eq(SCHEMA_VERSION).all()
+    assert rows["data_bits"].eq(16).all() and rows["kernel_kind"].eq("kvbench").all()  # fp16
 
 
 def test_a_failing_case_becomes_an_error_row(write_suite, tmp_path, monkeypatch, quiet):

@@ -5,7 +5,7 @@ import math
 import mlx.core as mx
 import pytest
 
-from kvbench.engines.contract import PARITY_REL_TOL, compare_outputs
+from kvbench.engines.parity import PARITY_REL_TOL, compare_outputs
 from kvbench.kernels.attention import KERNELS, reference
 from kvbench.kernels.formats import get_format
 from kvbench.kernels.tiled import DEFAULT_TILE_KV, folded_mask

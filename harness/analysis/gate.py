@@ -11,7 +11,7 @@
 With rounds > 1 (`--rounds N`, `make compare` uses 2) nothing is reused: BASE's worktree is
 created once and the suite runs N times on each side, interleaved in ABBA order (NEW, BASE,
 BASE, NEW, NEW, BASE, ...; see `round_order`), and each side is compared with the raw samples
-of its N fresh runs pooled (harness/results.py load_runs). Drift of the machine between runs
+of its N fresh runs pooled (harness/store/results.py load_runs). Drift of the machine between runs
 then hits both sides alike instead of looking like a difference of code (docs/compare.md).
 Each side runs in a subprocess with the kvbench code of its own tree (`tree_command`), so this
 module imports no mlx, and an installed kvbench never stands in for BASE's code.
@@ -92,7 +92,7 @@ def has_clean_run(results: Path, sha: str, suite: str) -> bool:
     return not hit.empty
 
 
-def run_suite(cwd: Path, suite: Path, results: Path, device: str | None) -> Path:
+def run_in_tree(cwd: Path, suite: Path, results: Path, device: str | None) -> Path:
     """Run `suite` with the harness found in `cwd`; returns the new results CSV."""
     before = set(results.glob("*.csv")) if results.is_dir() else set()
     cmd = [*tree_command(cwd), "run", str(suite), "--out", str(results)]
@@ -144,7 +144,7 @@ def interleaved(
     with worktree(repo, base_sha) as tree:
         for i, side in enumerate(order, 1):
             print(f"kvbench gate: round {i}/{len(order)}: {side}", file=sys.stderr)
-            runs[side].append(run_suite(repo if side == "new" else tree, suite, results, device))
+            runs[side].append(run_in_tree(repo if side == "new" else tree, suite, results, device))
     return runs["base"], runs["new"]
 
 
@@ -174,12 +174,12 @@ def gate(
         new = load_runs(new_runs, f"HEAD ({head_sha[:12]}{'+' if dirty else ''})")
         return compare(only_suite(old, name), only_suite(new, name), metric, rules)
     if dirty or not has_clean_run(results_dir, head_sha, name):
-        new_spec = str(run_suite(repo, suite_path, results_dir, device))
+        new_spec = str(run_in_tree(repo, suite_path, results_dir, device))
     else:
         new_spec = head_sha
     if not has_clean_run(results_dir, base_sha, name):
         with worktree(repo, base_sha) as tree:
-            run_suite(tree, suite_path, results_dir, device)
+            run_in_tree(tree, suite_path, results_dir, device)
     old = load(base_sha, results_dir, repo)
     new = load(new_spec, results_dir, repo)
     return compare(only_suite(old, name), only_suite(new, name), metric, rules)

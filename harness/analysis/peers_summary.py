@@ -2,9 +2,11 @@
 
 A group is every row with the same shape, context, format and data (GROUP_KEYS); within it the
 best peer is the peer kernel with the lowest median_ms. ratio = kernel median / best peer
-median: below 1 the kvbench kernel is faster. Only rows with status ok take part. Pass
-group_keys without "kv_dtype" to compare across formats (e.g. kvbench's fp4 against mlx-lm's
-quantized cache at the same context); the formats are then shown beside the kernels.
+median: below 1 the kvbench kernel is faster. A peer row is one whose kernel_kind is "peer"
+(recorded at run time; harness/store/migrate_v1.py for older files). Only rows with status
+ok take part. Pass group_keys without "kv_dtype" to compare across formats (e.g. kvbench's
+fp4 against mlx-lm's quantized cache at the same context); the formats are then shown beside
+the kernels.
 This module imports neither mlx nor kernels/ (the report runs it on result files alone).
 """
 
@@ -12,8 +14,8 @@ from __future__ import annotations
 
 import pandas as pd
 
-# the peer kernels of kernels/peers.py PEERS (a test keeps the two in step)
-PEER_KERNELS = ("mlx_lm", "mlx_lm_quant", "mlx_lm_rotating", "torch_sdpa", "numpy_ref")
+from kvbench.store.migrate_v1 import with_v1_facts
+
 GROUP_KEYS = (
     "model",
     "n_layers",
@@ -37,7 +39,7 @@ def peer_ratios(df: pd.DataFrame, group_keys=GROUP_KEYS) -> pd.DataFrame:
     keys = [k for k in group_keys if k in df.columns]
     ok = df[df["status"] == "ok"] if "status" in df.columns else df
     shown = keys + ([] if "kv_dtype" in keys or "kv_dtype" not in df.columns else ["kv_dtype"])
-    is_peer = ok["kernel"].isin(PEER_KERNELS)
+    is_peer = with_v1_facts(ok)["kernel_kind"].eq("peer")
     peers, ours = ok[is_peer], ok[~is_peer]
     if peers.empty or ours.empty:
         return pd.DataFrame(columns=[*shown, *COLUMNS])

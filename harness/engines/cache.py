@@ -20,14 +20,8 @@ import mlx.core as mx
 
 from kvbench.case import Case
 from kvbench.engines import metrics
-from kvbench.engines.contract import (
-    State,
-    compare_outputs,
-    memory_baseline,
-    parity_gate,
-    recon_err,
-    window_reason,
-)
+from kvbench.engines.contract import State, memory_baseline, window_reason
+from kvbench.engines.parity import compare_outputs, parity_gate, recon_err
 from kvbench.kernels.attention import KERNELS, effective_tile, reference, unsupported_reason
 from kvbench.kernels.cache import KVCache
 from kvbench.kernels.data import make_qkv

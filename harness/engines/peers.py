@@ -6,9 +6,9 @@ driven through the same case as kvbench's own kernels.
 * Same decode loop: L-1 positions prefilled and one priming step taken while building; each
   timed step writes the L-th token into every layer and attends over the cache (over the window
   for a windowed cache). The write and attend stages are timed on their own beside it.
-* Same timer (harness/timer.py): MLX peers return their outputs and cache arrays for eval +
+* Same timer (harness/run/timer.py): MLX peers return their outputs and cache arrays for eval +
   synchronize; torch peers finish their work inside the call (torch.cuda.synchronize on CUDA).
-* Same byte model (harness/metrics.py) from the case's format, so GB/s and % of peak compare
+* Same byte model (harness/engines/metrics.py) from the case's format, so GB/s and % of peak compare
   like for like. Memory: alloc_bytes is the bytes of the peer's cache buffers (capacity, padding
   included); peak memory is MLX's and is recorded for MLX peers only.
 * Same parity gate: layer 0's output against the float32 reference over the same stored cache
@@ -24,18 +24,12 @@ import mlx.core as mx
 
 from kvbench.case import Case
 from kvbench.engines import metrics
-from kvbench.engines.contract import (
-    State,
-    compare_outputs,
-    memory_baseline,
-    parity_gate,
-    recon_err,
-    window_reason,
-)
+from kvbench.engines.contract import State, memory_baseline, window_reason
+from kvbench.engines.parity import compare_outputs, parity_gate, recon_err
 from kvbench.kernels.attention import reference
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats import get_format
-from kvbench.kernels.peers import PEERS, DecodeData, unsupported_reason, version
+from kvbench.kernels.peers import PEERS, DecodeData, peer_unsupported_reason, version
 
 
 def _torch_cuda_reason() -> str | None:
@@ -60,7 +54,7 @@ def skip_reason(case: Case, backend: str) -> str | None:
         get_format(case.kv_dtype, case.group_size)
     except (KeyError, ValueError) as e:
         return str(e).strip("'\"")
-    reason = unsupported_reason(case.kernel, case.kv_dtype, backend)
+    reason = peer_unsupported_reason(case.kernel, case.kv_dtype, backend)
     if reason is None and case.kernel == "torch_sdpa" and backend == "cuda":
         reason = _torch_cuda_reason()
     return reason

@@ -31,7 +31,8 @@ import mlx.core as mx
 
 from kvbench.case import Case
 from kvbench.engines import cache as cache_engine
-from kvbench.engines.contract import State, compare_outputs, memory_baseline, parity_gate
+from kvbench.engines.contract import State, memory_baseline
+from kvbench.engines.parity import compare_outputs, parity_gate
 from kvbench.kernels.attention import KERNELS, reference
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats import get_format
@@ -103,9 +104,9 @@ def per_sequence(outs: list[mx.array], layout: Layout, order: str) -> mx.array:
 
 class Run:
     """A layout filled for a case, with the functions of its stages. `baseline` is the active
-    memory before the stores (harness/state.py memory_baseline), `alloc_bytes` its growth when
-    the (zeroed) stores are allocated, before they are filled and before masks, queries and the
-    step's writes exist (as the cache engine measures its cache)."""
+    memory before the stores (harness/engines/contract.py memory_baseline), `alloc_bytes` its
+    growth when the (zeroed) stores are allocated, before they are filled and before masks,
+    queries and the step's writes exist (as the cache engine measures its cache)."""
 
     def __init__(self, case: Case, kind: str, tables, n_layers: int):
         self.case, self.fmt = case, get_format(case.kv_dtype, case.group_size)
@@ -143,7 +144,7 @@ class Run:
     def attend(self, layer: int, masks: list[mx.array]) -> list[mx.array]:
         outs = []
         for call, mask in zip(self.calls, masks):
-            k, v = self.store.view(layer, call.streams, call.n_kv)
+            k, v = self.store.view(layer, call.n_kv, call.streams)
             outs.append(
                 self.kernel(
                     call.q, k, v, self.fmt, mask=mask, scale=self.scale, tile_kv=self.case.tile_kv

@@ -4,7 +4,8 @@ Each builder takes the current rows and returns a Figure, or None when the rows 
 needs (so the report grows as result files gain columns). Memory is split exactly from the
 Record's columns: kv_bytes is the format's exact formula (data + scales, K and V halves equal);
 the scales' share is 1 - data_bits / bits_per_elem, where data_bits is the format's element code
-width (16 for fp16, 4 for fp4/int4/mxfp4/...).
+width (16 for fp16, 4 for fp4/int4/mxfp4/...), recorded in each row (harness/store/migrate_v1.py
+fills it for older files).
 """
 
 from __future__ import annotations
@@ -28,11 +29,9 @@ from kvbench.report.common import (
     table,
     with_fmt,
 )
+from kvbench.store.migrate_v1 import with_v1_facts
 
 PEAK_COLORS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
-# Width in bits of one stored element's code, scales excluded.
-DATA_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "affine8": 8}
-DATA_BITS.update({k: 4 for k in ("fp4", "int4", "mxfp4", "nvfp4", "affine4")})
 # Axes that do not change the cache's size (memory panels ignore them).
 MEM_SAME = ("context_len", "phase", "kernel", "kv_data", "seed", "tile_kv", "n_kv_heads")
 FACETS = ("context_len", "gqa_ratio", "phase", "n_kv_heads", "n_q_heads")
@@ -175,8 +174,9 @@ def bandwidth(cur: pd.DataFrame) -> Figure | None:
     fig.update_yaxes(range=[0, top * 1.15], rangemode="tozero")
     title = "Decode bandwidth vs the measured roofline (GB/s, 1 GB = 1e9 B)"
     note = (
-        "Achieved GB/s = (bytes read + bytes written by the byte model, harness/metrics.py) / "
-        "median time. The dashed line is the streaming-read peak kvbench measured on the same "
+        "Achieved GB/s = (bytes read + bytes written by the byte model, "
+        "harness/engines/metrics.py) / median time. The dashed line is the streaming-read "
+        "peak kvbench measured on the same "
         "device in the same run (peak_method in the header). Decode rows only: prefill is not "
         "bandwidth-bound. % of peak is in the hover and the table. A point above the line means "
         "the traffic was served from CPU caches, or the peak measurement was disturbed."
@@ -196,8 +196,8 @@ def bandwidth(cur: pd.DataFrame) -> Figure | None:
 
 def split_memory(d: pd.DataFrame) -> pd.DataFrame:
     """K data, V data and scales bytes from kv_bytes and bits_per_elem (exact, see docstring)."""
-    d = d.copy()
-    data_bits = d["kv_dtype"].map(DATA_BITS)
+    d = with_v1_facts(d)
+    data_bits = d["data_bits"].astype(float)
     bpe = d["bits_per_elem"].astype(float)
     share = (1 - data_bits / bpe).where(bpe.notna() & data_bits.notna(), 0.0).clip(lower=0)
     d["scales_bytes"] = (d["kv_bytes"].astype(float) * share).round()

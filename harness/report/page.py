@@ -1,8 +1,9 @@
 """`kvbench report`: result CSVs -> one self-contained, offline HTML page.
 
-Inputs are result CSVs (harness/record.py's columns) or directories of them; raw-sample files
-(`*.samples.csv`) are skipped and compare CSVs (issue 5's columns: ratio, verdict, ...) found
-among the inputs are treated like `--compare FILE`. Which rows the figures use:
+Inputs are result CSVs (harness/store/record.py's columns) or directories of them; raw-sample
+files (`*.samples.csv`) are skipped and compare CSVs (`kvbench compare --format csv`: ratio,
+verdict, ...; docs/compare.md) found among the inputs are treated like `--compare FILE`.
+Which rows the figures use:
   - the "current" rows: one row per (case_id, device, backend) by the results store's one
     picking rule (harness/store/results.py: measured before error, then the newest), so several
     suites' files combine and a re-run replaces the older row, but a re-run that errors does not

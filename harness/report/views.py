@@ -3,7 +3,8 @@
 Tile heatmap colour = median time / the best tile's median time at the same context (1.0 = the
 fastest tile there), so the winning tile per context reads at a glance; the cell text is the
 median in ms. History: one line per case, one point per run that measured it, runs ordered by
-their timestamp. Compare: issue 5's ratio new/base per case with its confidence interval.
+their timestamp. Compare: the ratio new/base per case with its confidence interval
+(docs/compare.md).
 """
 
 from __future__ import annotations
@@ -263,7 +264,7 @@ def peers(cur: pd.DataFrame) -> Figure | None:
     note = (
         "For each case group (same shape, context, format and data), the fastest peer row's "
         "median is the yardstick; a bar is a kvbench kernel's median divided by it "
-        "(harness/peers_summary.py). Dashed line: as fast as the best peer."
+        "(harness/analysis/peers_summary.py). Dashed line: as fast as the best peer."
     )
     cols = {"case": "case", "kernel": "kernel", "median_ms": "median (ms)"}
     cols.update(best_peer="best peer", best_peer_ms="best peer (ms)", ratio="ratio")

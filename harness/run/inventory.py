@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvbench.kernels.attention import KERNELS, unsupported_reason
 from kvbench.kernels.data import KV_DATA
-from kvbench.kernels.formats import FORMATS, bits_per_elem, get_format
+from kvbench.kernels.formats import FORMATS, get_format
 from kvbench.kernels.peers import PEERS, missing_reason
 from kvbench.run.bandwidth import peak_read_bandwidth
 from kvbench.run.context import backend_name, run_context
@@ -21,7 +21,7 @@ def inventory() -> str:
         for name, s in PRESETS.items()
     ]
     lines.append("kv dtypes (stored bits per element at head_dim 128, scales included):")
-    lines += [f"  {name:<10} {bits_per_elem(get_format(name), 128):g}" for name in FORMATS]
+    lines += [f"  {name:<10} {get_format(name).bits_per_elem(128):g}" for name in FORMATS]
     lines.append(f"kernels (on backend {backend}: formats each can run):")
     for name in KERNELS:
         ok = [f for f in FORMATS if unsupported_reason(name, get_format(f), backend) is None]

@@ -21,7 +21,8 @@ from kvbench.analysis import stats
 from kvbench.case import Case
 from kvbench.engines import engine_for, metrics
 from kvbench.engines.contract import State
-from kvbench.kernels.formats import bits_per_elem, get_format
+from kvbench.kernels.formats import get_format
+from kvbench.kernels.peers import kernel_kind
 from kvbench.run import timer
 from kvbench.spec.suite import Settings
 from kvbench.store.record import Record, make_record
@@ -128,7 +129,9 @@ def finish(
         **step,
         **stage_ms,
         **rates,
-        "bits_per_elem": bits_per_elem(fmt, case.head_dim),
+        "bits_per_elem": fmt.bits_per_elem(case.head_dim),
+        "data_bits": fmt.data_bits,
+        "kernel_kind": kernel_kind(case.kernel),
         "peak_mem_bytes": run.peak_mem_bytes,
         **run.accuracy,
     }
@@ -147,4 +150,5 @@ def error_text(exc: BaseException) -> str:
 
 def failed(case: Case, common: dict, status: str, error: str) -> Record:
     """A row for a case that was skipped or raised: its identity, never a time."""
-    return make_record(**common, **case_fields(case), status=status, error=error)
+    kind = kernel_kind(case.kernel)
+    return make_record(**common, **case_fields(case), status=status, error=error, kernel_kind=kind)

@@ -14,16 +14,16 @@ import re
 from dataclasses import asdict, dataclass
 
 from kvbench.errors import UserError
-from kvbench.kernels.formats import FORMATS, bits_per_elem, get_format
+from kvbench.kernels.formats import FORMATS, get_format
 from kvbench.spec.presets import PRESETS
 
-LAYOUTS = ("per-stream",)  # issue 4 adds unified
+LAYOUTS = ("per-stream",)  # one stream per sequence; other layouts: docs/streams.md
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
 
 @dataclass(frozen=True)
-class Shape:
+class KVShape:
     model: str
     n_layers: int
     n_kv_heads: int
@@ -61,7 +61,7 @@ def parse_size(text: str) -> int:
     return value
 
 
-def resolve_shape(model: str | None, n_layers, n_kv_heads, head_dim) -> Shape:
+def resolve_shape(model: str | None, n_layers, n_kv_heads, head_dim) -> KVShape:
     """A preset's shape, with any explicit field overriding it; all three needed without one."""
     base = {}
     if model:
@@ -76,7 +76,7 @@ def resolve_shape(model: str | None, n_layers, n_kv_heads, head_dim) -> Shape:
             raise UserError(f"--{key.replace('_', '-')}: needed without --model")
         if base[key] <= 0:
             raise UserError(f"--{key.replace('_', '-')}: must be positive, got {base[key]}")
-    return Shape(model or "custom", **base)
+    return KVShape(model or "custom", **base)
 
 
 def _format(kv_dtype: str, group_size: int | None, head_dim: int):
@@ -90,15 +90,6 @@ def _format(kv_dtype: str, group_size: int | None, head_dim: int):
     return fmt
 
 
-def describe_scales(fmt, head_dim: int) -> str:
-    if not fmt.quantized:
-        return "no scales"
-    group = getattr(fmt, "group", None)
-    if isinstance(group, int):  # MLX-native modes: None means the mode's default group
-        return f"group {group}" + ("" if fmt.group_size else " (mode default)")
-    return f"group {fmt.group_size}" if fmt.group_size else f"per row (group {head_dim})"
-
-
 def row_parts(fmt, head_dim: int) -> dict:
     """Bytes of one row (one position x one head) by stored array: data, scales, biases."""
     parts = {name: a.nbytes for name, a in fmt.alloc((1, 1, 1, head_dim)).items()}  # lazy
@@ -107,7 +98,7 @@ def row_parts(fmt, head_dim: int) -> dict:
 
 
 def make_plan(
-    shape: Shape,
+    shape: KVShape,
     kv_dtype: str = "fp16",
     group_size: int | None = None,
     n_seqs: int = 1,
@@ -148,11 +139,11 @@ def make_plan(
         head_dim=shape.head_dim,
         kv_dtype=kv_dtype,
         group_size=group_size,
-        scales=describe_scales(fmt, shape.head_dim),
+        scales=fmt.describe_scales(shape.head_dim),
         n_seqs=n_seqs,
         layout=layout,
         context_len=context_len,
-        bits_per_elem=bits_per_elem(fmt, shape.head_dim),
+        bits_per_elem=fmt.bits_per_elem(shape.head_dim),
         bytes_per_token=per_token,
         layer=layer,
         model_bytes={k: v * shape.n_layers for k, v in layer.items()},

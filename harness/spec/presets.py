@@ -9,7 +9,7 @@ from __future__ import annotations
 from typing import NamedTuple
 
 
-class Shape(NamedTuple):
+class ModelShape(NamedTuple):
     n_layers: int
     n_q_heads: int
     n_kv_heads: int
@@ -19,26 +19,26 @@ class Shape(NamedTuple):
 
 PRESETS = {
     # meta-llama/Llama-2-7b-hf: 32 layers, 32 heads (MHA), hidden 4096
-    "llama-2-7b": Shape(32, 32, 32, 128, "meta-llama/Llama-2-7b-hf config.json"),
+    "llama-2-7b": ModelShape(32, 32, 32, 128, "meta-llama/Llama-2-7b-hf config.json"),
     # meta-llama/Llama-2-13b-hf: 40 layers, 40 heads (MHA), hidden 5120
-    "llama-2-13b": Shape(40, 40, 40, 128, "meta-llama/Llama-2-13b-hf config.json"),
+    "llama-2-13b": ModelShape(40, 40, 40, 128, "meta-llama/Llama-2-13b-hf config.json"),
     # meta-llama/Meta-Llama-3-8B: 32 layers, 32 q heads, 8 kv heads, hidden 4096
-    "llama-3-8b": Shape(32, 32, 8, 128, "meta-llama/Meta-Llama-3-8B config.json"),
+    "llama-3-8b": ModelShape(32, 32, 8, 128, "meta-llama/Meta-Llama-3-8B config.json"),
     # meta-llama/Meta-Llama-3-70B: 80 layers, 64 q heads, 8 kv heads, hidden 8192
-    "llama-3-70b": Shape(80, 64, 8, 128, "meta-llama/Meta-Llama-3-70B config.json"),
+    "llama-3-70b": ModelShape(80, 64, 8, 128, "meta-llama/Meta-Llama-3-70B config.json"),
     # mistralai/Mistral-7B-v0.1: 32 layers, 32 q heads, 8 kv heads, hidden 4096
-    "mistral-7b": Shape(32, 32, 8, 128, "mistralai/Mistral-7B-v0.1 config.json"),
+    "mistral-7b": ModelShape(32, 32, 8, 128, "mistralai/Mistral-7B-v0.1 config.json"),
     # Qwen/Qwen2-7B: 28 layers, 28 q heads, 4 kv heads, hidden 3584
-    "qwen2-7b": Shape(28, 28, 4, 128, "Qwen/Qwen2-7B config.json"),
+    "qwen2-7b": ModelShape(28, 28, 4, 128, "Qwen/Qwen2-7B config.json"),
     # meta-llama/Llama-3.2-1B: 16 layers, 32 q heads, 8 kv heads, head_dim 64
-    "llama-3.2-1b": Shape(16, 32, 8, 64, "meta-llama/Llama-3.2-1B config.json"),
+    "llama-3.2-1b": ModelShape(16, 32, 8, 64, "meta-llama/Llama-3.2-1B config.json"),
     # Qwen/Qwen2-0.5B: 24 layers, 14 q heads, 2 kv heads, hidden 896
-    "qwen2-0.5b": Shape(24, 14, 2, 64, "Qwen/Qwen2-0.5B config.json"),
+    "qwen2-0.5b": ModelShape(24, 14, 2, 64, "Qwen/Qwen2-0.5B config.json"),
     # TinyLlama/TinyLlama-1.1B-intermediate-step-1431k-3T: 22 layers, 32 q, 4 kv, hidden 2048
-    "tinyllama-1.1b": Shape(22, 32, 4, 64, "TinyLlama/TinyLlama-1.1B config.json"),
+    "tinyllama-1.1b": ModelShape(22, 32, 4, 64, "TinyLlama/TinyLlama-1.1B config.json"),
     # HuggingFaceTB/SmolLM-135M: 30 layers, 9 q heads, 3 kv heads, hidden 576
-    "smollm-135m": Shape(30, 9, 3, 64, "HuggingFaceTB/SmolLM-135M config.json"),
+    "smollm-135m": ModelShape(30, 9, 3, 64, "HuggingFaceTB/SmolLM-135M config.json"),
     # Synthetic shapes sized for the reference-BLAS CPU backend (not a real model).
-    "tiny": Shape(2, 8, 2, 64, "synthetic (CPU tests)"),
-    "small": Shape(4, 16, 4, 64, "synthetic (CPU suites)"),
+    "tiny": ModelShape(2, 8, 2, 64, "synthetic (CPU tests)"),
+    "small": ModelShape(4, 16, 4, 64, "synthetic (CPU suites)"),
 }

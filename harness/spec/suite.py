@@ -9,7 +9,7 @@ Grammar (every top-level key optional except the axes needed to define a case):
     exclude: [{axis: value or [values]}]        drop cases matching every key of a rule
              (rules match the resolved case: preset shape and gqa_ratio included)
 Everything is checked before anything runs; a problem raises SuiteError(file, key, reason).
-The checks of values and of combinations of axes are in harness/validate.py.
+The checks of values and of combinations of axes are in harness/spec/validate.py.
 """
 
 from __future__ import annotations

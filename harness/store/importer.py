@@ -2,8 +2,8 @@
 
 What maps, and from where (nothing else is filled in; absent means empty, never guessed):
   * timing: with raw data (`--benchmark-save-data`: stats.data, seconds per call) the samples
-    file gets every round and the statistics are kvbench's own (harness/stats.py summarize);
-    without it, median_ms, iqr_ms, n_samples (rounds) and cv (stddev / mean) from stats.
+    file gets every round and the statistics are kvbench's own (harness/analysis/stats.py
+    summarize); without it, median_ms, iqr_ms, n_samples (rounds) and cv (stddev / mean) from stats.
   * the case: extra_info["case"] (the Case fields; kvbench's benchmarks store them), so rows
     join `kvbench run` rows on case_id; a foreign benchmark gets case_id = sha1(fullname)[:12].
   * context: commit_info (commit, dirty, branch), machine_info (host, os), datetime

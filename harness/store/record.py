@@ -62,7 +62,7 @@ class Record:
     write_ms: float | None = None  # median of the write (and quantize) stage alone
     attend_ms: float | None = None  # median of the attention stage alone
     mask_ms: float | None = None  # median of the mask-building stage alone (unified layout)
-    # traffic and throughput (explicit model, harness/metrics.py)
+    # traffic and throughput (explicit model, harness/engines/metrics.py)
     bytes_read: int | None = None
     bytes_written: int | None = None
     gbps: float | None = None
@@ -77,6 +77,9 @@ class Record:
     # cache engine, the occupied cells for a workload
     kv_bytes: int | None = None
     bits_per_elem: float | None = None  # stored bits per K/V element, scales included
+    # bits of one K/V element's code alone, scales excluded (from the format, kernels/ at run
+    # time, so the report need not import kernels/; store/migrate_v1.py for older rows)
+    data_bits: int | None = None
     alloc_bytes: int | None = None  # measured: active-memory growth when the cache is allocated
     peak_mem_bytes: int | None = None  # measured: peak above the pre-cache baseline (stages)
     fill_peak_bytes: int | None = None  # measured: peak above it while allocating + filling
@@ -107,6 +110,9 @@ class Record:
     kvbench_version: str | None = None
     schema_version: int | None = None
     peer_version: str | None = None  # peer kernels: their package and version ("mlx-lm 0.32.2")
+    # "kvbench" (kvbench's own kernel) or "peer" (kernels/peers.py), recorded at run time so
+    # that analysis needs no copy of the peer registry; store/migrate_v1.py for older rows
+    kernel_kind: str | None = None
 
 
 COLUMNS = tuple(f.name for f in dataclasses.fields(Record))

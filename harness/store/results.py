@@ -19,7 +19,7 @@ would mix between-run drift into one sample set that the rank test treats as ind
 
 Pooled (pool=True, `compare --pool`, and `gate --rounds N` with N > 1): each case's row is
 rebuilt from the raw samples of every measured run of that case on the side (for a git ref,
-only clean-tree runs when there are any), concatenated, with harness/stats.py (median, p10,
+only clean-tree runs when there are any), concatenated, with harness/analysis/stats.py (median, p10,
 p90, IQR, CV, CI, n; write_ms / attend_ms / mask_ms = median of their pooled stage samples).
 Other columns (GB/s, memory, accuracy) stay those of the latest run. This is meant for runs
 that were *interleaved* with the other side's (gate --rounds), so that drift hits both sides
@@ -42,6 +42,7 @@ from kvbench.analysis.rules import METRIC_STAGE
 from kvbench.case import label_of
 from kvbench.errors import UserError
 from kvbench.store import git
+from kvbench.store.migrate_v1 import with_v1_facts
 from kvbench.store.record import COLUMNS
 
 # Read as text: a 12-digit commit or case id made only of digits must not become a number.
@@ -69,7 +70,7 @@ def migrate(df: pd.DataFrame, source: str) -> pd.DataFrame:
     missing = [c for c in COLUMNS if c not in df.columns]
     if missing:
         df = pd.concat([df, pd.DataFrame(None, index=df.index, columns=missing)], axis=1)
-    return df
+    return with_v1_facts(df)
 
 
 @dataclass

@@ -1,0 +1,54 @@
+"""What every KV-cache format declares (kernels/formats.py, kernels/quant.py).
+
+A format turns float K/V rows (last axis = head_dim) into the named arrays a cache stores, and
+back. Every stored array's leading axes are [n_buffers, n_kv_heads, positions], so a cache can
+write and slice positions without knowing the format. Members that only some formats have are
+declared here too, with a stated "not applicable" value, so callers never test for attributes.
+"""
+
+from __future__ import annotations
+
+from typing import ClassVar, Protocol, runtime_checkable
+
+import mlx.core as mx
+
+Stored = dict[str, mx.array]
+
+
+@runtime_checkable
+class Format(Protocol):
+    name: str  # the kv_dtype name in suites and results
+    group_size: int | None  # as the case gives it; None: per row, the mode's default, or n/a
+    quantized: ClassVar[bool]  # False: dense floating-point storage
+    compute_dtype: mx.Dtype  # dtype queries, outputs and incoming K/V travel in
+    data_bits: int  # width of one element's code, scales and biases excluded (16 for fp16)
+
+    def alloc(self, shape: tuple[int, ...]) -> Stored:
+        """Zeroed storage for float rows of `shape` [..., head_dim]."""
+        ...
+
+    def encode(self, x: mx.array) -> Stored:
+        """The stored arrays of float rows x [..., head_dim]."""
+        ...
+
+    def decode(self, stored: Stored, dtype: mx.Dtype | None = None) -> mx.array:
+        """Float rows [..., head_dim] in `dtype` (None: compute_dtype) of stored arrays."""
+        ...
+
+    def nbytes(self, n_rows: int, head_dim: int) -> int:
+        """Exact bytes to store `n_rows` rows of `head_dim` values (data + scales + biases)."""
+        ...
+
+    def mx_quantize_args(self) -> dict | None:
+        """The keyword arguments (group_size, bits, mode) of mx.quantize / mx.dequantize /
+        mx.quantized_matmul when the stored arrays are exactly what mx.quantize returns;
+        None for every other format (not applicable)."""
+        ...
+
+    def describe_scales(self, head_dim: int) -> str:
+        """The scale granularity in words, e.g. "no scales", "per row (group 128)"."""
+        ...
+
+    def bits_per_elem(self, head_dim: int) -> float:
+        """Exact stored bits per K/V element at `head_dim`, scales and biases included."""
+        return 8 * self.nbytes(1, head_dim) / head_dim

@@ -1,0 +1,48 @@
+"""The Format protocol: every registered format declares every member itself."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import pytest
+
+from kvbench.kernels.formats import FORMATS, get_format
+from kvbench.kernels.protocol import Format
+
+MEMBERS = ("alloc", "encode", "decode", "nbytes", "mx_quantize_args", "describe_scales")
+# width of one element's code, scales excluded, by hand from each format's definition
+DATA_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "affine8": 8}
+DATA_BITS |= {name: 4 for name in ("fp4", "int4", "mxfp4", "nvfp4", "affine4")}
+
+
+@pytest.mark.parametrize("name", FORMATS)
+def test_every_format_implements_the_protocol(name):
+    fmt = get_format(name)
+    assert isinstance(fmt, Format) and fmt.name == name
+    for member in MEMBERS:  # a member left to the protocol's stub would return None silently
+        assert getattr(type(fmt), member) is not getattr(Format, member), member
+    assert isinstance(fmt.quantized, bool) and isinstance(fmt.compute_dtype, mx.Dtype)
+    assert fmt.data_bits == DATA_BITS[name]
+    assert fmt.bits_per_elem(128) == 8 * fmt.nbytes(1, 128) / 128 >= fmt.data_bits
+
+
+def test_mx_quantize_args_only_for_what_mx_quantize_stores():
+    native = {"mxfp4", "nvfp4", "affine4", "affine8"}
+    assert {n for n in FORMATS if get_format(n).mx_quantize_args() is not None} == native
+    assert get_format("affine4", 32).mx_quantize_args() == {
+        "group_size": 32,
+        "bits": 4,
+        "mode": "affine",
+    }
+    x = mx.random.normal((2, 64))
+    parts = get_format("nvfp4").encode(x)
+    assert [p.shape for p in parts.values()] == [
+        p.shape for p in mx.quantize(x.astype(mx.float16), **get_format("nvfp4").mx_quantize_args())
+    ]
+
+
+def test_describe_scales():
+    assert get_format("fp16").describe_scales(128) == "no scales"
+    assert get_format("int4").describe_scales(128) == "per row (group 128)"
+    assert get_format("int4", 32).describe_scales(128) == "group 32"
+    assert get_format("mxfp4").describe_scales(128) == "group 32 (mode default)"
+    assert get_format("affine4", 128).describe_scales(128) == "group 128"
