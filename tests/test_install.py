@@ -11,6 +11,7 @@ kvbench's own dependencies (mlx, pandas, ...) are borrowed from the test environ
 from __future__ import annotations
 
 import os
+import shutil
 import site
 import subprocess
 import sys
@@ -39,7 +40,13 @@ def test_kvbench_installs_beside_pypi_kernels(tmp_path):
     ).stdout.strip()  # fmt: skip
     # kvbench's dependencies from this environment, after the venv's own packages
     Path(purelib, "borrowed.pth").write_text("\n".join(site.getsitepackages()) + "\n")
-    got = pip(py, "--no-deps", str(ROOT))
+    # from a copy: an in-tree build would leave build/ (a stale second copy) in the checkout
+    src = tmp_path / "src"
+    for name in ("harness", "kernels"):
+        shutil.copytree(ROOT / name, src / name)
+    for name in ("pyproject.toml", "README.md"):
+        shutil.copy(ROOT / name, src / name)
+    got = pip(py, "--no-deps", str(src))
     assert got.returncode == 0, got.stderr[-2000:]
     check = (
         "import kernels, kvbench, kvbench.kernels.formats as f, sys; "

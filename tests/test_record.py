@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 
 import pandas as pd
+import pytest
 
 from kvbench.store.record import COLUMNS, SAMPLE_COLUMNS, Record, ResultsWriter, make_record
 
@@ -20,7 +21,6 @@ def test_round_trip(tmp_path):
         unstable=False,
         peak_method="mx.sum",
         bytes_read=10**12,
-        ignored_key=1,
     )
     err = make_record(run_id="run1", case_id="def", status="error", error="ValueError: x, y")
     w.add(ok, [("abc", "step", 0, 0, 1.25), ("abc", "step", 0, 1, 1.5)])
@@ -44,3 +44,9 @@ def test_required_columns_present():
     schema_version""".split()
     assert set(required) <= set(COLUMNS)
     assert len(COLUMNS) == len(set(COLUMNS)) == len(Record.__dataclass_fields__)
+
+
+def test_make_record_refuses_keys_that_are_not_columns():
+    # a silently dropped key would be a column missing from the CSV
+    with pytest.raises(TypeError, match="not Record columns: ignored_key, other_key"):
+        make_record(run_id="run1", ignored_key=1, other_key=2)

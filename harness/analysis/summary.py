@@ -1,26 +1,14 @@
-"""Terminal summaries of result rows (pandas only; no mlx)."""
+"""Terminal summaries of result rows (pandas only; no mlx). The axis columns and their headers
+come from the axis table (kvbench.axes)."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-SHOW = {
-    "model": "model",
-    "phase": "phase",
-    "context_len": "ctx",
-    "gqa_ratio": "gqa",
-    "n_seqs": "seqs",
-    "layout": "layout",
-    "workload": "workload",
-    "prefix_frac": "prefix",
-    "decode_order": "order",
-    "churn": "churn",
-    "kv_dtype": "dtype",
-    "group_size": "G",
-    "kv_data": "data",
-    "kernel": "kernel",
-    "tile_kv": "tile",
-    "window": "win",
+from kvbench.axes import TABLE, Axis
+
+# the measured columns the summary shows (column -> header), after the axes
+MEASURED_SHOW = {
     "status": "status",
     "median_ms": "median_ms",
     "ci": "95% CI ms",
@@ -40,14 +28,16 @@ SHOW = {
 }
 
 
-# columns left out when every row has this value (the plain single-cache case)
-HIDE_IF_ALL = {
-    "layout": "per-stream",
-    "workload": "none",
-    "prefix_frac": 0,
-    "decode_order": "interleaved",
-    "churn": 0,
-}
+def show_columns(table_: tuple[Axis, ...] = TABLE) -> dict:
+    """Row column -> header, in the order shown: the axes that name a summary column (the axis
+    table), then the status and the measurements."""
+    axes = {a.name: a.column for a in table_ if a.column}
+    return {**axes, **MEASURED_SHOW}
+
+
+SHOW = show_columns()
+# axis columns left out when every row holds the axis's default (the plain single-cache case)
+HIDE_IF_ALL = {a.name: a.default for a in TABLE if a.hide_default}
 
 
 def table(df: pd.DataFrame) -> str:
@@ -67,8 +57,6 @@ def table(df: pd.DataFrame) -> str:
             f"{c:.2f}{'!' if u is True or u == 'True' else ''}" if pd.notna(c) else ""
             for c, u in zip(df["cv"], df["unstable"])
         ]
-    if "kv_data" in df and (df["kv_data"] == "gaussian").all():
-        df = df.drop(columns="kv_data")  # the default: shown only when a run varies it
     cols = [c for c in SHOW if c in df and df[c].notna().any() and (df[c] != "").any()]
     cols = [c for c in cols if not (c in HIDE_IF_ALL and (df[c] == HIDE_IF_ALL[c]).all())]
     out = df[cols].rename(columns=SHOW)
@@ -79,12 +67,3 @@ def table(df: pd.DataFrame) -> str:
         if r.status != "ok" and isinstance(r.error, str)
     ]
     return text + ("\n" + "\n".join(notes) if notes else "")
-
-
-def tile_heatmap(df: pd.DataFrame, value: str = "median_ms") -> pd.DataFrame:
-    """Measured rows pivoted for a tile x context heatmap: one row per (kernel, dtype, GQA,
-    context), one column per tile_kv, cells = `value` (e.g. median_ms, gbps)."""
-    ok = df[(df["status"] == "ok") & df["tile_kv"].notna()].copy()
-    ok["tile_kv"] = ok["tile_kv"].astype(int)
-    keys = ["kernel", "kv_dtype", "gqa_ratio", "context_len"]
-    return ok.pivot_table(index=keys, columns="tile_kv", values=value, aggfunc="median")

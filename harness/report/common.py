@@ -8,41 +8,24 @@ import pandas as pd
 import plotly.express as px
 import plotly.graph_objects as go
 
-from kvbench.store.record import COLUMNS
+from kvbench.axes import TABLE, Axis
 from kvbench.store.results import MEASURED  # noqa: F401 (statuses whose rows carry times)
 
 MIB = 2**20
 
-# Axes that tell two cases apart, in the order a series name lists them; case axes that later
-# Record versions add (the block from `model` to `median_ms`) follow in their column order.
-SERIES_AXES = (
-    "device",
-    "model",
-    "phase",
-    "context_len",
-    "fmt",
-    "kernel",
-    "layout",
-    "kv_data",
-    "n_seqs",
-    "tile_kv",
-    "gqa_ratio",
-    "head_dim",
-    "n_layers",
-    "seed",
-)
-_BLOCK = COLUMNS[COLUMNS.index("model") : COLUMNS.index("median_ms")]
-_COVERED = ("kv_dtype", "group_size", "n_q_heads", "n_kv_heads")  # fmt and gqa_ratio name them
-SERIES_AXES += tuple(c for c in _BLOCK if c not in SERIES_AXES + _COVERED)
-PREFIX = {
-    "context_len": "ctx ",
-    "n_seqs": "seqs ",
-    "tile_kv": "tile ",
-    "gqa_ratio": "GQA ",
-    "head_dim": "D=",
-    "seed": "seed ",
-}
-PREFIX["n_layers"] = "layers "
+# fmt names the format with its group size, gqa_ratio the head counts: those axes are covered
+_COVERED = ("group_size", "n_q_heads", "n_kv_heads")
+
+
+def series_axes(table: tuple[Axis, ...] = TABLE) -> tuple[str, ...]:
+    """Axes that tell two cases apart, in the order a series name lists them: the device, then
+    the axis table's order, kv_dtype shown as fmt."""
+    axes = ["fmt" if a.name == "kv_dtype" else a.name for a in table if a.name not in _COVERED]
+    return ("device", *axes)
+
+
+SERIES_AXES = series_axes()
+SERIES_PART = {a.name: a.series for a in TABLE}  # e.g. context_len -> "ctx {}"
 
 
 @dataclass
@@ -80,7 +63,7 @@ def varying(df: pd.DataFrame, axes=SERIES_AXES, exclude=()) -> list[str]:
 def _show(axis: str, v) -> str:
     if isinstance(v, float) and v.is_integer():
         v = int(v)
-    return f"{PREFIX.get(axis, '')}{v}"
+    return SERIES_PART.get(axis, "{}").format(v)
 
 
 def _implied_by_model(df: pd.DataFrame, axis: str) -> bool:

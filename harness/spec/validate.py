@@ -1,8 +1,10 @@
-"""Suite checks: each axis value on its own (CHECKS), then each resolved Case's combination of
-axes (check_case, check_streams). A problem raises SuiteError(file, key, reason)."""
+"""Suite checks: each axis value on its own (CHECKS: the check each axis of kvbench.axes names,
+resolved here), then each resolved Case's combination of axes (check_case, check_streams).
+A problem raises SuiteError(file, key, reason)."""
 
 from __future__ import annotations
 
+from kvbench.axes import TABLE, Axis
 from kvbench.case import AXES, Case
 from kvbench.errors import SuiteError
 from kvbench.kernels.attention import KERNELS
@@ -54,31 +56,38 @@ def one_of(choices) -> callable:
     return check
 
 
-CHECKS = {
-    "model": one_of((*PRESETS, "custom")),
-    "n_layers": positive_int,
-    "n_q_heads": positive_int,
-    "n_kv_heads": positive_int,
-    "gqa_ratio": positive_int,
-    "head_dim": positive_int,
-    "context_len": positive_int,
-    "n_seqs": positive_int,
-    "phase": one_of(PHASES),
-    "kv_dtype": one_of(tuple(FORMATS)),
-    "layout": one_of(LAYOUTS),
-    "kernel": one_of((*KERNELS, *PEERS)),
-    "tile_kv": optional_positive_int,
-    "group_size": optional_positive_int,
-    "kv_data": one_of(tuple(KV_DATA)),
-    "seed": non_negative_int,
-    "workload": one_of(WORKLOADS),
-    "prefix_frac": fraction,
-    "decode_order": one_of(DECODE_ORDERS),
-    "churn": non_negative_int,
-    "kv_file": optional_string,
-    "window": optional_positive_int,
+# the value sets a "choice:NAME" check of the axis table names
+CHOICES = {
+    "models": (*PRESETS, "custom"),
+    "phases": PHASES,
+    "formats": tuple(FORMATS),
+    "layouts": LAYOUTS,
+    "kernels": (*KERNELS, *PEERS),
+    "kv_data": tuple(KV_DATA),
+    "workloads": WORKLOADS,
+    "decode_orders": DECODE_ORDERS,
 }
-assert set(CHECKS) == set(AXES), "every Case axis needs a check"
+NAMED_CHECKS = {
+    "positive_int": positive_int,
+    "optional_positive_int": optional_positive_int,
+    "non_negative_int": non_negative_int,
+    "fraction": fraction,
+    "optional_string": optional_string,
+}
+
+
+def resolve_check(name: str) -> callable:
+    """The check function an axis names: a NAMED_CHECKS key, or "choice:" + a CHOICES key."""
+    kind, _, arg = name.partition(":")
+    return one_of(CHOICES[arg]) if kind == "choice" else NAMED_CHECKS[name]
+
+
+def checks_for(table: tuple[Axis, ...]) -> dict:
+    """Axis name -> its check; a check name that does not resolve raises KeyError at import."""
+    return {a.name: resolve_check(a.check) for a in table}
+
+
+CHECKS = checks_for(TABLE)
 
 
 def check_axis(path: str, key: str, axis: str, value) -> None:

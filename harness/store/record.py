@@ -1,4 +1,5 @@
-"""Records: one row per case. The Record's fields are the CSV header, in order.
+"""Records: one row per case. The Record's fields are the CSV header, in order; its case block
+is the axis table (kvbench.axes), in the table's order.
 
 Results live in `<out>/<run_id>.csv` (one row per case) and `<out>/<run_id>.samples.csv` (every
 raw sample: case_id, stage, round, sample, ms). Both files are rewritten atomically (temporary
@@ -13,12 +14,14 @@ import dataclasses
 import math
 import os
 import tempfile
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+
+from kvbench.axes import TABLE, Axis
 
 
 @dataclass(frozen=True)
-class Record:
+class _Head:
     # identity
     run_id: str | None = None
     suite: str | None = None
@@ -26,29 +29,10 @@ class Record:
     status: str | None = None  # ok | error | skipped | partial
     error: str | None = None
     bench_name: str | None = None  # imported rows: the benchmark's own name (pytest-benchmark)
-    # the case
-    model: str | None = None
-    n_layers: int | None = None
-    n_q_heads: int | None = None
-    n_kv_heads: int | None = None
-    gqa_ratio: int | None = None
-    head_dim: int | None = None
-    context_len: int | None = None
-    n_seqs: int | None = None
-    phase: str | None = None
-    kv_dtype: str | None = None
-    group_size: int | None = None
-    kv_data: str | None = None
-    layout: str | None = None
-    kernel: str | None = None
-    tile_kv: int | None = None
-    seed: int | None = None
-    workload: str | None = None
-    prefix_frac: float | None = None
-    decode_order: str | None = None
-    churn: int | None = None
-    kv_file: str | None = None
-    window: int | None = None  # attention window (mlx_lm_rotating); empty: the whole context
+
+
+@dataclass(frozen=True)
+class _Measured:
     # latency of one timed call (decode step over all layers, or the whole prefill)
     median_ms: float | None = None
     p10_ms: float | None = None
@@ -115,13 +99,36 @@ class Record:
     kernel_kind: str | None = None
 
 
+def record_class(table: tuple[Axis, ...] = TABLE) -> type:
+    """The Record: the head columns, then one column per axis of `table` (derived ones too), then
+    the measured columns; every field optional (an error row has no times)."""
+    case_block = [(a.name, _optional(a.type), field(default=None)) for a in table]
+    spec = [(f.name, f.type, field(default=None)) for f in dataclasses.fields(_Head)]
+    spec += case_block
+    spec += [(f.name, f.type, field(default=None)) for f in dataclasses.fields(_Measured)]
+    cls = dataclasses.make_dataclass("Record", spec, frozen=True)
+    cls.__module__ = __name__
+    return cls
+
+
+def _optional(annotation: str) -> str:
+    return annotation if "None" in annotation else f"{annotation} | None"
+
+
+Record = record_class()
+
+
 COLUMNS = tuple(f.name for f in dataclasses.fields(Record))
 SAMPLE_COLUMNS = ("case_id", "stage", "round", "sample", "ms")
 
 
 def make_record(**values) -> Record:
-    """A Record from any superset of its fields (extra keys are ignored)."""
-    return Record(**{k: v for k, v in values.items() if k in COLUMNS})
+    """A Record from some of its fields; a key that is not a column raises (a forgotten column
+    would otherwise vanish from the CSV)."""
+    unknown = sorted(set(values) - set(COLUMNS))
+    if unknown:
+        raise TypeError(f"make_record: not Record columns: {', '.join(unknown)}")
+    return Record(**values)
 
 
 def _cell(value) -> str:

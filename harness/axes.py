@@ -1,0 +1,137 @@
+"""The axis table: every axis of a case, declared once.
+
+A case axis is a knob a suite sets (model, context length, format, kernel, ...). Everything that
+knows about axes derives from TABLE: the Case's fields (kvbench.case), the Record's case block and
+so the CSV header (kvbench.store.record), the value checks (kvbench.spec.validate resolves each
+`check` name, since the choices live in kernels/ registries), case labels (kvbench.case.label_of),
+the terminal summary's columns (kvbench.analysis.summary) and the report's series names
+(kvbench.report.common). Adding an axis is one entry here plus the engine code that reads it
+(docs/architecture.md). This module imports neither mlx nor kernels/: store/, analysis/ and
+report/ read it.
+
+The table's order is the CSV column order of the case block and the order of label parts.
+Required axes have no default; `case_id` hashes the required axes and those set off their
+default, so a new axis with a default leaves every existing case_id unchanged.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+
+class _Required:
+    def __repr__(self) -> str:
+        return "REQUIRED"
+
+
+REQUIRED = _Required()  # the default of an axis every case must set (dataclasses' MISSING
+# cannot serve: a dataclass field defaulting to MISSING has no default at all)
+
+
+@dataclass(frozen=True)
+class Axis:
+    name: str
+    type: str  # annotation text: "int", "str", "float", "int | None", ...
+    default: object = REQUIRED
+    check: str = ""  # a check by name, resolved in spec/validate.py ("positive_int", "choice:x")
+    doc: str = ""  # one line, for humans
+    label: str | None = None  # its part in a case label, e.g. "ctx{}"; None: not in labels
+    always: bool = False  # label part shown even at the default
+    column: str | None = None  # header of its column in the terminal summary; None: not shown
+    hide_default: bool = False  # summary drops the column when every row holds the default
+    series: str = "{}"  # its part in a report series name, e.g. "ctx {}"
+    derive: Callable[[Mapping], object] | None = None  # derived axes: value from the others
+
+    @property
+    def required(self) -> bool:
+        return self.default is REQUIRED and self.derive is None
+
+    @property
+    def is_int(self) -> bool:
+        return self.type.startswith("int")
+
+
+def _gqa(values: Mapping) -> int:
+    return values["n_q_heads"] // values["n_kv_heads"]
+
+
+# fmt: off
+TABLE: tuple[Axis, ...] = (
+    Axis("model", "str", check="choice:models", label="{}", always=True, column="model",
+         doc="model preset (shape of every layer), or custom"),
+    Axis("n_layers", "int", check="positive_int", series="layers {}",
+         doc="layers in the cache"),
+    Axis("n_q_heads", "int", check="positive_int", doc="query heads"),
+    Axis("n_kv_heads", "int", check="positive_int", doc="K/V heads"),
+    Axis("gqa_ratio", "int", check="positive_int", column="gqa", series="GQA {}", derive=_gqa,
+         doc="derived: n_q_heads // n_kv_heads; a suite may give it instead of n_kv_heads"),
+    Axis("head_dim", "int", check="positive_int", series="D={}", doc="head dimension"),
+    Axis("phase", "str", "decode", "choice:phases", label="{}", always=True, column="phase",
+         doc="decode (one new token) or prefill (the whole context)"),
+    Axis("context_len", "int", check="positive_int", label="ctx{}", always=True, column="ctx",
+         series="ctx {}", doc="tokens in the cache (each sequence)"),
+    Axis("kv_dtype", "str", "fp16", "choice:formats", label="{}", always=True, column="dtype",
+         doc="cache format (kernels/formats.py)"),
+    Axis("kernel", "str", "sdpa", "choice:kernels", label="{}", always=True, column="kernel",
+         doc="attention kernel (kernels/attention.py) or peer (kernels/peers.py)"),
+    Axis("n_seqs", "int", 1, "positive_int", label="seqs{}", column="seqs", series="seqs {}",
+         doc="sequences in the batch"),
+    Axis("tile_kv", "int | None", None, "optional_positive_int", label="tile{}", column="tile",
+         series="tile {}", doc="KV tile of tiled kernels; empty: the kernel's default"),
+    Axis("layout", "str", "per-stream", "choice:layouts", label="{}", column="layout",
+         hide_default=True, doc="per-stream buffers or one unified buffer (docs/streams.md)"),
+    Axis("workload", "str", "none", "choice:workloads", label="{}", column="workload",
+         hide_default=True, doc="many-sequence workload: none, independent or shared-prefix"),
+    Axis("prefix_frac", "float", 0.0, "fraction", label="prefix{:g}", column="prefix",
+         hide_default=True, doc="shared prefix = int(prefix_frac * context_len) tokens"),
+    Axis("decode_order", "str", "interleaved", "choice:decode_orders", label="{}",
+         column="order", hide_default=True, doc="interleaved or sequential decode of the seqs"),
+    Axis("churn", "int", 0, "non_negative_int", label="churn{}", column="churn",
+         hide_default=True, doc="sequences that finish and are replaced before the timed step"),
+    Axis("group_size", "int | None", None, "optional_positive_int", label="g{}", column="G",
+         doc="quantization group size; empty: the format's default"),
+    Axis("kv_data", "str", "gaussian", "choice:kv_data", label="{}", column="data",
+         hide_default=True, doc="K/V distribution (kernels/data.py)"),
+    Axis("seed", "int", 0, "non_negative_int", series="seed {}", doc="random seed of the K/V"),
+    Axis("kv_file", "str | None", None, "optional_string",
+         doc=".npz of captured K/V, only for kv_data=file (kernels/data.py)"),
+    Axis("window", "int | None", None, "optional_positive_int", label="win{}", column="win",
+         doc="attention window (mlx_lm_rotating's max_size); empty: the whole context"),
+)
+# fmt: on
+
+
+def names(table: tuple[Axis, ...] = TABLE) -> tuple[str, ...]:
+    return tuple(a.name for a in table)
+
+
+def fields_of(table: tuple[Axis, ...] = TABLE) -> tuple[Axis, ...]:
+    """The axes a Case stores (derived axes are computed from them)."""
+    return tuple(a for a in table if a.derive is None)
+
+
+def _given(value) -> bool:
+    """Set in a row: not None, not NaN (a CSV's empty cell), not empty text."""
+    return value is not None and value == value and value != ""
+
+
+def _part(axis: Axis, value) -> str:
+    if axis.is_int and isinstance(value, float) and value.is_integer():
+        value = int(value)  # a CSV column with empty cells reads as float
+    return axis.label.format(value)
+
+
+def label_of(fields: Mapping, table: tuple[Axis, ...] = TABLE) -> str:
+    """A short human name for a case from its fields (a Case's, or a result row where a missing
+    or empty field means its default): the axes always shown, then the ones set off default."""
+    parts = []
+    for axis in table:
+        if axis.label is None:
+            continue
+        value = fields.get(axis.name)
+        if axis.always:
+            parts.append(_part(axis, value if _given(value) else "?"))
+        elif _given(value) and value != axis.default:
+            parts.append(_part(axis, value))
+    return " ".join(parts)
