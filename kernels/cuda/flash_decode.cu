@@ -13,7 +13,8 @@
 #define BARRIER() __syncthreads()
 #define KV_EXP expf
 #define KV_FMAX fmaxf
-// MLX >= 0.32 no longer injects `#define inf`; cuda/std/limits comes with MLX's utils.cuh
+// MLX >= 0.32 no longer defines `inf` for custom kernels; cuda/std/limits comes with MLX's
+// utils.cuh (its default header)
 #define KV_NEG_INF (-cuda::std::numeric_limits<float>::infinity())
 #define SCALE_T __half
 

@@ -33,10 +33,12 @@ from kernels.formats import get_format
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = ("cuda", "metal")
-# (kv_dtype, group_size, head_dim, gqa): each with kv_len 3 on one sequence and one kv head:
-# dense D=4 makes q 4 elements; 4-bit per-row scales are 3 elements (B*Hkv*L < 8)
-TINY = [("fp16", None, 4, 1), ("bf16", None, 4, 2), ("fp4", None, 8, 1), ("int4", None, 8, 1),
-        ("int4", 32, 32, 2), ("fp32", None, 4, 1)]  # fmt: skip
+# (kv_dtype, group_size, head_dim, gqa, kv_len), one sequence and one kv head: dense D=4 L=1
+# makes q, k and v 4 elements; 4-bit D=8 L=3 makes the packed k, v and per-row scales 3 words
+# (B*Hkv*L < 8: MLX passes them as Metal `constant`); int4/32 with D=32 has 3 scales
+TINY = [("fp16", None, 4, 1, 1), ("bf16", None, 4, 2, 1), ("fp32", None, 4, 1, 1),
+        ("fp4", None, 8, 1, 3), ("int4", None, 8, 1, 3), ("int4", 32, 32, 2, 3),
+        ("fp16", None, 64, 4, 3)]  # fmt: skip
 
 
 def suite_cases(backend: str) -> list[tuple[str, Case]]:
@@ -50,9 +52,9 @@ def suite_cases(backend: str) -> list[tuple[str, Case]]:
 
 def tiny_cases(backend: str) -> list[tuple[str, Case]]:
     out = []
-    for kv_dtype, gs, d, gqa in TINY:
+    for kv_dtype, gs, d, gqa, kv_len in TINY:
         case = Case(
-            model="tiny", n_layers=1, n_q_heads=gqa, n_kv_heads=1, head_dim=d, context_len=3,
+            model="tiny", n_layers=1, n_q_heads=gqa, n_kv_heads=1, head_dim=d, context_len=kv_len,
             kv_dtype=kv_dtype, group_size=gs, kernel=backend,
         )  # fmt: skip
         assert skip_reason(case, backend) is None, skip_reason(case, backend)
