@@ -19,12 +19,12 @@ from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 
 import mlx.core as mx
-
 from gates import cubin, cuda_wrap, mlx_wheel, nvrtc
 from gates.cuda_wrap import ARCHS, Call
 from gates.instances import record_cuda, suite_cases, tiny_cases
 
 PCH_HEAP_BYTES = 512 << 20  # the automatic PCH of MLX's headers needs ~320 MB
+RESULTS_FORMAT = 2  # bump when what a cached result holds (cubin.resources) changes
 
 
 @dataclass(frozen=True)
@@ -59,7 +59,7 @@ def include_dirs(toolchain: dict) -> list[str]:
 
 
 def _key(source: str, options: list[str]) -> str:
-    stamp = f"{mx.__version__}|{nvrtc.version()}|{options}|{source}"
+    stamp = f"{RESULTS_FORMAT}|{mx.__version__}|{nvrtc.version()}|{options}|{source}"
     return hashlib.sha256(stamp.encode()).hexdigest()[:32]
 
 

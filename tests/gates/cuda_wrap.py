@@ -30,7 +30,9 @@ CUDA_TYPES = {
     "float32": "float", "float64": "double",
 }  # fmt: skip
 TYPE_STRINGS = {"float32": "float", "float16": "float16_t", "bfloat16": "bfloat16_t"}
-DEFAULT_HEADER = '\n#include "mlx/backend/cuda/device/utils.cuh"\n\n#include <cooperative_groups.h>\n\n'
+DEFAULT_HEADER = (
+    '\n#include "mlx/backend/cuda/device/utils.cuh"\n\n#include <cooperative_groups.h>\n\n'
+)
 ARCHS = {"sm_80": (8, 0), "sm_90a": (9, 0)}  # A100 and H100/H200; `a` from cc 9 on
 
 

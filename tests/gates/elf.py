@@ -32,7 +32,7 @@ class Elf:
         if bytes(data[:5]) != b"\x7fELF\x02" or data[5] != 1:
             raise ValueError("not a little-endian ELF64 file")
         self.data = data
-        shoff, = struct.unpack_from("<Q", data, 0x28)
+        (shoff,) = struct.unpack_from("<Q", data, 0x28)
         shnum, shstrndx = struct.unpack_from("<HH", data, 0x3C)
         raw = [SHDR.unpack_from(data, shoff + i * SHDR.size) for i in range(shnum)]
         names_off = raw[shstrndx][4]
@@ -48,7 +48,9 @@ class Elf:
         return next((s for s in self.sections if s.name == name), None)
 
     def body(self, sec: Section) -> bytes:
-        return b"" if sec.type == SHT_NOBITS else bytes(self.data[sec.offset : sec.offset + sec.size])
+        return (
+            b"" if sec.type == SHT_NOBITS else bytes(self.data[sec.offset : sec.offset + sec.size])
+        )
 
     def symbols(self) -> dict[str, tuple[int, int]]:
         """name -> (value, size) from .symtab (empty when the file is stripped)."""

@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import mlx.core as mx
-
 from gates.cuda_wrap import Call, dtype_name
+
 from harness.cache_engine import call_problem, skip_reason
 from harness.case import Case
 from harness.suite import expand, load_suite
@@ -98,12 +98,16 @@ def record_cuda(case: Case) -> list[Call]:
         def launch(*, inputs, template=(), output_dtypes, **kw):
             calls.append(
                 Call(
-                    name=name, header=header, source=source, input_names=tuple(input_names),
+                    name=name,
+                    header=header,
+                    source=source,
+                    input_names=tuple(input_names),
                     inputs=tuple((dtype_name(a.dtype), a.ndim, a.size) for a in inputs),
                     output_names=tuple(output_names),
                     output_dtypes=tuple(dtype_name(d) for d in output_dtypes),
-                    template=tuple((n, v if isinstance(v, int) else dtype_name(v))
-                                   for n, v in template),
+                    template=tuple(
+                        (n, v if isinstance(v, int) else dtype_name(v)) for n, v in template
+                    ),
                 )  # fmt: skip
             )
             return _fake_outputs({**kw, "output_dtypes": output_dtypes})

@@ -53,9 +53,20 @@ def download(version: str) -> Path:
         return found[0]
     dest.mkdir(parents=True, exist_ok=True)
     cmd = [
-        sys.executable, "-m", "pip", "download", "-q", "--no-deps", "--only-binary=:all:",
-        "--platform", "manylinux_2_35_x86_64", "--python-version", "3.12",
-        "-d", str(dest), f"mlx-cuda-13=={version}",
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "-q",
+        "--no-deps",
+        "--only-binary=:all:",
+        "--platform",
+        "manylinux_2_35_x86_64",
+        "--python-version",
+        "3.12",
+        "-d",
+        str(dest),
+        f"mlx-cuda-13=={version}",
     ]  # the wheel is py3-none: any Python version selects it
     subprocess.run(cmd, check=True, capture_output=True, text=True)
     return sorted(dest.glob(f"mlx_cuda_13-{version}-*x86_64.whl"))[0]

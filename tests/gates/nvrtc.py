@@ -26,7 +26,9 @@ def cuda_root() -> Path | None:
     """site-packages/nvidia/cu13 holding both libnvrtc and the runtime headers, or None."""
     for d in _site_dirs():
         root = d / "nvidia" / CU_DIR
-        if (root / "lib" / "libnvrtc.so.13").exists() and (root / "include" / "cuda_fp16.h").exists():
+        if (root / "lib" / "libnvrtc.so.13").exists() and (
+            root / "include" / "cuda_fp16.h"
+        ).exists():
             return root
     return None
 
@@ -80,8 +82,12 @@ def compile_program(
     names, texts = list(headers), list(headers.values())
     _check(
         lib.nvrtcCreateProgram(
-            ctypes.byref(prog), source.encode(), name.encode(), len(names),
-            _strings(texts), _strings(names),
+            ctypes.byref(prog),
+            source.encode(),
+            name.encode(),
+            len(names),
+            _strings(texts),
+            _strings(names),
         ),
         "nvrtcCreateProgram",
     )
@@ -92,7 +98,9 @@ def compile_program(
         log = _bytes(prog, "nvrtcGetProgramLogSize", "nvrtcGetProgramLog").rstrip(b"\0")
         if code != 0:
             return Result(False, log.decode("utf-8", "replace"), b"", {})
-        return Result(True, log.decode("utf-8", "replace"), _cubin(prog), _lowered(prog, expressions))
+        return Result(
+            True, log.decode("utf-8", "replace"), _cubin(prog), _lowered(prog, expressions)
+        )
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
 
