@@ -169,7 +169,9 @@ def execute(steps: list[tuple], venv: Path, out: Path, stamp: str) -> dict:
 def dry_run(steps: list[tuple]) -> int:
     for name, argv, extra in steps:
         print(f"{name:8s} {' '.join(f'{k}={v}' for k, v in extra.items())} {' '.join(argv)}")
-    check = [sys.executable, "-m", "harness", "run", "suites/gpu-verify.yaml", "--dry-run"]
+    venv_py = ROOT / ".venv" / "bin" / "python"  # `make install`'s venv, if any, has MLX
+    py = str(venv_py) if venv_py.exists() else sys.executable
+    check = [py, "-m", "harness", "run", "suites/gpu-verify.yaml", "--dry-run"]
     res = subprocess.run(check, cwd=ROOT, capture_output=True, text=True)
     print(res.stdout.strip().splitlines()[-1] if res.returncode == 0 else res.stderr.strip())
     return res.returncode
