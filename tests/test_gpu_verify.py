@@ -66,3 +66,31 @@ def test_offline_wheel_halves_are_rejoined(tmp_path):
         "mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl",
     ]
     assert files[1].read_bytes() == b"first half|second half"
+
+
+def fake_venv(tmp_path: Path) -> Path:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    return venv
+
+
+def test_execute_records_each_step_and_stops_after_a_failed_backend(tmp_path):
+    steps = [
+        ("mlx", ["PY", "-c", "print('installed')"], {}),
+        ("backend", ["PY", "-c", "raise SystemExit(3)"], {}),
+        ("tests", ["PY", "-c", "pass"], {}),
+    ]
+    summary = gpu_verify.execute(steps, fake_venv(tmp_path), tmp_path, "t")
+    assert [(s["step"], s["rc"]) for s in summary["steps"]] == [("mlx", 0), ("backend", 3)]
+    assert summary["ok"] is False
+    assert "installed" in (tmp_path / "gpu-verify-t.log").read_text()
+
+
+def test_execute_interrupts_a_step_past_the_budget(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_verify, "BUDGET_S", 2)
+    code = "import time, sys\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    sys.exit(7)"
+    summary = gpu_verify.execute(
+        [("suite", ["PY", "-c", code], {})], fake_venv(tmp_path), tmp_path, "t"
+    )
+    assert summary["steps"][0]["rc"] == 7 and summary["steps"][0]["s"] < 30  # SIGINT, not kill
