@@ -17,8 +17,10 @@ import json
 import os
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
+from importlib import metadata
 
 import mlx.core as mx
+
 from gates import cubin, cuda_wrap, mlx_wheel, nvrtc
 from gates.cuda_wrap import ARCHS, Call
 from gates.instances import record_cuda, suite_cases, tiny_cases
@@ -58,8 +60,20 @@ def include_dirs(toolchain: dict) -> list[str]:
     return [str(inc), str(inc / "cccl"), str(nvrtc.cuda_root() / "include")]
 
 
+def _toolchain_versions() -> str:
+    """The wheels a compile depends on besides MLX: NVRTC and the runtime headers."""
+    found = []
+    for dist in ("nvidia-cuda-nvrtc", "nvidia-cuda-runtime"):
+        try:
+            found.append(f"{dist}=={metadata.version(dist)}")
+        except metadata.PackageNotFoundError:
+            found.append(f"{dist}: not installed as a distribution")
+    return ",".join(found)
+
+
 def _key(source: str, options: list[str]) -> str:
-    stamp = f"{RESULTS_FORMAT}|{mx.__version__}|{nvrtc.version()}|{options}|{source}"
+    tools = f"{mx.__version__}|{nvrtc.version()}|{_toolchain_versions()}"
+    stamp = f"{RESULTS_FORMAT}|{tools}|{options}|{source}"
     return hashlib.sha256(stamp.encode()).hexdigest()[:32]
 
 
