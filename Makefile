@@ -10,7 +10,8 @@ DEVICE_FLAG := $(if $(DEVICE),--device $(DEVICE),)
 EXTRAS ?=
 comma := ,
 
-.PHONY: install bench test lint fmt clean bench-streams bench-pytest compare tiles report quant peers
+.PHONY: install bench test lint fmt clean bench-streams bench-pytest compare tiles report quant peers \
+	gates-deps gpu-verify
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -80,3 +81,16 @@ TORCH_CPU ?= torch==2.13.0+cpu
 peers: install
 	$(PY) -m pip install -q -e ".[test,peers]"
 	$(PY) -m pip install -q "$(TORCH_CPU)" || echo "peers: no $(TORCH_CPU) here; torch_sdpa cases skip"
+
+# The compile gates' tools (docs/kernels.md): NVRTC 13 from PyPI into the venv; clang from the
+# system (apt-get install clang). Without them the gates skip locally (they must run in CI).
+gates-deps: install
+	$(PY) -m pip install -q -e ".[test,gates]"
+
+# On a Linux machine with an NVIDIA GPU, or a Mac: a fresh venv with MLX's GPU backend, the GPU
+# tests, suites/gpu-verify.yaml, the copy-bandwidth probe and the HTML report into $(OUT)
+# (docs/kernels.md). WHEELS=DIR installs MLX offline from prepared wheels; DRY_RUN=1 checks
+# the plan without a GPU.
+gpu-verify:
+	$(PYTHON) scripts/gpu_verify.py --out $(OUT) $(if $(WHEELS),--wheels $(WHEELS),) \
+		$(if $(DRY_RUN),--dry-run,)

@@ -13,7 +13,9 @@
 #define BARRIER() __syncthreads()
 #define KV_EXP expf
 #define KV_FMAX fmaxf
-#define KV_NEG_INF (-inf)
+// MLX >= 0.32 no longer defines `inf` for custom kernels; cuda/std/limits comes with MLX's
+// utils.cuh (its default header)
+#define KV_NEG_INF (-cuda::std::numeric_limits<float>::infinity())
 #define SCALE_T __half
 
 __device__ const float FP4_MAGNITUDE[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};

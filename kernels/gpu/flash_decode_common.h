@@ -15,11 +15,14 @@ KV_FN float decode_nibble(uint32_t code, int kv_code) {
   return float(int(code ^ 8u) - 8);
 }
 
+// The source pointers are template parameters (Src, Words, Scales), deduced at the call: Metal
+// gets an input of fewer than 8 elements as `const constant T*`, larger ones as `const device
+// T*` (MLX's metal_kernel), so a helper taking `const device T*` stops matching at tiny shapes.
+
 // Dense tile: rows row0..row0+TILE_KV of src (this sequence and kv head) into dst [TILE_KV*D];
 // rows at or past n_rows are zero-filled (their scores are masked to -inf).
-template <typename T, int TILE_KV, int D, int THREADS>
-KV_FN void load_tile_dense(
-    const DEV_PTR T* src, TG_PTR T* dst, size_t row0, int n_rows, int tid) {
+template <typename T, int TILE_KV, int D, int THREADS, typename Src>
+KV_FN void load_tile_dense(Src src, TG_PTR T* dst, size_t row0, int n_rows, int tid) {
   for (int e = tid; e < TILE_KV * D; e += THREADS) {
     const int r = e / D;
     dst[e] = (r < n_rows) ? src[(row0 + r) * D + e % D] : T(0.0f);
@@ -27,10 +30,11 @@ KV_FN void load_tile_dense(
 }
 
 // 4-bit tile, dequantized while loading (fused): one uint32 word (8 elements) per step.
-template <typename T, int TILE_KV, int D, int GS, int THREADS, int CODE>
+template <typename T, int TILE_KV, int D, int GS, int THREADS, int CODE, typename Words,
+          typename Scales>
 KV_FN void load_tile_q4(
-    const DEV_PTR uint32_t* src,
-    const DEV_PTR SCALE_T* scales,
+    Words src,  // uint32_t words
+    Scales scales,  // SCALE_T
     TG_PTR T* dst,
     size_t row0,
     int n_rows,

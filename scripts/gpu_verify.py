@@ -1,0 +1,207 @@
+"""`make gpu-verify`: verify kvbench's GPU paths on a Linux machine with an NVIDIA GPU, or a Mac
+with Apple silicon, in one command within 10 minutes. NOT YET RUN ON A GPU.
+
+Steps, each timed and logged to OUT/gpu-verify-<stamp>.log, with a summary in
+OUT/gpu-verify-<stamp>.json:
+ 1. venv: a fresh virtual environment in ${KVBENCH_CACHE:-~/.cache/kvbench}/gpu-verify, with
+    the system's site-packages visible (an offline GPU machine's numpy, pandas, pyyaml, scipy,
+    plotly, pytest serve as they are);
+ 2. mlx: MLX's GPU backend into it: from --wheels DIR (offline, --no-deps: the mlx and
+    mlx-cuda-13 wheels, or the halves shared/gpu/prepare-mlx-cuda.sh makes; the machine's
+    nvidia-* libraries and Python packages are used as they are), else from the index
+    (mlx[cuda13] on Linux, mlx on macOS, within pyproject.toml's bound, and kvbench's
+    dependencies);
+ 3. backend: MLX must see the GPU (mx.cuda / mx.metal);
+ 4. tests: KVBENCH_GPU=1 pytest -m gpu (tests/test_gpu_parity.py: every GPU kernel against the
+    reference at realistic, sliced and tiny shapes);
+ 5. suite: kvbench run suites/gpu-verify.yaml --device gpu (stopped with SIGINT, keeping the
+    completed rows, if the 10 minutes run out);
+ 6. copy: the copy-bandwidth probe (scripts/copy_bandwidth.py);
+ 7. report: kvbench report OUT --latest -> OUT/gpu-verify-<stamp>.html.
+kvbench runs from this checkout (PYTHONPATH), not installed. --dry-run checks the plan and the
+suite without a GPU.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+BUDGET_S = 600
+MLX_BOUND = ">=0.32,<0.33"  # pyproject.toml's bound, the versions the compile gates check
+
+
+def gpu_kind() -> str | None:
+    if platform.system() == "Darwin" and platform.machine() == "arm64":
+        return "metal"
+    if platform.system() == "Linux" and (
+        shutil.which("nvidia-smi") or Path("/dev/nvidia0").exists()
+    ):
+        return "cuda"
+    return None
+
+
+def wheel_files(dirs: list[Path], scratch: Path) -> list[Path]:
+    """The *.whl in `dirs`, plus the CUDA wheel rejoined from prepare-mlx-cuda.sh's halves
+    (part-a, part-b and the file `name` giving the wheel's file name)."""
+    files = [w for d in dirs for w in sorted(d.glob("*.whl"))]
+    parts = {p.name: p for d in dirs for p in d.iterdir() if p.name in ("part-a", "part-b", "name")}
+    if {"part-a", "part-b", "name"} <= set(parts):
+        joined = scratch / parts["name"].read_text().strip()
+        joined.write_bytes(parts["part-a"].read_bytes() + parts["part-b"].read_bytes())
+        files.append(joined)
+    return files
+
+
+def plan(kind: str, venv: Path, wheels: list[Path], out: Path, stamp: str) -> list[tuple]:
+    """(step, argv, extra env) in order; argv[0] 'PY' is the venv's python."""
+    if wheels:
+        mlx = ["PY", "-m", "pip", "install", "-q", "--no-index", "--no-deps", *map(str, wheels)]
+    else:
+        spec = f"mlx[cuda13]{MLX_BOUND}" if kind == "cuda" else f"mlx{MLX_BOUND}"
+        deps = [
+            "numpy",
+            "pandas",
+            "pyyaml",
+            "plotly",
+            "scipy",
+            "pytest",
+        ]  # pyproject's runtime + test
+        mlx = ["PY", "-m", "pip", "install", "-q", spec, *deps]
+    probe = "import mlx.core as mx; ok = mx.cuda.is_available() or mx.metal.is_available(); "
+    probe += "print(mx.__version__, mx.default_device(), mx.device_info()); assert ok, 'no GPU'"
+    return [
+        (
+            "venv",
+            [sys.executable, "-m", "venv", "--clear", "--system-site-packages", str(venv)],
+            {},
+        ),
+        ("mlx", mlx, {}),
+        ("backend", ["PY", "-c", probe], {}),
+        (
+            "tests",
+            ["PY", "-m", "pytest", "-q", "-m", "gpu", "tests/test_gpu_parity.py"],
+            {"KVBENCH_GPU": "1"},
+        ),  # fmt: skip
+        (
+            "suite",
+            [
+                "PY",
+                "-m",
+                "harness",
+                "run",
+                "suites/gpu-verify.yaml",
+                "--out",
+                str(out),
+                "--device",
+                "gpu",
+            ],
+            {},
+        ),  # fmt: skip
+        (
+            "copy",
+            ["PY", "scripts/copy_bandwidth.py", "--out", str(out / f"copy-bandwidth-{stamp}.json")],
+            {},
+        ),  # fmt: skip
+        (
+            "report",
+            [
+                "PY",
+                "-m",
+                "harness",
+                "report",
+                str(out),
+                "--latest",
+                "-o",
+                str(out / f"gpu-verify-{stamp}.html"),
+            ],
+            {},
+        ),  # fmt: skip
+    ]
+
+
+def run_step(argv: list[str], env: dict, log, timeout_s: float) -> int:
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    try:
+        return proc.wait(timeout=max(timeout_s, 1))
+    except subprocess.TimeoutExpired:
+        proc.send_signal(signal.SIGINT)  # kvbench run keeps the completed rows on Ctrl-C
+        try:
+            return proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            return proc.wait()
+
+
+def execute(steps: list[tuple], venv: Path, out: Path, stamp: str) -> dict:
+    py = str(venv / "bin" / "python")
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
+    t0, summary = time.monotonic(), {"stamp": stamp, "steps": []}
+    with open(out / f"gpu-verify-{stamp}.log", "w") as log:
+        for name, argv, extra in steps:
+            left = BUDGET_S - (time.monotonic() - t0)
+            start = time.monotonic()
+            print(f"gpu-verify: {name} ({left:.0f} s left)", file=sys.stderr, flush=True)
+            log.write(f"\n==== {name}: {' '.join(argv)}\n")
+            log.flush()
+            rc = run_step([py if a == "PY" else a for a in argv], {**env, **extra}, log, left)
+            summary["steps"].append(
+                {"step": name, "rc": rc, "s": round(time.monotonic() - start, 1)}
+            )
+            if rc != 0 and name in ("venv", "mlx", "backend"):
+                break  # nothing after them can run
+    summary["total_s"] = round(time.monotonic() - t0, 1)
+    summary["ok"] = all(s["rc"] == 0 for s in summary["steps"]) and len(summary["steps"]) == len(
+        steps
+    )
+    return summary
+
+
+def dry_run(steps: list[tuple]) -> int:
+    for name, argv, extra in steps:
+        print(f"{name:8s} {' '.join(f'{k}={v}' for k, v in extra.items())} {' '.join(argv)}")
+    venv_py = ROOT / ".venv" / "bin" / "python"  # `make install`'s venv, if any, has MLX
+    py = str(venv_py) if venv_py.exists() else sys.executable
+    check = [py, "-m", "harness", "run", "suites/gpu-verify.yaml", "--dry-run"]
+    res = subprocess.run(check, cwd=ROOT, capture_output=True, text=True)
+    print(res.stdout.strip().splitlines()[-1] if res.returncode == 0 else res.stderr.strip())
+    return res.returncode
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="verify kvbench's GPU paths (docs/kernels.md)")
+    ap.add_argument("--out", type=Path, default=ROOT / "results")
+    ap.add_argument("--wheels", type=Path, action="append", default=[], help="offline wheels")
+    ap.add_argument("--dry-run", action="store_true", help="print the plan, check the suite")
+    args = ap.parse_args(argv)
+    kind = gpu_kind()
+    if kind is None and not args.dry_run:
+        print("gpu-verify: needs Linux with an NVIDIA GPU or a Mac with Apple silicon "
+              f"(this is {platform.system()} {platform.machine()}); --dry-run checks the plan",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    cache = Path(os.environ.get("KVBENCH_CACHE") or Path.home() / ".cache" / "kvbench")
+    venv, stamp = cache / "gpu-verify" / "venv", time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    scratch = cache / "gpu-verify" / "wheels"
+    scratch.mkdir(parents=True, exist_ok=True)
+    steps = plan(kind or "cuda", venv, wheel_files(args.wheels, scratch), args.out, stamp)
+    if args.dry_run:
+        return dry_run(steps)
+    args.out.mkdir(parents=True, exist_ok=True)
+    summary = execute(steps, venv, args.out, stamp)
+    (args.out / f"gpu-verify-{stamp}.json").write_text(json.dumps(summary, indent=2) + "\n")
+    print(json.dumps(summary, indent=2))
+    return 0 if summary["ok"] else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,102 @@
+"""Parity of every GPU attention path, run on the GPU itself (`make gpu-verify`).
+
+Each kernel that runs on the GPU backend at hand (MLX sdpa, ops, tiled, dequant_sdpa,
+quantized_matmul and kvbench's custom kernel: `metal` on a Mac, `cuda` on NVIDIA) is checked
+against the float32 reference computed on the CPU over the same stored cache, with the parity
+tolerance the harness applies before timing (harness/state.py), at realistic shapes (Llama
+GQA 1/4, 4K-8K), lengths that are not tile multiples, sliced (strided) cache views and tiny
+shapes (fewer than 8 elements in an input: Metal's `constant` path). Marked `gpu`; skipped
+without a GPU, and an error with KVBENCH_GPU=1 (what make gpu-verify sets), so a GPU run cannot
+pass by skipping. The checking function itself is exercised on CPU by the last test.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+
+import mlx.core as mx
+import pytest
+
+from harness.state import parity_gate
+from kernels.attention import KERNELS, reference, unsupported_reason
+from kernels.cache import KVCache
+from kernels.data import make_qkv
+from kernels.formats import get_format
+from kernels.launch import Problem
+
+GPU = "metal" if mx.metal.is_available() else "cuda" if mx.cuda.is_available() else None
+if GPU is None and os.environ.get("KVBENCH_GPU") == "1":
+    raise RuntimeError("KVBENCH_GPU=1 but MLX has no GPU backend here (mx.metal / mx.cuda)")
+
+# (B, Hq, Hkv, D, L, capacity): capacity > L makes the view a slice of a larger cache
+REALISTIC = [(1, 32, 8, 128, 4096, 4096), (1, 32, 32, 128, 8192, 8192),
+             (2, 32, 4, 128, 1000, 1000), (1, 32, 8, 128, 3000, 4096)]  # fmt: skip
+TINY = [(1, 1, 1, 4, 1, 1), (1, 2, 1, 8, 3, 3), (1, 4, 1, 64, 3, 3), (1, 2, 1, 32, 3, 8)]
+FORMATS = [("fp16", None), ("bf16", None), ("fp32", None), ("fp4", None), ("int4", None),
+           ("int4", 32), ("mxfp4", None), ("affine4", None)]  # fmt: skip
+GPU_KERNELS = ["sdpa", "ops", "tiled", "dequant_sdpa", "quantized_matmul", "metal", "cuda"]
+
+
+def check_parity(device_backend: str, kernel: str, fmt, shape) -> dict | None:
+    """rel_err etc. of `kernel` vs the CPU float32 reference, or None if it cannot run."""
+    b, hq, hkv, d, n_kv, capacity = shape
+    problem = Problem(b, hq, hkv, d, n_kv, dtype=str(fmt.compute_dtype).rsplit(".", 1)[-1],
+                      kv_code=fmt.name if fmt.quantized else "dense",
+                      group_size=getattr(fmt, "group_size", None))  # fmt: skip
+    try:
+        if unsupported_reason(kernel, fmt, device_backend, problem, None):
+            return None
+        q32, k32, v32 = make_qkv("gaussian", (b, hq, 1, d), (b, hkv, capacity, d), 0, None)
+    except ValueError:  # e.g. a 4-bit format at a head_dim it cannot pack
+        return None
+    act = fmt.compute_dtype
+    cache = KVCache(fmt, 1, b, hkv, capacity, d)
+    cache.fill(k32.astype(act), v32.astype(act))
+    k, v = cache.view(0, n_kv)  # [B, Hkv, n_kv, ...], a slice when capacity > n_kv
+    scale = 1.0 / math.sqrt(d)
+    out = KERNELS[kernel].fn(q32.astype(act), k, v, fmt, mask=None, scale=scale, tile_kv=None)
+    with mx.stream(mx.cpu):
+        ref = reference(q32, k, v, fmt, mask=None, scale=scale)
+        return parity_gate(kernel, mx.array(out), ref, act)
+
+
+def _cases():
+    for kernel in GPU_KERNELS:
+        for name, gs in FORMATS:
+            for shape in REALISTIC + TINY:
+                yield pytest.param(kernel, name, gs, shape, id=f"{kernel}-{name}{gs or ''}-{shape}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(GPU is None, reason="no Metal or CUDA GPU (make gpu-verify runs these)")
+@pytest.mark.parametrize("kernel,name,gs,shape", list(_cases()))
+def test_gpu_kernel_matches_reference(kernel, name, gs, shape):
+    try:
+        fmt = get_format(name, gs)
+    except ValueError as e:
+        pytest.skip(str(e))
+    with mx.stream(mx.gpu):
+        parity = check_parity(GPU, kernel, fmt, shape)
+    if parity is None:
+        pytest.skip(f"{kernel} does not run {name} at {shape} on {GPU}")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(GPU is None, reason="no Metal or CUDA GPU (make gpu-verify runs these)")
+def test_the_custom_kernel_ran_at_tiny_and_sliced_shapes():
+    fmt = get_format("int4")
+    with mx.stream(mx.gpu):
+        assert check_parity(GPU, GPU, fmt, (1, 2, 1, 8, 3, 3)) is not None
+        assert check_parity(GPU, GPU, get_format("fp16"), (1, 32, 8, 128, 3000, 4096))
+
+
+def test_check_parity_on_cpu_kernels():
+    """The checking path itself, on the CPU backend (sdpa / tiled / dequant_sdpa)."""
+    with mx.stream(mx.cpu):
+        for kernel, name, shape in [("sdpa", "fp16", (1, 4, 2, 8, 3, 8)),
+                                    ("tiled", "int4", (1, 2, 1, 8, 3, 3)),
+                                    ("dequant_sdpa", "fp4", (1, 4, 1, 64, 40, 64))]:  # fmt: skip
+            parity = check_parity("cpu", kernel, get_format(name), shape)
+            assert parity is not None and parity["rel_err"] < 1e-2
+        assert check_parity("cpu", "metal", get_format("fp16"), (1, 1, 1, 4, 1, 1)) is None

@@ -1,0 +1,96 @@
+"""`make gpu-verify` (scripts/gpu_verify.py) without a GPU: its plan, the suite it runs, the
+refusal on a machine without a GPU, and the offline wheel rejoining. The GPU run itself cannot
+be tested here."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "scripts"))
+
+import gpu_verify  # noqa: E402
+
+
+def run(*args: str) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "scripts/gpu_verify.py", *args]
+    return subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, timeout=300)
+
+
+def test_dry_run_lists_every_step_and_validates_the_suite(tmp_path):
+    res = run("--dry-run", "--out", str(tmp_path))
+    assert res.returncode == 0, res.stderr
+    steps = [line.split()[0] for line in res.stdout.splitlines()[:7]]
+    assert steps == ["venv", "mlx", "backend", "tests", "suite", "copy", "report"]
+    assert "KVBENCH_GPU=1" in res.stdout and "suites/gpu-verify.yaml" in res.stdout
+    assert res.stdout.strip().splitlines()[-1].endswith("budget 0.5 s per case")
+    assert not any(tmp_path.iterdir())  # a dry run writes nothing
+
+
+def test_suite_covers_what_the_issue_asks():
+    from harness.suite import expand, load_suite
+
+    cases = expand(load_suite(str(ROOT / "suites" / "gpu-verify.yaml")))
+    kernels = {c.kernel for c in cases}
+    assert kernels >= {"sdpa", "metal", "cuda", "tiled", "dequant_sdpa", "quantized_matmul"}
+    assert {"mlx_lm", "mlx_lm_quant"} <= kernels
+    dense = {c.context_len for c in cases if c.kv_dtype in ("fp16", "bf16")}
+    assert min(dense) == 4096 and max(dense) == 131072
+    four_bit = {c.context_len for c in cases if c.kv_dtype in ("fp4", "int4")}
+    assert four_bit == {16384, 32768, 65536}
+    assert {c.n_q_heads // c.n_kv_heads for c in cases if c.kernel == "cuda"} == {1, 4, 8}
+    assert {c.tile_kv for c in cases if c.kernel == "cuda"} == {32, 64}
+
+
+@pytest.mark.skipif(gpu_verify.gpu_kind() is not None, reason="this machine has a GPU")
+def test_refuses_without_a_gpu_in_one_line(tmp_path):
+    res = run("--out", str(tmp_path))
+    assert res.returncode == 2 and res.stdout == ""
+    assert len(res.stderr.strip().splitlines()) == 1 and "NVIDIA GPU" in res.stderr
+
+
+def test_offline_wheel_halves_are_rejoined(tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    a.mkdir(), b.mkdir()
+    (a / "part-a").write_bytes(b"first half|")
+    (b / "part-b").write_bytes(b"second half")
+    (b / "name").write_text("mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl\n")
+    (b / "mlx-0.32.4-cp312-cp312-manylinux_2_35_x86_64.whl").write_bytes(b"base")
+    files = gpu_verify.wheel_files([a, b], tmp_path)
+    assert [f.name for f in files] == [
+        "mlx-0.32.4-cp312-cp312-manylinux_2_35_x86_64.whl",
+        "mlx_cuda_13-0.32.4-py3-none-manylinux_2_35_x86_64.whl",
+    ]
+    assert files[1].read_bytes() == b"first half|second half"
+
+
+def fake_venv(tmp_path: Path) -> Path:
+    venv = tmp_path / "venv"
+    (venv / "bin").mkdir(parents=True)
+    (venv / "bin" / "python").symlink_to(sys.executable)
+    return venv
+
+
+def test_execute_records_each_step_and_stops_after_a_failed_backend(tmp_path):
+    steps = [
+        ("mlx", ["PY", "-c", "print('installed')"], {}),
+        ("backend", ["PY", "-c", "raise SystemExit(3)"], {}),
+        ("tests", ["PY", "-c", "pass"], {}),
+    ]
+    summary = gpu_verify.execute(steps, fake_venv(tmp_path), tmp_path, "t")
+    assert [(s["step"], s["rc"]) for s in summary["steps"]] == [("mlx", 0), ("backend", 3)]
+    assert summary["ok"] is False
+    assert "installed" in (tmp_path / "gpu-verify-t.log").read_text()
+
+
+def test_execute_interrupts_a_step_past_the_budget(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_verify, "BUDGET_S", 2)
+    code = "import time, sys\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    sys.exit(7)"
+    summary = gpu_verify.execute(
+        [("suite", ["PY", "-c", code], {})], fake_venv(tmp_path), tmp_path, "t"
+    )
+    assert summary["steps"][0]["rc"] == 7 and summary["steps"][0]["s"] < 30  # SIGINT, not kill
