@@ -97,7 +97,7 @@ def plan(kind: str, venv: Path, wheels: list[Path], out: Path, stamp: str) -> li
             [
                 "PY",
                 "-m",
-                "harness",
+                "kvbench",
                 "run",
                 "suites/gpu-verify.yaml",
                 "--out",
@@ -117,7 +117,7 @@ def plan(kind: str, venv: Path, wheels: list[Path], out: Path, stamp: str) -> li
             [
                 "PY",
                 "-m",
-                "harness",
+                "kvbench",
                 "report",
                 str(out),
                 "--latest",
@@ -171,7 +171,7 @@ def dry_run(steps: list[tuple]) -> int:
         print(f"{name:8s} {' '.join(f'{k}={v}' for k, v in extra.items())} {' '.join(argv)}")
     venv_py = ROOT / ".venv" / "bin" / "python"  # `make install`'s venv, if any, has MLX
     py = str(venv_py) if venv_py.exists() else sys.executable
-    check = [py, "-m", "harness", "run", "suites/gpu-verify.yaml", "--dry-run"]
+    check = [py, "-m", "kvbench", "run", "suites/gpu-verify.yaml", "--dry-run"]
     res = subprocess.run(check, cwd=ROOT, capture_output=True, text=True)
     print(res.stdout.strip().splitlines()[-1] if res.returncode == 0 else res.stderr.strip())
     return res.returncode

@@ -3,7 +3,7 @@
 Each kernel that runs on the GPU backend at hand (MLX sdpa, ops, tiled, dequant_sdpa,
 quantized_matmul and kvbench's custom kernel: `metal` on a Mac, `cuda` on NVIDIA) is checked
 against the float32 reference computed on the CPU over the same stored cache, with the parity
-tolerance the harness applies before timing (harness/state.py), at realistic shapes (Llama
+tolerance the harness applies before timing (harness/engines/parity.py), at realistic shapes (Llama
 GQA 1/4, 4K-8K), lengths that are not tile multiples, sliced (strided) cache views and tiny
 shapes (fewer than 8 elements in an input: Metal's `constant` path). Marked `gpu`; skipped
 without a GPU, and an error with KVBENCH_GPU=1 (what make gpu-verify sets), so a GPU run cannot
@@ -18,12 +18,12 @@ import os
 import mlx.core as mx
 import pytest
 
-from harness.state import parity_gate
-from kernels.attention import KERNELS, reference, unsupported_reason
-from kernels.cache import KVCache
-from kernels.data import make_qkv
-from kernels.formats import get_format
-from kernels.launch import Problem
+from kvbench.engines.parity import parity_gate
+from kvbench.kernels.attention import KERNELS, reference, unsupported_reason
+from kvbench.kernels.cache import KVCache
+from kvbench.kernels.data import make_qkv
+from kvbench.kernels.formats import get_format
+from kvbench.kernels.launch import Problem
 
 GPU = "metal" if mx.metal.is_available() else "cuda" if mx.cuda.is_available() else None
 if GPU is None and os.environ.get("KVBENCH_GPU") == "1":

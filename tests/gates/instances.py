@@ -21,15 +21,16 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import mlx.core as mx
-from gates.cuda_wrap import Call, dtype_name
 
-from harness.cache_engine import call_problem, skip_reason
-from harness.case import Case
-from harness.suite import expand, load_suite
-from kernels import gpu_kernels
-from kernels.attention import KERNELS
-from kernels.cache import KVCache
-from kernels.formats import get_format
+from gates.cuda_wrap import Call, dtype_name
+from kvbench.case import Case
+from kvbench.engines import skip_reason
+from kvbench.engines.streams import call_problem
+from kvbench.kernels import gpu_kernels
+from kvbench.kernels.attention import KERNELS
+from kvbench.kernels.cache import KVCache
+from kvbench.kernels.formats import get_format
+from kvbench.spec.suite import expand, load_suite
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = ("cuda", "metal")
