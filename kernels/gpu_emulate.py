@@ -125,10 +125,11 @@ def split_state(q, k, v, problem: Problem, plan: LaunchPlan, scale: float):
     m, l_ = np.full(shape, -np.inf, F32), np.zeros(shape, F32)
     acc = np.zeros((*shape, d), F32)
     tile = dict(plan.template)["TILE_KV"]
+    group = d if problem.kv_code == "dense" else problem.scale_group  # dense: one "scale" 1
     for it in range(-(-split_len // tile)):
         rows, ok = tile_rows(plan, start + it * tile, end)
-        kt, ks = gather(kvals, kscl, rows, ok, lay, problem.scale_group)
-        vt, vs = gather(vvals, vscl, rows, ok, lay, problem.scale_group)
+        kt, ks = gather(kvals, kscl, rows, ok, lay, group)
+        vt, vs = gather(vvals, vscl, rows, ok, lay, group)
         sc = scores(qr, kt, ks, lay)  # [bh, S, NS, RPS, STEPS, G]
         okb = np.broadcast_to(ok[None, ..., None], sc.shape)
         m_new = m
