@@ -39,6 +39,7 @@ INPUTS = ["q", "k", "v", "k_scales", "v_scales", "params", "scale"]
 OUTPUTS = ["o_part", "m_part", "l_part"]
 COMBINE_INPUTS = ["o_part", "m_part", "l_part", "params"]
 COMBINE_OUTPUTS = ["out"]
+COMBINE = "combine"  # compiled()'s key for the combine kernel
 DTYPE_NAMES = {mx.float16: "float16", mx.bfloat16: "bfloat16", mx.float32: "float32"}
 MX_DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 
@@ -76,29 +77,24 @@ def _make(backend: str):
 
 @cache
 def compiled(backend: str, code: str):
-    """The split kernel object (MLX compiles it per template instantiation on first call).
-    ensure_row_contiguous=False: the body addresses K/V through their strides (no copy)."""
+    """The kernel object for row decoder `code` (dense, fp4, int4) or COMBINE; MLX compiles it
+    per template instantiation on first call. One cache for both kernels, so a caller that
+    swaps mx.fast's factory clears them together (compiled.cache_clear()).
+    Split kernel: ensure_row_contiguous=False, the body addresses K/V through their strides."""
+    if code == COMBINE:
+        header, source = combine_source(backend)
+        names = dict(input_names=COMBINE_INPUTS, output_names=COMBINE_OUTPUTS)
+        return _make(backend)(
+            name="kvbench_flash_decode_combine", source=source, header=header, **names
+        )
     header, source = kernel_source(backend, code)
-    name = f"kvbench_flash_decode_{code}"  # one name per decoder: KV_CODE is in the header
     return _make(backend)(
-        name=name,
+        name=f"kvbench_flash_decode_{code}",  # one name per decoder: KV_CODE is in the header
         input_names=INPUTS,
         output_names=OUTPUTS,
         source=source,
         header=header,
         ensure_row_contiguous=False,
-    )
-
-
-@cache
-def compiled_combine(backend: str):
-    header, source = combine_source(backend)
-    return _make(backend)(
-        name="kvbench_flash_decode_combine",
-        input_names=COMBINE_INPUTS,
-        output_names=COMBINE_OUTPUTS,
-        source=source,
-        header=header,
     )
 
 
@@ -160,7 +156,7 @@ def flash_decode(backend: str, q, k, v, fmt, *, scale: float, tile_kv=None, **co
         output_shapes=list(plan.output_shapes),
         output_dtypes=[mx.float32] * 3,
     )
-    (out,) = compiled_combine(backend)(
+    (out,) = compiled(backend, COMBINE)(
         inputs=[*parts, mx.array(plan.combine_params, dtype=mx.int32)],
         template=as_mx(plan.combine_template),
         grid=plan.combine_grid,

@@ -183,8 +183,11 @@ class EmulatedKernels:
 @pytest.mark.parametrize("kv_dtype", ["fp16", "int4"])
 def test_wrapper_plumbing_with_emulated_kernels(monkeypatch, backend, kv_dtype):
     fake = EmulatedKernels()
-    monkeypatch.setattr(gpu_kernels, "compiled", lambda be, code: fake.split(code))
-    monkeypatch.setattr(gpu_kernels, "compiled_combine", fake.combine)
+    monkeypatch.setattr(
+        gpu_kernels,
+        "compiled",
+        lambda be, code: fake.combine(be) if code == gpu_kernels.COMBINE else fake.split(code),
+    )
     fmt, q, k, v, _, _ = make(kv_dtype, 4, 64, 150, b=2, capacity=160)
     fn = gpu_kernels.metal if backend == "metal" else gpu_kernels.cuda
     out = fn(q, k, v, fmt, mask=None, scale=0.125, tile_kv=32, n_splits=3)
