@@ -27,6 +27,9 @@ DEFAULT_TILE_KV = 32
 DEFAULT_THREADS = 128
 VEC_CHOICES = (16, 8, 4)  # bytes of one vector load, widest first
 REG_ELEMS = 64  # most q elements a lane holds over the G heads (as many accumulators again)
+# 4-bit rows decode in registers too: NVRTC 13 (sm_80 / sm_90a) gave 186-198 registers at G=4
+# with 8-byte vectors (16 nibbles per lane) and 128 with 4-byte ones, so 4-bit keeps fewer
+REG_ELEMS_4BIT = 32
 MAX_INFLIGHT_WORDS = 64  # most 32-bit K/V words a lane holds per tile (loads in flight)
 TG_PER_CORE = 4  # threadgroups the split planner wants resident per core / SM
 MIN_SPLIT_ROWS = 256  # a split reads at least this many rows: partials stay small beside K/V
@@ -126,10 +129,12 @@ def layout_refusal(problem: Problem, vec_bytes: int) -> str | None:
 
 def choose_vec(problem: Problem) -> int | None:
     """The widest vector whose per-lane q elements over G heads fit REG_ELEMS (16 bytes for
-    fp16 up to G = 8), or the narrowest valid one; None when no width tiles the row."""
+    fp16 up to G = 8; REG_ELEMS_4BIT for 4-bit), or the narrowest valid one; None when no width
+    tiles the row."""
     valid = [v for v in VEC_CHOICES if layout_refusal(problem, v) is None]
+    limit = REG_ELEMS if problem.kv_code == "dense" else REG_ELEMS_4BIT
     for v in valid:
-        if problem.group * lane_layout(problem, v, SIMD_WIDTH, 1).elems_per_vec <= REG_ELEMS:
+        if problem.group * lane_layout(problem, v, SIMD_WIDTH, 1).elems_per_vec <= limit:
             return v
     return valid[-1] if valid else None
 

@@ -133,9 +133,10 @@ def test_config_is_what_is_launched():
         (Problem(1, 32, 8, 128, 10, dtype="float32"), 16, (16, 4, 32, 32, 1, 1)),
         # int4 G=1 D=128: a 64-byte row is 4 vectors of 32 nibbles
         (Problem(1, 8, 8, 128, 10, kv_code="int4"), 16, (16, 32, 4, 4, 1, 8)),
-        # fp4 G=8: 4-byte vectors keep 8 q elements per head per lane (64 over 8 heads)
+        # fp4 G=8: 4-byte vectors, 8 q elements per head per lane (the narrowest width)
         (Problem(1, 64, 8, 128, 10, kv_code="fp4", group_size=32), 4, (4, 8, 16, 16, 1, 2)),
-        (Problem(1, 32, 8, 128, 10, kv_code="int4"), 8, (8, 16, 8, 8, 1, 4)),  # G=4
+        (Problem(1, 32, 8, 128, 10, kv_code="int4"), 4, (4, 8, 16, 16, 1, 2)),  # G=4
+        (Problem(1, 16, 8, 128, 10, kv_code="int4"), 8, (8, 16, 8, 8, 1, 4)),  # G=2
     ],
 )
 def test_lane_layout_by_hand(problem, vec, layout):
