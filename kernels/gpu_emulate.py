@@ -48,7 +48,8 @@ def decode_rows(stored: dict, problem: Problem) -> tuple[np.ndarray, np.ndarray]
     codes = (words[..., None] >> (4 * np.arange(8, dtype=np.uint64))) & 0xF  # element j of a word
     vals = nibble_value(codes, problem.kv_code).reshape(bh, data.shape[2], -1)
     factor = F32(0.5 if problem.kv_code == "fp4" else 1.0)
-    scales = stored["scales"].astype(F32).reshape(bh, data.shape[2], -1) * factor
+    scales = stored["scales"]  # its own positions: K/V data may be padded (gpu_kernels)
+    scales = scales.astype(F32).reshape(bh, scales.shape[2], -1) * factor
     return vals, scales
 
 

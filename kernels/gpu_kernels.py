@@ -114,12 +114,26 @@ def problem_of(q, k: dict, fmt) -> launch.Problem:
     )
 
 
+METAL_CONSTANT_ELEMS = 8  # MLX's metal_kernel passes an input of fewer elements as `constant`
+
+
+def device_sized(data: mx.array) -> mx.array:
+    """K/V data of fewer than 8 elements (toy shapes) padded with unread positions, so Metal
+    gets it in `device` memory, which the body's vector loads need. Copies at most 7 elements;
+    any real cache is passed as it is (a view, never copied)."""
+    if data.size >= METAL_CONSTANT_ELEMS:
+        return data
+    b, h, n, w = data.shape
+    extra = -(-METAL_CONSTANT_ELEMS // (b * h * w)) - n  # positions >= kv_len are never read
+    return mx.pad(data, [(0, 0), (0, 0), (0, extra), (0, 0)])
+
+
 def launch_inputs(q, k: dict, v: dict, plan: launch.LaunchPlan, scale: float) -> list:
     dummy = mx.zeros((1,), dtype=mx.float16)  # dense caches have no scales
     return [
         q,
-        k["data"],
-        v["data"],
+        device_sized(k["data"]),
+        device_sized(v["data"]),
         k.get("scales", dummy),
         v.get("scales", dummy),
         mx.array(plan.params, dtype=mx.int32),

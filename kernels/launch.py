@@ -36,7 +36,6 @@ MIN_SPLIT_ROWS = 256  # a split reads at least this many rows: partials stay sma
 KV_CODES = {"dense": 0, "fp4": 1, "int4": 2}  # the kernel's KV_CODE: how a row is decoded
 ELEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 SCALE_BYTES = 2  # 4-bit group scales are float16
-METAL_CONSTANT_ELEMS = 8  # MLX passes a Metal input of fewer elements in `constant` memory
 
 
 class TileConfigError(ValueError):
@@ -193,15 +192,6 @@ def refusal(
     need = shared_bytes(problem, threads)
     if need > limits.shared_bytes:
         return f"{threads} threads need {need} B of threadgroup memory > {limits.shared_bytes} B"
-    if (
-        limits is METAL
-        and problem.n_seqs
-        * problem.n_kv_heads
-        * problem.kv_len
-        * (problem.row_bytes // 4 if problem.kv_code != "dense" else problem.head_dim)
-        < METAL_CONSTANT_ELEMS
-    ):
-        return "K/V of fewer than 8 elements: MLX passes them as Metal `constant` memory"
     return None
 
 

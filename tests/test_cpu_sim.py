@@ -39,6 +39,7 @@ CONFIGS = [
     ("fp32", 8, 128, 32, 128, None, (1, 1, 3, 3), None),  # B*Hkv*L = 3 < 8, L < tile
     ("fp16", 1, 64, 32, 128, None, (1, 2, 3, 16), None),  # B*Hkv*L = 6, sliced
     ("int4", 4, 64, 32, 128, 64, (1, 1, 1, 4), None),  # one position
+    ("fp16", 2, 8, 32, 64, None, (1, 2, 5, 9), 2),  # D = 8: one lane per row, 32 slots
 ]
 
 

@@ -198,6 +198,32 @@ def test_wrapper_plumbing_with_emulated_kernels(monkeypatch, backend, kv_dtype):
     assert fake.calls[0][1][0] == 128 * 3  # grid counts threads: 3 splits x 128
 
 
+@pytest.mark.parametrize("kv_dtype,d", [("fp16", 4), ("fp32", 4), ("int4", 8), ("fp4", 32)])
+def test_wrapper_pads_kv_of_fewer_than_8_elements(monkeypatch, kv_dtype, d):
+    """MLX would pass such K/V to Metal as `constant`; the wrapper pads them with unread rows."""
+    fake = EmulatedKernels()
+    monkeypatch.setattr(
+        gpu_kernels,
+        "compiled",
+        lambda be, code: fake.combine(be) if code == gpu_kernels.COMBINE else fake.split(code),
+    )
+    fmt, q, k, v, _, _ = make(kv_dtype, 1, d, 1, hkv=1)
+    assert k["data"].size < 8
+    inputs = gpu_kernels.launch_inputs(q, k, v, gpu_kernels.plan_for("metal", q, k, fmt), 0.5)
+    assert inputs[1].size >= 8 and inputs[2].size >= 8 and inputs[1].shape[3] == k["data"].shape[3]
+    out = gpu_kernels.metal(q, k, v, fmt, scale=0.5)
+    assert (
+        compare_outputs(out, reference(q, k, v, fmt, scale=0.5))["rel_err"]
+        <= PARITY_REL_TOL[fmt.compute_dtype]
+    )
+
+
+def test_wrapper_does_not_copy_real_caches():
+    fmt, q, k, v, _, _ = make("fp16", 4, 64, 3, capacity=16)
+    inputs = gpu_kernels.launch_inputs(q, k, v, gpu_kernels.plan_for("cuda", q, k, fmt), 0.5)
+    assert inputs[1] is k["data"] and inputs[2] is v["data"]  # the views themselves
+
+
 def test_wrapper_refuses_before_launch(monkeypatch):
     monkeypatch.setattr(gpu_kernels, "compiled", lambda *a: pytest.fail("launched"))
     fmt, q, k, v, _, _ = make("fp16", 8, 128, 10)

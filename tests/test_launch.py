@@ -165,19 +165,19 @@ def test_the_tile_costs_no_threadgroup_memory():
         (Problem(1, 32, 4, 128, 100), 1024, 1024, "in flight"),  # 16 steps again
         (Problem(1, 32, 4, 256, 100), 32, 1024, "threadgroup memory"),  # 66048 B > 48 KB
         (Problem(1, 8, 2, 96, 10), 32, 128, "vector width"),  # 12, 24 or 48 vectors per row
-        (Problem(1, 2, 1, 32, 1, kv_code="int4"), 32, 128, "constant"),  # 4 words on Metal
     ],
 )
 def test_refusals_before_launch(problem, tile, threads, needle):
-    limits = METAL if needle == "constant" else CUDA
     with pytest.raises(TileConfigError, match=needle):
-        plan(problem, tile, threads, limits)
-    assert refusal(problem, tile, threads, limits)
+        plan(problem, tile, threads, CUDA)
+    assert refusal(problem, tile, threads, CUDA)
 
 
-def test_tiny_caches_launch_on_cuda_and_dense_ones_on_metal():
-    assert refusal(Problem(1, 2, 1, 32, 1, kv_code="int4"), 32, 128, CUDA) is None
-    assert refusal(Problem(1, 2, 1, 64, 1), 32, 128, METAL) is None  # 64 elements: device
+@pytest.mark.parametrize("limits", [METAL, CUDA])
+def test_tiny_caches_launch(limits):
+    # 4 words of K (MLX would pass them as Metal `constant`: gpu_kernels pads them); D = 4
+    assert refusal(Problem(1, 2, 1, 32, 1, kv_code="int4"), 32, 128, limits) is None
+    assert refusal(Problem(1, 1, 1, 4, 1), 32, 128, limits) is None
 
 
 def test_limits_are_the_documented_ones():
