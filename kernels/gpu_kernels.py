@@ -109,7 +109,7 @@ def problem_of(q, k: dict, fmt) -> launch.Problem:
         kv_len=lk,
         dtype=DTYPE_NAMES.get(q.dtype, str(q.dtype)),
         kv_code=kv_code(fmt) or fmt.name,
-        group_size=getattr(fmt, "group_size", None),
+        group_size=getattr(fmt, "group_size", None) if fmt.quantized else None,  # one compile
         q_len=lq,
     )
 
