@@ -1,14 +1,18 @@
-"""numpy emulation of the flash-decode GPU kernels (kernels/gpu/flash_decode_body.inc).
+"""numpy emulation of the flash-decode GPU kernels (kernels/gpu/flash_decode_body.inc and
+flash_decode_combine.inc).
 
-It runs the kernels' algorithm as written, on the CPU: the threadgroups the launch plan's grid
-actually creates (grid / threadgroup in each dimension; a grid given in threadgroups would
-leave most of the KV extent unread and fail the parity test), the same splits and tiles, tiles
-held in the compute dtype (fp16 here; 4-bit dequantized in float32 and rounded to it), float32
-scores summed per lane over d = lane, lane + 32, ... then by the xor butterfly 16, 8, 4, 2, 1,
-the same online-softmax update and the same row order in the accumulation, then the same
-log-sum-exp combine over splits. What it cannot check is the source itself (compilation,
-barriers, address spaces): that needs a GPU. Threadgroups are vectorised: arrays carry a
-leading [n_bh, n_splits] pair of axes, one entry per threadgroup.
+It runs the kernels' algorithm as written, on the CPU, in float32 with the kernels' order of
+operations: the threadgroups the launch plan's grid actually creates (grid / threadgroup in each
+dimension: a grid given in threadgroups would leave most of the KV extent unread), the same
+splits and tiles, the same lane layout (launch.lane_layout: slot, lane j, vectors j + LPR*i),
+per-vector dot products summed in element order and scaled once per group, the butterfly inside
+a slot (xor LPR/2 .. 1), one online-softmax rescale per tile per slot, P V accumulated in step
+order, the slot merge (xor LPR .. 16), the simdgroup merge in simdgroup order, and the combine
+kernel (lanes over splits, butterfly, splits in order per element). K/V rows are read through
+the arrays' strides (numpy views), and a view the kernel cannot vector-load gives NaN, as on the
+GPU. What it cannot check is the source itself (compilation, address spaces, barriers): the
+C++ simulation (tests/cpu_sim) runs the shared text; only a GPU runs the backends.
+Threadgroups are vectorised: arrays carry leading axes [bh, split, simdgroup, slot].
 """
 
 from __future__ import annotations
@@ -17,128 +21,216 @@ import numpy as np
 
 from .launch import SIMD_WIDTH, LaunchPlan, Problem
 
-FP4_MAGNITUDE = np.array([0.0, 0.5, 1.0, 1.5, 2.0, 3.0, 4.0, 6.0], dtype=np.float32)
+F32 = np.float32
+FP4_MAG2 = np.array([(0xC8643210 >> (4 * c)) & 0xF for c in range(8)], dtype=F32)  # 2*|v|
 NP_DTYPES = {"float16": np.float16, "float32": np.float32}
 
 
-def decode_nibble(code: np.ndarray, kv_code: str) -> np.ndarray:
-    """4-bit codes -> values before scaling (fp4 E2M1 or int4 two's complement), float32."""
+def nibble_value(code: np.ndarray, kv_code: str) -> np.ndarray:
+    """4-bit codes -> the kernel's value before scaling: fp4 2*value (the 1/2 is folded into
+    the scale), int4 the integer in [-8, 7]; float32."""
     code = code.astype(np.int64)
     if kv_code == "fp4":
-        mag = FP4_MAGNITUDE[code & 7]
-        return np.where(code & 8, -mag, mag).astype(np.float32)
-    return ((code ^ 8) - 8).astype(np.float32)
+        mag2 = FP4_MAG2[code & 7]
+        return np.where(code & 8, -mag2, mag2).astype(F32)
+    return ((code ^ 8) - 8).astype(F32)
 
 
-def load_rows(stored: dict, problem: Problem, rows: np.ndarray, t_dtype) -> np.ndarray:
-    """Rows [..., D] of K or V in the tile dtype for row indices `rows` [...] (into L)."""
-    d = problem.head_dim
+def decode_rows(stored: dict, problem: Problem) -> tuple[np.ndarray, np.ndarray]:
+    """(values [B*Hkv, L, D] f32 before scaling, scales [B*Hkv, L, D/GS] f32 incl. the fp4
+    factor 1/2; ones for dense), as the kernel decodes each element it loads."""
+    data = stored["data"]
+    bh = data.shape[0] * data.shape[1]
     if problem.kv_code == "dense":
-        return stored["data"][..., rows, :].astype(t_dtype)
-    words = stored["data"][..., rows, :].astype(np.uint64)  # [..., D/8]
-    shifts = 4 * np.arange(8, dtype=np.uint64)
-    codes = (words[..., None] >> shifts) & 0xF  # [..., D/8, 8]: element j of each word
-    vals = decode_nibble(codes, problem.kv_code).reshape(*codes.shape[:-2], d)
-    gs = problem.scale_group
-    scales = stored["scales"][..., rows, :].astype(np.float32)  # [..., D/GS]
-    return (vals * np.repeat(scales, gs, axis=-1)).astype(t_dtype)
+        vals = data.astype(F32).reshape(bh, data.shape[2], -1)
+        return vals, np.ones((*vals.shape[:2], 1), F32)
+    words = data.astype(np.uint64).reshape(bh, data.shape[2], -1)  # [bh, L, D/8]
+    codes = (words[..., None] >> (4 * np.arange(8, dtype=np.uint64))) & 0xF  # element j of a word
+    vals = nibble_value(codes, problem.kv_code).reshape(bh, data.shape[2], -1)
+    factor = F32(0.5 if problem.kv_code == "fp4" else 1.0)
+    scales = stored["scales"]  # its own positions: K/V data may be padded (gpu_kernels)
+    scales = scales.astype(F32).reshape(bh, scales.shape[2], -1) * factor
+    return vals, scales
 
 
-def lane_sum(x: np.ndarray) -> np.ndarray:
-    """xor butterfly over the last axis (32 lanes), as lane_sum(); every lane ends equal."""
-    for off in (16, 8, 4, 2, 1):
-        x = x + x[..., np.arange(SIMD_WIDTH) ^ off]
-    return x[..., 0]
+def readable(a: np.ndarray, plan: LaunchPlan) -> bool:
+    """The kernel's stride guard: unit last-axis stride and rows aligned to VEC bytes."""
+    item = a.itemsize
+    vstride = plan.layout.vec_bytes // item
+    st = [s // item for s in a.strides]
+    return st[3] == 1 and all(s % vstride == 0 for s in st[:3])
 
 
-def lane_partials(a: np.ndarray, b: np.ndarray) -> np.ndarray:
-    """Per-lane float32 partial dot products over d = lane, lane + 32, ... (in that order)."""
-    d = a.shape[-1]
-    out = np.zeros((*np.broadcast_shapes(a.shape[:-1], b.shape[:-1]), SIMD_WIDTH), np.float32)
-    for base in range(0, d, SIMD_WIDTH):
-        n = min(SIMD_WIDTH, d - base)
-        out[..., :n] += a[..., base : base + n] * b[..., base : base + n]
-    return out
+def butterfly(x: np.ndarray, axis_len: int, offsets, op) -> np.ndarray:
+    """x [..., n] -> every position combined with position ^ off, for off in `offsets` (order)."""
+    idx = np.arange(axis_len)
+    for off in offsets:
+        x = op(x, x[..., idx ^ off])
+    return x
 
 
-@np.errstate(invalid="ignore")  # finished threadgroups compute -inf - -inf, then are masked
-def partials(q: np.ndarray, k: dict, v: dict, problem: Problem, plan: LaunchPlan, scale: float):
-    """(o_part, m_part, l_part) as the kernel writes them, for every launched threadgroup."""
-    n_split_groups, n_bh = plan.threadgroups[0], plan.threadgroups[1]
-    g_, d = problem.group, problem.head_dim
-    tile = dict(plan.template)["TILE_KV"]
-    t_dtype = NP_DTYPES[problem.dtype]
-    kv_len, split_len, n_splits = plan.params
-    flat = lambda s: {n: a.reshape(n_bh, kv_len, -1) for n, a in s.items()}  # noqa: E731
-    k, v = flat(k), flat(v)  # [B*Hkv, L, ...]
-    q_s = q.reshape(n_bh, 1, g_, d).astype(np.float32) * np.float32(scale)  # [bh, 1, G, D]
-    start = np.arange(n_split_groups) * split_len  # [S]
+def merge_weight(m: np.ndarray, m_all: np.ndarray) -> np.ndarray:
+    with np.errstate(invalid="ignore", over="ignore"):
+        return np.where(m == -np.inf, F32(0), np.exp(m - m_all)).astype(F32)
+
+
+def scores(qr, kt, ks, lay) -> np.ndarray:
+    """qr [bh, 1, 1, 1, 1, G, D]; kt [bh, S, NS, RPS, STEPS, 1, D]; ks [..., 1, VPR] ->
+    the slot's score [bh, S, NS, RPS, STEPS, G] (per-lane dots, group scale, butterfly)."""
+    epv, vpr, lpr = lay.elems_per_vec, lay.vecs_per_row, lay.lanes_per_row
+    cols = np.arange(vpr) * epv
+    dots = np.zeros(np.broadcast_shapes(qr.shape, kt.shape)[:-1] + (vpr,), F32)
+    for x in range(epv):
+        dots = dots + qr[..., cols + x] * kt[..., cols + x]  # [..., G, VPR]
+    part = np.zeros(dots.shape[:-1] + (lpr,), F32)
+    for i in range(lay.vecs_per_lane):
+        v = np.arange(lpr) + lpr * i  # lane j's i-th vector
+        part = part + dots[..., v] * ks[..., v]
+    offsets = [1 << b for b in range(lpr.bit_length() - 2, -1, -1)]  # LPR/2 .. 1
+    return butterfly(part, lpr, offsets, np.add)[..., 0]
+
+
+def tile_rows(plan: LaunchPlan, t0: np.ndarray, end: np.ndarray):
+    """(rows, ok) [S, NS, RPS, STEPS] of one tile iteration: row of each slot at each step."""
+    lay, tile = plan.layout, dict(plan.template)["TILE_KV"]
+    ns, rps = lay.n_simd, lay.rows_per_step
+    st = np.arange(lay.steps)[None, None, None, :]
+    sg = np.arange(ns)[None, :, None, None]
+    slot = np.arange(rps)[None, None, :, None]
+    in_tile = st * ns * rps + sg * rps + slot
+    rows = t0[:, None, None, None] + in_tile
+    return rows, (in_tile < tile) & (rows < end[:, None, None, None])
+
+
+def gather(vals: np.ndarray, scales: np.ndarray, rows, ok, lay, group: int):
+    """Values [bh, S, NS, RPS, STEPS, 1, D] and per-vector scales [..., 1, VPR] (0 / 1 where
+    the row is not loaded)."""
+    safe = np.where(ok, rows, 0)
+    v = np.where(ok[None, ..., None], vals[:, safe], F32(0))[..., None, :]
+    vec_group = np.arange(lay.vecs_per_row) * lay.elems_per_vec // group  # a vector's group
+    s = np.where(ok[None, ..., None], scales[:, safe][..., vec_group], F32(1))[..., None, :]
+    return v, s
+
+
+def split_state(q, k, v, problem: Problem, plan: LaunchPlan, scale: float):
+    """Per-slot (acc [bh,S,NS,RPS,G,D], m, l [bh,S,NS,RPS,G]) after the tile loop."""
+    lay, g_, d = plan.layout, problem.group, problem.head_dim
+    n_s, n_bh = plan.threadgroups[0], plan.threadgroups[1]
+    kvals, kscl = decode_rows(k, problem)
+    vvals, vscl = decode_rows(v, problem)
+    qr = (q.reshape(n_bh, g_, d).astype(F32) * F32(scale))[:, None, None, None, None]
+    kv_len, split_len = plan.params[0], plan.params[1]
+    start = np.arange(n_s) * split_len
     end = np.minimum(start + split_len, kv_len)
-    m = np.full((n_bh, n_split_groups, g_), -np.inf, np.float32)
-    l = np.zeros_like(m)
-    acc = np.zeros((n_bh, n_split_groups, g_, d), np.float32)
-    for t in range(split_len // tile):
-        t0 = start + t * tile  # [S]
-        n_rows = np.clip(end - t0, 0, tile)  # [S]; 0: this threadgroup's loop has ended
-        rows = t0[:, None] + np.arange(tile)  # [S, TILE]
-        valid = np.arange(tile)[None, :] < n_rows[:, None]  # [S, TILE]
-        safe = np.where(valid, rows, 0)
-        kt = np.where(valid[..., None], load_rows(k, problem, safe, t_dtype), 0)
-        vt = np.where(valid[..., None], load_rows(v, problem, safe, t_dtype), 0)
-        kt, vt = kt.astype(np.float32), vt.astype(np.float32)  # [bh, S, TILE, D]
-        part = lane_partials(q_s[:, :, :, None, :], kt[:, :, None, :, :])  # [bh,S,G,TILE,32]
-        s = np.where(valid[None, :, None, :], lane_sum(part), -np.inf)  # [bh, S, G, TILE]
-        lanes = np.full((*s.shape[:-1], SIMD_WIDTH * -(-tile // SIMD_WIDTH)), -np.inf, np.float32)
-        lanes[..., :tile] = s  # row r = lane + 32 i
-        by_lane = lanes.reshape(*s.shape[:-1], -1, SIMD_WIDTH)  # [..., i, lane]
-        m_new = np.maximum(m, by_lane.max(axis=(-2, -1)))
-        e = np.exp(by_lane - m_new[..., None, None]).astype(np.float32)
-        t_sum = np.zeros((*s.shape[:-1], SIMD_WIDTH), np.float32)
-        for i in range(by_lane.shape[-2]):
-            t_sum += e[..., i, :]
-        alpha = np.exp(m - m_new).astype(np.float32)
-        p = e.reshape(*s.shape[:-1], -1)[..., :tile]  # [bh, S, G, TILE]
-        o = acc * alpha[..., None]
-        for r in range(tile):  # rows in order; rows past n_rows add p = 0 times v = 0
-            o = o + p[..., r, None] * vt[:, :, None, r, :]
-        live = (n_rows > 0)[None, :, None]
-        acc = np.where(live[..., None], o, acc)
-        l = np.where(live, l * alpha + lane_sum(t_sum), l)
-        m = np.where(live, m_new, m)
-    rows_out = (n_bh * g_, n_splits)
-    o_part = acc.transpose(0, 2, 1, 3).reshape(*rows_out, d)  # [B*Hq, S, D]
-    return o_part, m.transpose(0, 2, 1).reshape(rows_out), l.transpose(0, 2, 1).reshape(rows_out)
+    shape = (n_bh, n_s, lay.n_simd, lay.rows_per_step, g_)
+    m, l_ = np.full(shape, -np.inf, F32), np.zeros(shape, F32)
+    acc = np.zeros((*shape, d), F32)
+    tile = dict(plan.template)["TILE_KV"]
+    group = d if problem.kv_code == "dense" else problem.scale_group  # dense: one "scale" 1
+    for it in range(-(-split_len // tile)):
+        rows, ok = tile_rows(plan, start + it * tile, end)
+        kt, ks = gather(kvals, kscl, rows, ok, lay, group)
+        vt, vs = gather(vvals, vscl, rows, ok, lay, group)
+        sc = scores(qr, kt, ks, lay)  # [bh, S, NS, RPS, STEPS, G]
+        okb = np.broadcast_to(ok[None, ..., None], sc.shape)
+        m_new = m
+        for st in range(lay.steps):
+            m_new = np.where(okb[..., st, :], np.maximum(m_new, sc[..., st, :]), m_new)
+        alpha = merge_weight(m, m_new)
+        l_, acc, m = l_ * alpha, acc * alpha[..., None], m_new
+        elem_vec = np.arange(d) // lay.elems_per_vec  # the vector of each element
+        for st in range(lay.steps):
+            p = np.exp(np.where(okb[..., st, :], sc[..., st, :] - m, F32(0))).astype(F32)
+            pv = p[..., None] * vs[..., st, :, :][..., elem_vec]  # [..., G, D]
+            okd = okb[..., st, :, None]
+            l_ = np.where(okb[..., st, :], l_ + p, l_)
+            acc = np.where(okd, acc + pv * vt[..., st, :, :], acc)
+    return acc, m, l_
 
 
-def combine_splits(o_part, m_part, l_part) -> np.ndarray:
-    """The log-sum-exp combine of kernels/gpu_kernels.combine_splits, in numpy float32."""
-    w = np.exp(m_part - m_part.max(axis=-1, keepdims=True))
-    return (w[..., None] * o_part).sum(axis=1) / (w * l_part).sum(axis=1, keepdims=True)
+def merge_slots(acc, m, l_, lay):
+    """The slot butterfly (lane xor LPR, 2 LPR, .. 16 = slot xor 1, 2, ..); slot 0 after it."""
+    slots = np.arange(lay.rows_per_step)
+    off = 1
+    while off < lay.rows_per_step:
+        other = slots ^ off
+        m_o, l_o, acc_o = m[:, :, :, other], l_[:, :, :, other], acc[:, :, :, other]
+        m_all = np.maximum(m, m_o)
+        wa, wb = merge_weight(m, m_all), merge_weight(m_o, m_all)
+        l_ = l_ * wa + l_o * wb
+        acc = acc * wa[..., None] + acc_o * wb[..., None]
+        m, off = m_all, off * 2
+    return acc[:, :, :, 0], m[:, :, :, 0], l_[:, :, :, 0]  # [bh, S, NS, G, (D)]
+
+
+def partials(q, k: dict, v: dict, problem: Problem, plan: LaunchPlan, scale: float):
+    """(o_part, m_part, l_part) as the split kernel writes them."""
+    n_s, n_bh, g_, d = plan.threadgroups[0], plan.threadgroups[1], problem.group, problem.head_dim
+    rows_out = (n_bh * g_, n_s)
+    if not (readable(k["data"], plan) and readable(v["data"], plan)):
+        nan = np.full((*rows_out, d), np.nan, F32)
+        return nan, np.zeros(rows_out, F32), np.full(rows_out, np.nan, F32)
+    acc, m, l_ = merge_slots(*split_state(q, k, v, problem, plan, scale), plan.layout)
+    m_all = np.full(m.shape[:2] + m.shape[3:], -np.inf, F32)  # [bh, S, G]
+    for s in range(plan.layout.n_simd):
+        m_all = np.maximum(m_all, m[:, :, s])
+    l_all, o = np.zeros_like(m_all), np.zeros(m_all.shape + (d,), F32)
+    for s in range(plan.layout.n_simd):
+        w = merge_weight(m[:, :, s], m_all)
+        l_all = l_all + w * l_[:, :, s]
+        o = o + w[..., None] * acc[:, :, s]
+    to_rows = lambda x: np.moveaxis(x, 2, 1).reshape(*rows_out, *x.shape[3:])  # noqa: E731
+    return to_rows(o), to_rows(m_all), to_rows(l_all)
+
+
+def combine(o_part, m_part, l_part, dtype) -> np.ndarray:
+    """The combine kernel: rows [R, S] -> out [R, D] in `dtype`."""
+    r, s = m_part.shape
+    n_lanes = SIMD_WIDTH * -(-s // SIMD_WIDTH)
+    m_lanes = np.full((r, n_lanes), -np.inf, F32)
+    m_lanes[:, :s] = m_part
+    m_lanes = m_lanes.reshape(r, -1, SIMD_WIDTH)  # [R, i, lane]: split lane + 32 i
+    m_lane = np.full((r, SIMD_WIDTH), -np.inf, F32)
+    for i in range(m_lanes.shape[1]):
+        m_lane = np.maximum(m_lane, m_lanes[:, i])
+    offsets = (16, 8, 4, 2, 1)
+    m_all = butterfly(m_lane, SIMD_WIDTH, offsets, np.maximum)[:, :1]  # [R, 1]
+    w = merge_weight(m_part, m_all)  # [R, S]
+    wl = np.zeros((r, n_lanes), F32)
+    wl[:, :s] = w * l_part
+    l_lane = np.zeros((r, SIMD_WIDTH), F32)
+    for i in range(n_lanes // SIMD_WIDTH):
+        l_lane = l_lane + wl.reshape(r, -1, SIMD_WIDTH)[:, i]
+    l_all = butterfly(l_lane, SIMD_WIDTH, offsets, np.add)[:, :1]
+    o = np.zeros((r, o_part.shape[-1]), F32)
+    for j in range(s):
+        o = o + w[:, j : j + 1] * o_part[:, j]
+    return (o / l_all).astype(dtype)
 
 
 def flash_decode(q, k: dict, v: dict, problem: Problem, plan: LaunchPlan, scale: float):
-    """The kernels' output [B, Hq, 1, D] (float32) for numpy q and stored K/V dicts."""
+    """The kernels' output [B, Hq, 1, D] in the compute dtype, for numpy q and stored K/V."""
     if any(gr % tg for gr, tg in zip(plan.grid, plan.threadgroup)):
         raise ValueError(f"grid {plan.grid} is not a whole number of threadgroups")
-    out = combine_splits(*partials(q, k, v, problem, plan, scale))
+    out = combine(*partials(q, k, v, problem, plan, scale), NP_DTYPES[problem.dtype])
     return out.reshape(q.shape)
 
 
-def ownership(plan: LaunchPlan) -> dict[str, np.ndarray]:
-    """How often each element is handled by the body's loops (each must be exactly 1):
-    tile loads over [TILE*D] (dense) or [TILE*D/8] words, score pairs over [G*TILE] by
-    simdgroup, outputs over [G*D] by thread."""
-    t = dict(plan.template)
-    g, d, tile, threads = t["G"], t["D"], t["TILE_KV"], t["THREADS"]
-    n_simd, acc = threads // SIMD_WIDTH, -(-(g * d) // threads)
-    count = {k: np.zeros(n, int) for k, n in (("load", tile * d), ("words", tile * d // 8))}
-    count |= {"pairs": np.zeros(g * tile, int), "out": np.zeros(g * d, int)}
-    for tid in range(threads):
-        count["load"][tid : tile * d : threads] += 1
-        count["words"][tid : tile * d // 8 : threads] += 1
-        for i in range(acc):
-            if tid + i * threads < g * d:
-                count["out"][tid + i * threads] += 1
-    for sg in range(n_simd):
-        count["pairs"][sg : g * tile : n_simd] += 1
+def ownership(plan: LaunchPlan, split_len: int | None = None) -> dict[str, np.ndarray]:
+    """How often each index is handled by the body's loops (each must be exactly 1): rows of a
+    split by (tile, step, simdgroup, slot); elements of a row by (lane j, vector i, x); merged
+    output elements of a head by threads (step 6)."""
+    lay, t = plan.layout, dict(plan.template)
+    split_len = split_len or plan.split_len
+    count = {"rows": np.zeros(split_len, int), "elems": np.zeros(t["D"], int)}
+    count["out"] = np.zeros(t["D"], int)
+    for it in range(-(-split_len // t["TILE_KV"])):
+        rows, ok = tile_rows(plan, np.array([it * t["TILE_KV"]]), np.array([split_len]))
+        np.add.at(count["rows"], rows[ok], 1)
+    for j in range(lay.lanes_per_row):
+        for i in range(lay.vecs_per_lane):
+            base = (j + lay.lanes_per_row * i) * lay.elems_per_vec
+            count["elems"][base : base + lay.elems_per_vec] += 1
+    for tid in range(t["THREADS"]):
+        count["out"][tid : t["D"] : t["THREADS"]] += 1
     return count

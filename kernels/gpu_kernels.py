@@ -1,17 +1,19 @@
 """The custom flash-decode kernels: Metal (mx.fast.metal_kernel) and CUDA (mx.fast.cuda_kernel).
 
 NOT YET RUN ON HARDWARE: no Apple GPU or NVIDIA GPU was available when they were written. The
-algorithm is verified on CPU by a numpy emulation of the same tiling, thread partition and
-reduction order (kernels/gpu_emulate.py, tests/test_gpu_emulate.py), and the launch parameters
-by tests of kernels/launch.py.
+algorithm is verified on CPU by a numpy emulation of the same lane layout, splits and reduction
+order (kernels/gpu_emulate.py) and by the shared source itself compiled with g++ and run on CPU
+threads (tests/cpu_sim); the launch parameters by tests of kernels/launch.py.
 
-Sources: each backend's kernel is its prelude (kernels/metal/flash_decode.metal or
-kernels/cuda/flash_decode.cu, the part above `// ==== entry ====`) + the shared helpers
-(kernels/gpu/flash_decode_common.h) as the header, and its entry lines + the shared body
-(kernels/gpu/flash_decode_body.inc) as the source, so the two backends run one algorithm text.
-Template arguments: T, G, D, TILE_KV, THREADS, GS (one compile per shape and tile config); the
-sequence length, split length and split count are an int32 input, so a new length never
-recompiles. Decode only (one query per sequence).
+Two launches per call: the split kernel (prelude + kernels/gpu/flash_decode_common.h as the
+header; entry + kernels/gpu/flash_decode_body.inc as the source) writes per-split partials, and
+the combine kernel (same header; combine entry + kernels/gpu/flash_decode_combine.inc) merges
+them into the output in the compute dtype. The two backends differ only in the prelude and the
+entry lines. Template arguments: T, G, D, TILE_KV, THREADS, GS, VEC (one compile per shape and
+configuration); the sequence length, split length, split count and kv head count are an int32
+input, so a new length never recompiles. Inputs are passed as they are
+(ensure_row_contiguous=False): the kernel reads every array through the strides MLX passes, so a
+sliced cache view is never copied. Decode only (one query per sequence).
 """
 
 from __future__ import annotations
@@ -21,7 +23,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from . import launch
+from . import gpu_device, launch
 
 HERE = Path(__file__).parent
 SOURCES = {
@@ -30,9 +32,14 @@ SOURCES = {
 }
 COMMON = HERE / "gpu" / "flash_decode_common.h"
 BODY = HERE / "gpu" / "flash_decode_body.inc"
+COMBINE_BODY = HERE / "gpu" / "flash_decode_combine.inc"
 ENTRY_MARK = "// ==== entry ===="
+COMBINE_MARK = "// ==== combine entry ===="
 INPUTS = ["q", "k", "v", "k_scales", "v_scales", "params", "scale"]
 OUTPUTS = ["o_part", "m_part", "l_part"]
+COMBINE_INPUTS = ["o_part", "m_part", "l_part", "params"]
+COMBINE_OUTPUTS = ["out"]
+COMBINE = "combine"  # compiled()'s key for the combine kernel
 DTYPE_NAMES = {mx.float16: "float16", mx.bfloat16: "bfloat16", mx.float32: "float32"}
 MX_DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 
@@ -44,20 +51,51 @@ def kv_code(fmt) -> str | None:
     return fmt.name if fmt.name in ("fp4", "int4") else None
 
 
+def _parts(backend: str) -> tuple[str, str, str]:
+    """(prelude, split entry, combine entry) of the backend's source file."""
+    prelude, entries = SOURCES[backend].read_text().split(ENTRY_MARK)
+    entry, combine_entry = entries.split(COMBINE_MARK)
+    return prelude, entry, combine_entry
+
+
 def kernel_source(backend: str, code: str) -> tuple[str, str]:
-    """(header, source) of the `backend` kernel for tile loader `code`."""
-    prelude, entry = SOURCES[backend].read_text().split(ENTRY_MARK)
+    """(header, source) of the `backend` split kernel for row decoder `code`."""
+    prelude, entry, _ = _parts(backend)
     header = f"#define KV_CODE {launch.KV_CODES[code]}\n{prelude}\n{COMMON.read_text()}"
     return header, entry + BODY.read_text()
 
 
+def combine_source(backend: str) -> tuple[str, str]:
+    """(header, source) of the `backend` combine kernel (no KV_CODE: it reads partials)."""
+    prelude, _, combine_entry = _parts(backend)
+    return f"{prelude}\n{COMMON.read_text()}", combine_entry + COMBINE_BODY.read_text()
+
+
+def _make(backend: str):
+    return mx.fast.metal_kernel if backend == "metal" else mx.fast.cuda_kernel
+
+
 @cache
 def compiled(backend: str, code: str):
-    """The mx.fast kernel object (MLX compiles it per template instantiation on first call)."""
+    """The kernel object for row decoder `code` (dense, fp4, int4) or COMBINE; MLX compiles it
+    per template instantiation on first call. One cache for both kernels, so a caller that
+    swaps mx.fast's factory clears them together (compiled.cache_clear()).
+    Split kernel: ensure_row_contiguous=False, the body addresses K/V through their strides."""
+    if code == COMBINE:
+        header, source = combine_source(backend)
+        names = dict(input_names=COMBINE_INPUTS, output_names=COMBINE_OUTPUTS)
+        return _make(backend)(
+            name="kvbench_flash_decode_combine", source=source, header=header, **names
+        )
     header, source = kernel_source(backend, code)
-    name = f"kvbench_flash_decode_{code}"  # one name per loader: KV_CODE is in the header
-    make = mx.fast.metal_kernel if backend == "metal" else mx.fast.cuda_kernel
-    return make(name=name, input_names=INPUTS, output_names=OUTPUTS, source=source, header=header)
+    return _make(backend)(
+        name=f"kvbench_flash_decode_{code}",  # one name per decoder: KV_CODE is in the header
+        input_names=INPUTS,
+        output_names=OUTPUTS,
+        source=source,
+        header=header,
+        ensure_row_contiguous=False,
+    )
 
 
 def problem_of(q, k: dict, fmt) -> launch.Problem:
@@ -71,25 +109,31 @@ def problem_of(q, k: dict, fmt) -> launch.Problem:
         kv_len=lk,
         dtype=DTYPE_NAMES.get(q.dtype, str(q.dtype)),
         kv_code=kv_code(fmt) or fmt.name,
-        group_size=fmt.group_size,
+        group_size=fmt.group_size if fmt.quantized else None,  # one compile for dense
         q_len=lq,
     )
 
 
-def combine_splits(o_part, m_part, l_part) -> mx.array:
-    """Exact log-sum-exp combine of per-split partials -> [B*Hq, D] float32."""
-    m_max = mx.max(m_part, axis=-1, keepdims=True)  # [B*Hq, 1]
-    w = mx.exp(m_part - m_max)  # [B*Hq, S]; splits never empty, so m_part is finite
-    num = mx.sum(w[..., None] * o_part, axis=1)  # [B*Hq, D]
-    return num / mx.sum(w * l_part, axis=1, keepdims=True)
+METAL_CONSTANT_ELEMS = 8  # MLX's metal_kernel passes an input of fewer elements as `constant`
+
+
+def device_sized(data: mx.array) -> mx.array:
+    """K/V data of fewer than 8 elements (toy shapes) padded with unread positions, so Metal
+    gets it in `device` memory, which the body's vector loads need. Copies at most 7 elements;
+    any real cache is passed as it is (a view, never copied)."""
+    if data.size >= METAL_CONSTANT_ELEMS:
+        return data
+    b, h, n, w = data.shape
+    extra = -(-METAL_CONSTANT_ELEMS // (b * h * w)) - n  # positions >= kv_len are never read
+    return mx.pad(data, [(0, 0), (0, 0), (0, extra), (0, 0)])
 
 
 def launch_inputs(q, k: dict, v: dict, plan: launch.LaunchPlan, scale: float) -> list:
     dummy = mx.zeros((1,), dtype=mx.float16)  # dense caches have no scales
     return [
         q,
-        k["data"],
-        v["data"],
+        device_sized(k["data"]),
+        device_sized(v["data"]),
         k.get("scales", dummy),
         v.get("scales", dummy),
         mx.array(plan.params, dtype=mx.int32),
@@ -97,21 +141,44 @@ def launch_inputs(q, k: dict, v: dict, plan: launch.LaunchPlan, scale: float) ->
     ]
 
 
-def flash_decode(backend: str, q, k, v, fmt, *, scale: float, tile_kv: int | None, threads: int):
+def plan_for(backend: str, q, k: dict, fmt, *, tile_kv=None, threads=None, n_splits=None):
+    """The LaunchPlan a call with these arguments launches (TileConfigError if refused);
+    `plan.config()` is what a result row records."""
     problem = problem_of(q, k, fmt)
-    tile = tile_kv or launch.DEFAULT_TILE_KV
-    plan = launch.plan(problem, tile, threads, launch.LIMITS[backend])  # refuses before launch
-    template = [(n, MX_DTYPES[v] if n == "T" else v) for n, v in plan.template]
-    o_part, m_part, l_part = compiled(backend, problem.kv_code)(
+    if problem.kv_code == "dense" and k["data"].dtype != q.dtype:
+        raise launch.TileConfigError(f"dense K/V {k['data'].dtype} differ from q {q.dtype}")
+    return launch.plan(
+        problem,
+        tile_kv or launch.DEFAULT_TILE_KV,
+        threads or launch.DEFAULT_THREADS,
+        launch.LIMITS[backend],
+        n_splits=n_splits,
+        n_cores=gpu_device.core_count(backend)[0],
+    )
+
+
+def flash_decode(backend: str, q, k, v, fmt, *, scale: float, tile_kv=None, **config):
+    """Split kernel then combine kernel: two launches, out [B, Hq, 1, D] in q's dtype."""
+    problem = problem_of(q, k, fmt)
+    plan = plan_for(backend, q, k, fmt, tile_kv=tile_kv, **config)  # refuses before launch
+    as_mx = lambda t: [(n, MX_DTYPES[x] if n == "T" else x) for n, x in t]  # noqa: E731
+    parts = compiled(backend, problem.kv_code)(
         inputs=launch_inputs(q, k, v, plan, scale),
-        template=template,
+        template=as_mx(plan.template),
         grid=plan.grid,
         threadgroup=plan.threadgroup,
         output_shapes=list(plan.output_shapes),
         output_dtypes=[mx.float32] * 3,
     )
-    out = combine_splits(o_part, m_part, l_part)  # [B*Hq, D]
-    return out.reshape(q.shape).astype(q.dtype)
+    (out,) = compiled(backend, COMBINE)(
+        inputs=[*parts, mx.array(plan.combine_params, dtype=mx.int32)],
+        template=as_mx(plan.combine_template),
+        grid=plan.combine_grid,
+        threadgroup=plan.combine_threadgroup,
+        output_shapes=[(plan.output_shapes[1][0], problem.head_dim)],
+        output_dtypes=[q.dtype],
+    )
+    return out.reshape(q.shape)  # [B*Hq, D] -> [B, Hq, 1, D]
 
 
 def _check_mask(mask) -> None:
@@ -119,16 +186,18 @@ def _check_mask(mask) -> None:
         raise NotImplementedError("the flash-decode kernels take no mask array (decode only)")
 
 
-def metal(q, k, v, fmt, *, mask=None, scale: float, tile_kv=None, threads=launch.DEFAULT_THREADS):
+def metal(q, k, v, fmt, *, mask=None, scale: float, tile_kv=None, threads=None, n_splits=None):
     """Flash-decode on Metal; mask None or "causal" (one query sees every key)."""
     _check_mask(mask)
-    return flash_decode("metal", q, k, v, fmt, scale=scale, tile_kv=tile_kv, threads=threads)
+    config = dict(threads=threads, n_splits=n_splits)
+    return flash_decode("metal", q, k, v, fmt, scale=scale, tile_kv=tile_kv, **config)
 
 
-def cuda(q, k, v, fmt, *, mask=None, scale: float, tile_kv=None, threads=launch.DEFAULT_THREADS):
-    """Flash-decode on CUDA: the same algorithm, tiling and names as `metal`."""
+def cuda(q, k, v, fmt, *, mask=None, scale: float, tile_kv=None, threads=None, n_splits=None):
+    """Flash-decode on CUDA: the same algorithm, lane layout and names as `metal`."""
     _check_mask(mask)
-    return flash_decode("cuda", q, k, v, fmt, scale=scale, tile_kv=tile_kv, threads=threads)
+    config = dict(threads=threads, n_splits=n_splits)
+    return flash_decode("cuda", q, k, v, fmt, scale=scale, tile_kv=tile_kv, **config)
 
 
 def accepts(fmt) -> str | None:

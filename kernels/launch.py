@@ -1,17 +1,20 @@
 """Launch planner for the flash-decode GPU kernels (pure Python: no mlx, testable anywhere).
 
-Given a decode problem and a tile configuration, `plan()` returns everything a launch needs:
-grid and threadgroup (both counted in THREADS, the contract of mx.fast.metal_kernel and of
-mx.fast.cuda_kernel, which divides grid by threadgroup to get blocks), the template arguments,
-the output shapes, the split of the KV extent, and the threadgroup / shared memory the kernel
-declares. A configuration over the device's limit is refused here, before any launch.
+Given a decode problem and a configuration (tile, threads, splits), `plan()` returns everything
+the two launches need: the split kernel's grid and threadgroup (both counted in THREADS, the
+contract of mx.fast.metal_kernel and of mx.fast.cuda_kernel, which divides grid by threadgroup
+to get blocks), its template arguments, the split of the KV extent and the threadgroup memory
+it declares; and the combine kernel's launch. A configuration the kernel cannot run is refused
+here, before any launch. `LaunchPlan.config()` is the configuration actually launched, for the
+result row.
 
-Work decomposition (flash-decoding): one threadgroup per (sequence, kv head, split). A split is
-a run of whole tiles of TILE_KV positions; the threadgroup walks its tiles with an online
-softmax and writes an unnormalised partial (acc, running max m, running sum l) per query head;
-an exact log-sum-exp combine over splits finishes the output (kernels/gpu_kernels.py).
-The G = Hq / Hkv query heads of a kv head share the threadgroup, so a K/V tile is read from
-memory once for all of them.
+Work decomposition (flash-decoding): one threadgroup per (sequence x kv head, split). A split is
+a run of whole tiles; inside it each simdgroup reads RPS rows at a time with 16-byte (or 8- /
+4-byte) vector loads, one row per slot of LPR lanes, and every slot keeps its own online
+softmax for all G = Hq / Hkv query heads (q and accumulators in registers), so each K/V byte is
+loaded once for the G heads. Slots merge by shuffles and simdgroups through threadgroup memory
+at the end of the split; a second small kernel merges the splits (log-sum-exp).
+The number of splits comes from the device's core count and the context (`plan_splits`).
 """
 
 from __future__ import annotations
@@ -22,9 +25,17 @@ from dataclasses import dataclass
 SIMD_WIDTH = 32  # Apple simdgroup and NVIDIA warp width; the kernels reduce across it
 DEFAULT_TILE_KV = 32
 DEFAULT_THREADS = 128
-TARGET_THREADGROUPS = 128  # enough threadgroups to fill an M-series GPU or an H100's 132 SMs
-KV_CODES = {"dense": 0, "fp4": 1, "int4": 2}  # the kernel's KV_CODE: how a tile is loaded
+VEC_CHOICES = (16, 8, 4)  # bytes of one vector load, widest first
+REG_ELEMS = 64  # most q elements a lane holds over the G heads (as many accumulators again)
+# 4-bit rows decode in registers too: NVRTC 13 (sm_80 / sm_90a) gave 186-198 registers at G=4
+# with 8-byte vectors (16 nibbles per lane) and 128 with 4-byte ones, so 4-bit keeps fewer
+REG_ELEMS_4BIT = 32
+MAX_INFLIGHT_WORDS = 64  # most 32-bit K/V words a lane holds per tile (loads in flight)
+TG_PER_CORE = 4  # threadgroups the split planner wants resident per core / SM
+MIN_SPLIT_ROWS = 256  # a split reads at least this many rows: partials stay small beside K/V
+KV_CODES = {"dense": 0, "fp4": 1, "int4": 2}  # the kernel's KV_CODE: how a row is decoded
 ELEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
+SCALE_BYTES = 2  # 4-bit group scales are float16
 
 
 class TileConfigError(ValueError):
@@ -36,10 +47,13 @@ class DeviceLimits:
     name: str
     shared_bytes: int  # threadgroup (Metal) / static shared (CUDA) memory per threadgroup
     max_threads: int  # threads per threadgroup
+    default_cores: int  # cores / SMs assumed when the device cannot be asked
 
 
-METAL = DeviceLimits("metal", 32 * 1024, 1024)  # Apple GPUs: 32 KB threadgroup memory
-CUDA = DeviceLimits("cuda", 48 * 1024, 1024)  # static __shared__ limit per block (48 KB)
+# default_cores: an M2 Max has 30 or 38 GPU cores, an H100 SXM 132 SMs (NVIDIA's datasheet);
+# used only when kernels/gpu_device.py cannot read the real count.
+METAL = DeviceLimits("metal", 32 * 1024, 1024, 32)  # Apple GPUs: 32 KB threadgroup memory
+CUDA = DeviceLimits("cuda", 48 * 1024, 1024, 132)  # static __shared__ limit per block (48 KB)
 LIMITS = {"metal": METAL, "cuda": CUDA}
 
 
@@ -52,7 +66,7 @@ class Problem:
     n_kv_heads: int
     head_dim: int
     kv_len: int
-    dtype: str = "float16"  # compute dtype: of q, the output and the tiles in shared memory
+    dtype: str = "float16"  # compute dtype: of q, the output and dense K/V storage
     kv_code: str = "dense"  # dense | fp4 | int4
     group_size: int | None = None  # 4-bit scale group (None: one scale per row, G = D)
     q_len: int = 1
@@ -65,33 +79,73 @@ class Problem:
     def scale_group(self) -> int:
         return self.group_size or self.head_dim
 
+    @property
+    def row_bytes(self) -> int:
+        """Bytes of one stored K (or V) row: D elements, or D/2 for 4-bit (scales apart)."""
+        if self.kv_code == "dense":
+            return self.head_dim * ELEM_BYTES[self.dtype]
+        return self.head_dim // 2
+
 
 @dataclass(frozen=True)
-class LaunchPlan:
-    grid: tuple[int, int, int]  # in threads (not threadgroups), as metal_kernel expects
-    threadgroup: tuple[int, int, int]
-    shared_bytes: int  # threadgroup / shared memory the kernel declares
-    template: tuple[tuple[str, object], ...]  # (name, value); "T" is the dtype name
-    n_splits: int
-    split_len: int  # positions per split, a multiple of tile_kv
-    params: tuple[int, int, int]  # the kernel's int32 input: (kv_len, split_len, n_splits)
-    output_shapes: tuple[tuple[int, ...], ...]  # o_part, m_part, l_part
+class LaneLayout:
+    """How a simdgroup reads rows (mirrors the constexpr block of flash_decode_body.inc)."""
 
-    @property
-    def threadgroups(self) -> tuple[int, int, int]:
-        return tuple(g // t for g, t in zip(self.grid, self.threadgroup))
+    vec_bytes: int  # VEC
+    elems_per_vec: int  # EPV
+    vecs_per_row: int  # VPR
+    lanes_per_row: int  # LPR
+    vecs_per_lane: int  # VPL
+    rows_per_step: int  # RPS: slots of a simdgroup
+    steps: int  # STEPS: rows per slot per tile (loads in flight)
+    n_simd: int  # simdgroups per threadgroup
 
 
-def shared_bytes(problem: Problem, tile_kv: int) -> int:
-    """Bytes of the kernel's threadgroup arrays: q_s [G*D] f32, k_tile and v_tile
-    [TILE_KV*D] T, p_s [G*TILE_KV] f32, m_s, l_s, alpha_s [G] f32 (see flash_decode_body)."""
-    g, d = problem.group, problem.head_dim
-    elem = ELEM_BYTES[problem.dtype]
-    return 4 * g * d + 2 * tile_kv * d * elem + 4 * g * tile_kv + 3 * 4 * g
+def lane_layout(problem: Problem, vec_bytes: int, threads: int, tile_kv: int) -> LaneLayout:
+    epw = 8 if problem.kv_code != "dense" else 4 // ELEM_BYTES[problem.dtype]
+    epv = vec_bytes // 4 * epw
+    vpr = problem.head_dim // epv
+    lpr = min(vpr, SIMD_WIDTH)
+    n_simd = threads // SIMD_WIDTH
+    rps = SIMD_WIDTH // lpr
+    steps = -(-tile_kv // (n_simd * rps))
+    return LaneLayout(vec_bytes, epv, vpr, lpr, vpr // lpr, rps, steps, n_simd)
 
 
-def refusal(problem: Problem, tile_kv: int, threads: int, limits: DeviceLimits) -> str | None:
-    """Why this configuration cannot launch on `limits`, or None when it can."""
+def layout_refusal(problem: Problem, vec_bytes: int) -> str | None:
+    """Why a row of this problem cannot be split into vectors of `vec_bytes`, or None."""
+    d = problem.head_dim
+    if problem.row_bytes % vec_bytes:
+        return f"head_dim {d} rows are not a whole number of {vec_bytes}-byte vectors"
+    lay = lane_layout(problem, vec_bytes, SIMD_WIDTH, 1)
+    vpr = lay.vecs_per_row
+    if not (SIMD_WIDTH % vpr == 0 or vpr % SIMD_WIDTH == 0):
+        return f"head_dim {d}: {vpr} vectors of {vec_bytes} B per row do not tile 32 lanes"
+    if problem.kv_code != "dense" and problem.scale_group % lay.elems_per_vec:
+        return f"scale group {problem.scale_group} is not a whole number of vectors"
+    return None
+
+
+def choose_vec(problem: Problem) -> int | None:
+    """The widest vector whose per-lane q elements over G heads fit REG_ELEMS (16 bytes for
+    fp16 up to G = 8; REG_ELEMS_4BIT for 4-bit), or the narrowest valid one; None when no width
+    tiles the row."""
+    valid = [v for v in VEC_CHOICES if layout_refusal(problem, v) is None]
+    limit = REG_ELEMS if problem.kv_code == "dense" else REG_ELEMS_4BIT
+    for v in valid:
+        if problem.group * lane_layout(problem, v, SIMD_WIDTH, 1).elems_per_vec <= limit:
+            return v
+    return valid[-1] if valid else None
+
+
+def shared_bytes(problem: Problem, threads: int) -> int:
+    """Bytes of the kernel's threadgroup arrays: sh_o [2*N_SIMD*D] and sh_ml [2*N_SIMD*2] f32
+    (the double-buffered merge of simdgroups, flash_decode_body.inc step 6)."""
+    n_simd = threads // SIMD_WIDTH
+    return 4 * (2 * n_simd * problem.head_dim + 4 * n_simd)
+
+
+def _problem_refusal(problem: Problem) -> str | None:
     if problem.q_len != 1:
         return f"decode only (q_len 1), got q_len {problem.q_len}"
     if problem.dtype not in ELEM_BYTES:
@@ -100,59 +154,156 @@ def refusal(problem: Problem, tile_kv: int, threads: int, limits: DeviceLimits) 
         return f"kv format {problem.kv_code} not supported (dense, fp4, int4)"
     if problem.n_q_heads % problem.n_kv_heads:
         return f"n_q_heads {problem.n_q_heads} not divisible by n_kv_heads {problem.n_kv_heads}"
-    if threads % SIMD_WIDTH or not 0 < threads <= limits.max_threads:
-        return f"threads {threads} must be a multiple of {SIMD_WIDTH} up to {limits.max_threads}"
-    if tile_kv <= 0:
-        return f"tile_kv must be positive, got {tile_kv}"
     if problem.kv_code != "dense":
         gs = problem.scale_group
         if problem.head_dim % 8 or gs % 8 or problem.head_dim % gs:
             return (
                 f"4-bit needs head_dim and group size multiples of 8 (D={problem.head_dim}, G={gs})"
             )
-    need = shared_bytes(problem, tile_kv)
-    if need > limits.shared_bytes:
-        return (
-            f"tile_kv {tile_kv} needs {need} B of {limits.name} threadgroup memory "
-            f"(G={problem.group}, D={problem.head_dim}, {problem.dtype}) > {limits.shared_bytes} B"
-        )
     return None
 
 
-def split_plan(problem: Problem, tile_kv: int) -> tuple[int, int]:
-    """(split_len, n_splits): whole tiles per split, enough splits to fill the device."""
-    n_tiles = math.ceil(problem.kv_len / tile_kv)
-    heads = problem.n_seqs * problem.n_kv_heads
-    want_splits = max(1, math.ceil(TARGET_THREADGROUPS / heads))
-    split_len = math.ceil(n_tiles / want_splits) * tile_kv
-    return split_len, math.ceil(problem.kv_len / split_len)
+def refusal(
+    problem: Problem,
+    tile_kv: int,
+    threads: int,
+    limits: DeviceLimits,
+    vec_bytes: int | None = None,
+) -> str | None:
+    """Why this configuration cannot launch on `limits`, or None when it can."""
+    reason = _problem_refusal(problem)
+    if reason:
+        return reason
+    if threads % SIMD_WIDTH or not 0 < threads <= limits.max_threads:
+        return f"threads {threads} must be a multiple of {SIMD_WIDTH} up to {limits.max_threads}"
+    if tile_kv <= 0:
+        return f"tile_kv must be positive, got {tile_kv}"
+    vec = vec_bytes or choose_vec(problem)
+    reason = layout_refusal(problem, vec) if vec else "no vector width tiles a row"
+    if reason:
+        return reason
+    lay = lane_layout(problem, vec, threads, tile_kv)
+    words = 2 * lay.steps * lay.vecs_per_lane * vec // 4
+    if words > MAX_INFLIGHT_WORDS:
+        return (
+            f"tile_kv {tile_kv} puts {words} K/V words in flight per lane (> {MAX_INFLIGHT_WORDS}:"
+            f" registers spill) at {threads} threads, {vec}-byte vectors"
+        )
+    need = shared_bytes(problem, threads)
+    if need > limits.shared_bytes:
+        return f"{threads} threads need {need} B of threadgroup memory > {limits.shared_bytes} B"
+    return None
+
+
+def plan_splits(
+    n_kv: int,
+    n_bh: int,
+    n_cores: int,
+    tile_kv: int,
+    *,
+    tg_per_core: int = TG_PER_CORE,
+    min_split_rows: int = MIN_SPLIT_ROWS,
+) -> tuple[int, int]:
+    """(split_len, n_splits) for n_kv positions over n_bh (sequence x kv head) threadgroup rows.
+
+    Wants n_bh * n_splits >= n_cores * tg_per_core (every core busy), but no split shorter than
+    min_split_rows (each split writes G*(D+2) floats that the combine reads back) and none
+    shorter than a tile. Splits are whole tiles and never empty."""
+    n_tiles = math.ceil(n_kv / tile_kv)
+    want = math.ceil(n_cores * tg_per_core / n_bh)
+    cap = max(1, n_kv // min_split_rows)
+    n = max(1, min(want, cap, n_tiles))
+    split_len = math.ceil(n_tiles / n) * tile_kv
+    return split_len, math.ceil(n_kv / split_len)
+
+
+def fixed_splits(n_kv: int, tile_kv: int, n_splits: int) -> tuple[int, int]:
+    """(split_len, n_splits) for a requested split count (a sweep); fewer if tiles run out."""
+    n_tiles = math.ceil(n_kv / tile_kv)
+    split_len = math.ceil(n_tiles / max(1, min(n_splits, n_tiles))) * tile_kv
+    return split_len, math.ceil(n_kv / split_len)
+
+
+@dataclass(frozen=True)
+class LaunchPlan:
+    grid: tuple[int, int, int]  # in threads (not threadgroups), as metal_kernel expects
+    threadgroup: tuple[int, int, int]
+    shared_bytes: int  # threadgroup / shared memory the split kernel declares
+    template: tuple[tuple[str, object], ...]  # (name, value); "T" is the dtype name
+    n_splits: int
+    split_len: int  # positions per split, a multiple of tile_kv
+    params: tuple[int, int, int, int]  # int32 input: (kv_len, split_len, n_splits, n_kv_heads)
+    output_shapes: tuple[tuple[int, ...], ...]  # o_part, m_part, l_part
+    combine_grid: tuple[int, int, int]
+    combine_threadgroup: tuple[int, int, int]
+    combine_template: tuple[tuple[str, object], ...]
+    combine_params: tuple[int]  # int32 input of the combine: (n_splits,)
+    layout: LaneLayout
+    n_cores: int  # the core / SM count the split planner used
+
+    @property
+    def threadgroups(self) -> tuple[int, int, int]:
+        return tuple(g // t for g, t in zip(self.grid, self.threadgroup))
+
+    def config(self) -> dict:
+        """The configuration actually launched, as plain columns for a result row."""
+        t = dict(self.template)
+        return {
+            "tile_kv": t["TILE_KV"],
+            "threads": t["THREADS"],
+            "n_splits": self.n_splits,
+            "split_len": self.split_len,
+            "vec_bytes": t["VEC"],
+            "n_cores": self.n_cores,
+            "launches": 2,
+        }
 
 
 def plan(
-    problem: Problem, tile_kv: int, threads: int = DEFAULT_THREADS, limits: DeviceLimits = METAL
+    problem: Problem,
+    tile_kv: int,
+    threads: int = DEFAULT_THREADS,
+    limits: DeviceLimits = METAL,
+    *,
+    n_splits: int | None = None,
+    n_cores: int | None = None,
+    vec_bytes: int | None = None,
 ) -> LaunchPlan:
-    """The launch of the flash-decode kernel for `problem`; TileConfigError if refused."""
-    reason = refusal(problem, tile_kv, threads, limits)
+    """The two launches of the flash-decode kernel for `problem`; TileConfigError if refused.
+    n_splits None: from `plan_splits` with n_cores (None: the backend's default count)."""
+    reason = refusal(problem, tile_kv, threads, limits, vec_bytes)
     if reason:
         raise TileConfigError(reason)
-    split_len, n_splits = split_plan(problem, tile_kv)
+    vec = vec_bytes or choose_vec(problem)
+    cores = n_cores or limits.default_cores
     bh = problem.n_seqs * problem.n_kv_heads
-    rows = problem.n_seqs * problem.n_q_heads
+    if n_splits is None:
+        split_len, n_split = plan_splits(problem.kv_len, bh, cores, tile_kv)
+    else:
+        split_len, n_split = fixed_splits(problem.kv_len, tile_kv, n_splits)
+    rows, d = problem.n_seqs * problem.n_q_heads, problem.head_dim
     template = (
         ("T", problem.dtype),
         ("G", problem.group),
-        ("D", problem.head_dim),
+        ("D", d),
         ("TILE_KV", tile_kv),
         ("THREADS", threads),
         ("GS", problem.scale_group),
+        ("VEC", vec),
     )
     return LaunchPlan(
-        grid=(threads * n_splits, bh, 1),  # threads: n_splits threadgroups along x
+        grid=(threads * n_split, bh, 1),  # threads: n_splits threadgroups along x
         threadgroup=(threads, 1, 1),
-        shared_bytes=shared_bytes(problem, tile_kv),
+        shared_bytes=shared_bytes(problem, threads),
         template=template,
-        n_splits=n_splits,
+        n_splits=n_split,
         split_len=split_len,
-        params=(problem.kv_len, split_len, n_splits),
-        output_shapes=((rows, n_splits, problem.head_dim), (rows, n_splits), (rows, n_splits)),
+        params=(problem.kv_len, split_len, n_split, problem.n_kv_heads),
+        output_shapes=((rows, n_split, d), (rows, n_split), (rows, n_split)),
+        combine_grid=(SIMD_WIDTH, rows, 1),  # one simdgroup per output row
+        combine_threadgroup=(SIMD_WIDTH, 1, 1),
+        combine_template=(("T", problem.dtype), ("D", d)),
+        combine_params=(n_split,),
+        layout=lane_layout(problem, vec, threads, tile_kv),
+        n_cores=cores,
     )

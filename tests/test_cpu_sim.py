@@ -1,9 +1,13 @@
 """The shared GPU kernel source, compiled with g++ and run on CPU threads (tests/cpu_sim/).
 
 Each GPU thread is a std::thread; barriers and simdgroup shuffles are real synchronisation.
-This verifies the shared text (kernels/gpu/flash_decode_common.h and flash_decode_body.inc)
-compiles as C++ and, run as written with the launch plan's threadgroups, matches the reference.
-The Metal and CUDA preludes are not exercised: only a GPU can do that. Skipped without g++.
+This verifies the shared text (kernels/gpu/flash_decode_common.h, flash_decode_body.inc and
+flash_decode_combine.inc) compiles as C++ and, run as written with the launch plan's
+threadgroups and the arrays' strides, matches the float32 reference and the numpy emulation
+(kernels/gpu_emulate.py: the same order of operations, so partials agree to float32 rounding).
+Covers dense / fp4 / int4, GQA 1/4/8, D 64/128, lengths under and not a multiple of the tile,
+B*Hkv*L < 8, several splits and sliced (strided) caches. The Metal and CUDA preludes are not
+exercised: only a GPU can do that. Skipped without g++.
 """
 
 import hashlib
@@ -25,12 +29,17 @@ ROOT = Path(__file__).resolve().parent.parent
 SIM = ROOT / "tests" / "cpu_sim" / "flash_decode_sim.cpp"
 GXX = shutil.which("g++")
 pytestmark = pytest.mark.skipif(GXX is None, reason="needs g++ (C++20) to build the simulation")
+SIM_TYPES = {"float16": ("_Float16", np.float16), "float32": ("float", np.float32)}
 
-# (kv_dtype, group, d, tile, threads, group_size, kv_len): dense / fp4 / int4, GQA 1/4/8
+# (kv_dtype, G, D, tile, threads, group_size, (B, Hkv, kv_len, capacity), n_splits)
 CONFIGS = [
-    ("fp16", 4, 64, 16, 64, None, 50),
-    ("fp4", 8, 64, 8, 64, 32, 40),
-    ("int4", 1, 128, 16, 32, None, 37),
+    ("fp16", 4, 64, 16, 64, None, (1, 2, 50, 50), None),  # 50 not a multiple of the tile
+    ("fp4", 8, 64, 8, 64, 32, (1, 2, 40, 64), 3),  # sliced cache, 3 splits
+    ("int4", 1, 128, 16, 32, None, (2, 2, 37, 40), 2),  # batch 2, sliced
+    ("fp32", 8, 128, 32, 128, None, (1, 1, 3, 3), None),  # B*Hkv*L = 3 < 8, L < tile
+    ("fp16", 1, 64, 32, 128, None, (1, 2, 3, 16), None),  # B*Hkv*L = 6, sliced
+    ("int4", 4, 64, 32, 128, 64, (1, 1, 1, 4), None),  # one position
+    ("fp16", 2, 8, 32, 64, None, (1, 2, 5, 9), 2),  # D = 8: one lane per row, 32 slots
 ]
 
 
@@ -38,46 +47,55 @@ def build(plan: launch.LaunchPlan, code: str, tmp: Path) -> Path:
     t = dict(plan.template)
     defines = {
         "KV_CODE": launch.KV_CODES[code],
-        "SIM_T": "_Float16" if t["T"] == "float16" else "float",
-        "SIM_G": t["G"],
-        "SIM_D": t["D"],
+        "SIM_T": SIM_TYPES[t["T"]][0],
+        **{f"SIM_{n}": t[n] for n in ("G", "D", "THREADS", "GS", "VEC")},
         "SIM_TILE": t["TILE_KV"],
-        "SIM_THREADS": t["THREADS"],
-        "SIM_GS": t["GS"],
     }
     flags = [f"-D{k}={v}" for k, v in defines.items()]
-    sources = [SIM, gpu_kernels.COMMON, gpu_kernels.BODY]
+    sources = [SIM, gpu_kernels.COMMON, gpu_kernels.BODY, gpu_kernels.COMBINE_BODY]
     key = hashlib.sha1("".join(flags).encode() + b"".join(p.read_bytes() for p in sources))
     exe = tmp / f"sim-{key.hexdigest()[:12]}"
     if exe.exists():
         return exe
-    cmd = [GXX, "-std=c++20", "-O1", "-pthread", f"-I{gpu_kernels.COMMON.parent}", *flags]
+    cmd = [GXX, "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread", "-Wall", "-Werror"]
+    cmd += ["-Wno-unused-parameter", "-Wno-unused-variable", "-Wno-unused-but-set-variable"]
     part = exe.with_suffix(".part")
-    subprocess.run([*cmd, str(SIM), "-o", str(part)], check=True, capture_output=True, text=True)
+    inc = f"-I{gpu_kernels.COMMON.parent}"
+    subprocess.run([*cmd, inc, *flags, str(SIM), "-o", str(part)], check=True, text=True)
     part.rename(exe)
     return exe
 
 
-def run_sim(exe: Path, work: Path, q, k: dict, v: dict, plan, scale: float, n_bh: int):
+def elem_strides(a: np.ndarray) -> np.ndarray:
+    return np.array([s // a.itemsize for s in a.strides], np.int64)
+
+
+def write_array(work: Path, name: str, view: np.ndarray) -> None:
+    """The view's whole buffer (base) and the view's strides, as the kernel sees them."""
+    base = view if view.base is None else view.base
+    assert (
+        base.flags.c_contiguous
+        and view.__array_interface__["data"] == base.__array_interface__["data"]
+    )
+    base.tofile(work / f"{name}.bin")
+    elem_strides(view).tofile(work / f"{name}_strides.bin")
+
+
+def run_sim(exe, work: Path, q, k: dict, v: dict, plan, scale: float, dtype):
     work.mkdir()
     dummy = np.zeros(1, np.float16)
-    arrays = {
-        "q": q,
-        "k": k["data"],
-        "v": v["data"],
-        "k_scales": k.get("scales", dummy),
-        "v_scales": v.get("scales", dummy),
-        "params": np.array(plan.params, np.int32),
-        "scale": np.array([scale], np.float32),
-    }
-    for name, a in arrays.items():
-        np.ascontiguousarray(a).tofile(work / f"{name}.bin")
-    subprocess.run([str(exe), str(work), str(n_bh)], check=True, timeout=120)
-    shapes = plan.output_shapes
-    return [
+    views = {"q": q, "k": k["data"], "v": v["data"]}
+    views |= {"k_scales": k.get("scales", dummy), "v_scales": v.get("scales", dummy)}
+    for name, a in views.items():
+        write_array(work, name, a)
+    np.array(plan.params, np.int32).tofile(work / "params.bin")
+    np.array([scale], np.float32).tofile(work / "scale.bin")
+    subprocess.run([str(exe), str(work), str(plan.threadgroups[1])], check=True, timeout=120)
+    parts = [
         np.fromfile(work / f"{n}.bin", np.float32).reshape(s)
-        for n, s in zip(("o_part", "m_part", "l_part"), shapes)
+        for n, s in zip(("o_part", "m_part", "l_part"), plan.output_shapes)
     ]
+    return parts, np.fromfile(work / "out.bin", dtype).reshape(q.shape)
 
 
 @pytest.fixture(scope="module")
@@ -91,39 +109,44 @@ def bin_dir(request, tmp_path_factory):
     return Path(cache.mkdir("kvbench-cpu-sim"))
 
 
-@pytest.mark.parametrize("kv_dtype,group,d,tile,threads,group_size,kv_len", CONFIGS)
+@pytest.mark.parametrize("kv_dtype,group,d,tile,threads,gs,shape,n_splits", CONFIGS)
 def test_shared_source_on_cpu_threads(
-    bin_dir, tmp_path, kv_dtype, group, d, tile, threads, group_size, kv_len
+    bin_dir, tmp_path, kv_dtype, group, d, tile, threads, gs, shape, n_splits
 ):
-    fmt = get_format(kv_dtype, group_size)
-    hkv = 2
+    fmt = get_format(kv_dtype, gs)
+    b, hkv, kv_len, cap = shape
     kq, kk, kv = mx.random.split(mx.random.key(1), 3)
-    q = mx.random.normal((1, hkv * group, 1, d), key=kq).astype(mx.float16)
-    k = fmt.encode(mx.random.normal((1, hkv, kv_len, d), key=kk))
-    v = fmt.encode(mx.random.normal((1, hkv, kv_len, d), key=kv))
+    q = mx.random.normal((b, hkv * group, 1, d), key=kq).astype(fmt.compute_dtype)
+    full_k = fmt.encode(mx.random.normal((b, hkv, cap, d), key=kk))
+    full_v = fmt.encode(mx.random.normal((b, hkv, cap, d), key=kv))
+    k = {n: a[:, :, :kv_len] for n, a in full_k.items()}  # mx views, as KVCache.view
+    v = {n: a[:, :, :kv_len] for n, a in full_v.items()}
+    np_view = lambda s: {n: np.array(a)[:, :, :kv_len] for n, a in s.items()}  # noqa: E731
+    kn, vn = np_view(full_k), np_view(full_v)
     problem = gpu_kernels.problem_of(q, k, fmt)
-    plan = launch.plan(problem, tile, threads)
+    plan = launch.plan(problem, tile, threads, launch.CUDA, n_splits=n_splits, n_cores=4)
     exe = build(plan, problem.kv_code, bin_dir)
-    as_np = lambda s: {n: np.array(a) for n, a in s.items()}  # noqa: E731
     scale = 1 / math.sqrt(d)
-    parts = run_sim(exe, tmp_path / "run", np.array(q), as_np(k), as_np(v), plan, scale, hkv)
-    out = gpu_emulate.combine_splits(*parts).reshape(q.shape)
+    dtype = SIM_TYPES[problem.dtype][1]
+    parts, out = run_sim(exe, tmp_path / "run", np.array(q), kn, vn, plan, scale, dtype)
     ref = reference(q, k, v, fmt, scale=scale)
-    assert compare_outputs(mx.array(out), ref)["rel_err"] <= PARITY_REL_TOL[mx.float16]
-    # and the numpy emulation predicts the compiled source's partials (same order of operations)
-    emu = gpu_emulate.partials(np.array(q), as_np(k), as_np(v), problem, plan, scale)
+    assert compare_outputs(mx.array(out), ref)["rel_err"] <= PARITY_REL_TOL[fmt.compute_dtype]
+    # the numpy emulation predicts the compiled source (same order of operations)
+    emu = gpu_emulate.partials(np.array(q), kn, vn, problem, plan, scale)
     for got, want in zip(parts, emu):
-        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
+    emu_out = gpu_emulate.combine(*emu, dtype).reshape(q.shape)
+    np.testing.assert_allclose(out.astype(np.float32), emu_out.astype(np.float32), rtol=1e-3)
 
 
 def test_sim_prelude_defines_what_the_gpu_preludes_define():
     import re
 
     def names(text):
-        return set(re.findall(r"#define (\w+)", text)) | set(
-            re.findall(r"float (lane_\w+)\(", text)
-        )
+        macros = set(re.findall(r"#define (\w+)", text))
+        return macros | set(re.findall(r"(?:KV_FN|inline) \w+ (\w+)\(", text))
 
-    metal_prelude = gpu_kernels.SOURCES["metal"].read_text().split(gpu_kernels.ENTRY_MARK)[0]
-    assert names(metal_prelude) <= names(SIM.read_text())
-    assert "FP4_MAGNITUDE" in SIM.read_text()
+    sim = names(SIM.read_text())
+    for backend in ("metal", "cuda"):
+        prelude = gpu_kernels._parts(backend)[0]
+        assert names(prelude) <= sim, names(prelude) - sim

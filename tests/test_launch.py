@@ -5,8 +5,6 @@ its grid by the threadgroup to get blocks (mlx/backend/cuda/custom_kernel.cpp), 
 grid = threadgroups x threads per threadgroup in each dimension.
 """
 
-import math
-
 import pytest
 
 from kvbench.case import Case
@@ -49,12 +47,16 @@ def test_grid_is_threads_times_threadgroups_not_threadgroups():
 
 @pytest.mark.parametrize("kv_len", [1, 31, 32, 33, 1000, 4096, 100_003])
 @pytest.mark.parametrize("heads", [(1, 1), (2, 8), (4, 32)])
-def test_splits_cover_the_sequence_once(kv_len, heads):
+@pytest.mark.parametrize("n_splits", [None, 1, 7, 64])
+def test_splits_cover_the_sequence_once(kv_len, heads, n_splits):
     b, hkv = heads
-    p = plan(Problem(b, hkv * 4, hkv, 64, kv_len), 32)
+    p = plan(Problem(b, hkv * 4, hkv, 64, kv_len), 32, n_splits=n_splits, n_cores=132)
     assert p.split_len % 32 == 0
     assert (p.n_splits - 1) * p.split_len < kv_len <= p.n_splits * p.split_len  # none empty
-    assert p.params == (kv_len, p.split_len, p.n_splits)
+    assert p.params == (kv_len, p.split_len, p.n_splits, hkv)
+    assert p.threadgroups == (p.n_splits, b * hkv, 1)
+    if n_splits is not None:
+        assert p.n_splits <= n_splits
 
 
 def test_sequence_length_is_an_input_not_a_template_arg():
@@ -69,25 +71,113 @@ def test_sequence_length_is_an_input_not_a_template_arg():
         "TILE_KV": 32,
         "THREADS": 128,
         "GS": 128,
+        "VEC": 16,
     }
 
 
-def test_shared_bytes_by_hand():
-    # G=8, D=128, fp16, tile 32: q 8*128*4 + K,V 2*32*128*2 + p 8*32*4 + m,l,alpha 3*8*4
-    assert launch.shared_bytes(Problem(1, 32, 4, 128, 10), 32) == 4096 + 16384 + 1024 + 96
+# ---- the split planner -----------------------------------------------------------------------
+
+
+def test_plan_splits_fills_the_device_by_hand():
+    # H100: 132 SMs x 4 threadgroups = 528 wanted; B*Hkv = 8 -> 66 splits of a 32K context:
+    # 1024 tiles of 32 / 66 -> 16 tiles (512 rows) per split -> 64 splits, 512 threadgroups
+    assert launch.plan_splits(32768, 8, 132, 32) == (512, 64)
+    # the same on a 10-core GPU: 40 wanted -> 5 splits: 1024/5 -> 205 tiles = 6560 rows -> 5
+    assert launch.plan_splits(32768, 8, 10, 32) == (6560, 5)
+    # many sequences already fill the device: one split
+    assert launch.plan_splits(32768, 128 * 8, 132, 32) == (32768, 1)
+
+
+def test_plan_splits_keeps_splits_long_enough():
+    # 4K context, B*Hkv = 8, 132 SMs wants 66 splits, but 4096 // 256 = 16 is the cap
+    split_len, n = launch.plan_splits(4096, 8, 132, 32)
+    assert (split_len, n) == (256, 16)
+    assert launch.plan_splits(200, 1, 132, 32) == (224, 1)  # shorter than MIN_SPLIT_ROWS
+    assert launch.plan_splits(5000, 1, 132, 32, min_split_rows=1)[1] == 157  # one tile each
+
+
+def test_split_count_follows_the_core_count():
+    small = plan(Problem(1, 32, 8, 128, 65536), 32, n_cores=10)
+    big = plan(Problem(1, 32, 8, 128, 65536), 32, n_cores=132)
+    assert small.n_splits < big.n_splits
+    assert big.n_cores == 132 and big.config()["n_cores"] == 132
+    assert plan(Problem(1, 32, 8, 128, 65536), 32, limits=CUDA).n_cores == CUDA.default_cores
+
+
+def test_config_is_what_is_launched():
+    p = plan(Problem(1, 32, 8, 128, 200), 32, 64, CUDA, n_splits=5)  # 7 tiles: 4 splits of 2
+    assert p.config() == {
+        "tile_kv": 32,
+        "threads": 64,
+        "n_splits": 4,
+        "split_len": 64,
+        "vec_bytes": 16,
+        "n_cores": 132,
+        "launches": 2,
+    }
+    assert p.output_shapes[0] == (32, 4, 128)
+    assert p.combine_grid == (32, 32, 1) and p.combine_threadgroup == (32, 1, 1)
+    assert p.combine_params == (4,)
+
+
+# ---- lane layout, vector width and memory ----------------------------------------------------
 
 
 @pytest.mark.parametrize(
-    "problem,tile,limits",
+    "problem,vec,layout",
     [
-        (Problem(1, 32, 4, 128, 100), 64, METAL),  # 39008 B > 32768 B
-        (Problem(1, 32, 4, 128, 100, dtype="float32"), 32, METAL),  # float tiles double it
-        (Problem(1, 32, 4, 128, 100), 128, CUDA),  # 73824 B > 49152 B
+        # fp16 D=128: 16 vectors of 8 halves, 16 lanes per row, 2 rows per simdgroup step
+        (Problem(1, 32, 8, 128, 10), 16, (16, 8, 16, 16, 1, 2)),
+        (Problem(1, 32, 8, 64, 10), 16, (16, 8, 8, 8, 1, 4)),
+        # fp32 D=128: 32 vectors of 4 floats, a whole simdgroup per row
+        (Problem(1, 32, 8, 128, 10, dtype="float32"), 16, (16, 4, 32, 32, 1, 1)),
+        # int4 G=1 D=128: a 64-byte row is 4 vectors of 32 nibbles
+        (Problem(1, 8, 8, 128, 10, kv_code="int4"), 16, (16, 32, 4, 4, 1, 8)),
+        # fp4 G=8: 4-byte vectors, 8 q elements per head per lane (the narrowest width)
+        (Problem(1, 64, 8, 128, 10, kv_code="fp4", group_size=32), 4, (4, 8, 16, 16, 1, 2)),
+        (Problem(1, 32, 8, 128, 10, kv_code="int4"), 4, (4, 8, 16, 16, 1, 2)),  # G=4
+        (Problem(1, 16, 8, 128, 10, kv_code="int4"), 8, (8, 16, 8, 8, 1, 4)),  # G=2
     ],
 )
-def test_too_large_tiles_are_refused_before_launch(problem, tile, limits):
-    with pytest.raises(TileConfigError, match=f"tile_kv {tile} needs .* {limits.name} .*>"):
-        plan(problem, tile, limits=limits)
+def test_lane_layout_by_hand(problem, vec, layout):
+    assert launch.choose_vec(problem) == vec
+    lay = launch.lane_layout(problem, vec, 128, 32)
+    got = (lay.vec_bytes, lay.elems_per_vec, lay.vecs_per_row, lay.lanes_per_row)
+    assert got + (lay.vecs_per_lane, lay.rows_per_step) == layout
+    assert lay.steps == -(-32 // (4 * lay.rows_per_step))
+
+
+def test_shared_bytes_by_hand():
+    # 128 threads = 4 simdgroups, D=128: sh_o 2*4*128 floats + sh_ml 2*4*2 floats
+    assert launch.shared_bytes(Problem(1, 32, 4, 128, 10), 128) == 4 * (1024 + 16)
+    assert launch.shared_bytes(Problem(1, 32, 4, 64, 10), 32) == 4 * (128 + 4)
+
+
+def test_the_tile_costs_no_threadgroup_memory():
+    p = Problem(1, 64, 8, 128, 100)  # G = 8: 4 * (2*4*128 + 2*4*2) whatever the tile
+    assert plan(p, 8).shared_bytes == plan(p, 64).shared_bytes == 4160
+
+
+@pytest.mark.parametrize(
+    "problem,tile,threads,needle",
+    [
+        (Problem(1, 32, 4, 128, 100), 128, 128, "in flight"),  # 16 steps x (K, V) x 4 words
+        (Problem(1, 32, 4, 128, 100), 1024, 1024, "in flight"),  # 16 steps again
+        (Problem(1, 32, 4, 256, 100), 32, 1024, "threadgroup memory"),  # 66048 B > 48 KB
+        (Problem(1, 8, 2, 96, 10), 32, 128, "vector width"),  # 12, 24 or 48 vectors per row
+    ],
+)
+def test_refusals_before_launch(problem, tile, threads, needle):
+    with pytest.raises(TileConfigError, match=needle):
+        plan(problem, tile, threads, CUDA)
+    assert refusal(problem, tile, threads, CUDA)
+
+
+@pytest.mark.parametrize("limits", [METAL, CUDA])
+def test_tiny_caches_launch(limits):
+    # 4 words of K (MLX would pass them as Metal `constant`: gpu_kernels pads them); D = 4
+    assert refusal(Problem(1, 2, 1, 32, 1, kv_code="int4"), 32, 128, limits) is None
+    assert refusal(Problem(1, 1, 1, 4, 1), 32, 128, limits) is None
 
 
 def test_limits_are_the_documented_ones():
@@ -122,8 +212,8 @@ def test_gpu_kernels_are_skipped_on_cpu_with_the_reason():
 
 
 def test_refusal_is_a_skip_reason_on_the_gpu_backend():
-    big = Case("small", 1, 32, 4, 128, 256, kernel="metal", tile_kv=64)
-    assert "threadgroup memory" in skip_reason(big, "metal")
+    big = Case("small", 1, 32, 4, 128, 256, kernel="metal", tile_kv=128)  # G=8, 16 steps
+    assert "in flight" in skip_reason(big, "metal")
     assert skip_reason(Case("small", 1, 32, 4, 128, 256, kernel="cuda", tile_kv=64), "cuda") is None
     assert "decode only" in skip_reason(
         Case("small", 1, 8, 2, 64, 9, kernel="metal", phase="prefill"), "metal"
@@ -139,4 +229,6 @@ def test_default_tile_fits_every_preset_shape_on_metal():
     for name, s in PRESETS.items():
         problem = Problem(1, s.n_q_heads, s.n_kv_heads, s.head_dim, 4096)
         assert refusal(problem, launch.DEFAULT_TILE_KV, launch.DEFAULT_THREADS, METAL) is None, name
-        assert math.ceil(s.n_q_heads / s.n_kv_heads) * s.head_dim <= 1024 * 8  # ACC registers
+        vec = launch.choose_vec(problem)  # q elements per lane over the G heads fit REG_ELEMS
+        lay = launch.lane_layout(problem, vec, launch.DEFAULT_THREADS, launch.DEFAULT_TILE_KV)
+        assert problem.group * lay.elems_per_vec * lay.vecs_per_lane <= launch.REG_ELEMS, name

@@ -1,44 +1,48 @@
 // kvbench flash-decode, CUDA backend (mx.fast.cuda_kernel). NOT RUN ON HARDWARE YET.
-// Twin of kernels/metal/flash_decode.metal: both are this backend prelude + the shared helpers
-// (kernels/gpu/flash_decode_common.h) as the kernel header, and a short entry + the shared
-// body (kernels/gpu/flash_decode_body.inc) as the kernel source. Only the prelude and the
-// entry differ between backends; the algorithm text is one file.
-// Launch (kernels/launch.py): grid counts THREADS (MLX divides it by the block size):
-// (THREADS * n_splits, B * Hkv, 1), block (THREADS, 1, 1); static shared memory <= 48 KB.
+// Twin of kernels/metal/flash_decode.metal: each kernel is this backend prelude + the shared
+// helpers (kernels/gpu/flash_decode_common.h) as the kernel header, and a short entry + a shared
+// body (kernels/gpu/flash_decode_body.inc: the split kernel; flash_decode_combine.inc: the
+// combine) as the kernel source. Only the prelude and the entries differ between backends.
+// Launch (kernels/launch.py): grid counts THREADS (MLX divides it by the block size).
+// Split kernel: grid (THREADS * n_splits, B * Hkv, 1), block (THREADS, 1, 1).
+// Combine: grid (32, B * Hq, 1), block (32, 1, 1).
 
-#define KV_FN __device__ inline
+#define KV_FN __device__ __forceinline__
 #define DEV_PTR
-#define TG_PTR
 #define TG_MEM __shared__
 #define BARRIER() __syncthreads()
 #define KV_EXP expf
 #define KV_FMAX fmaxf
-// MLX >= 0.32 no longer defines `inf` for custom kernels; cuda/std/limits comes with MLX's
-// utils.cuh (its default header)
-#define KV_NEG_INF (-cuda::std::numeric_limits<float>::infinity())
-#define SCALE_T __half
+// MLX >= 0.32 no longer defines `inf` for custom kernels: build -inf from its bits.
+#define KV_NEG_INF __uint_as_float(0xFF800000u)
+#define KV_UNROLL _Pragma("unroll")
 
-__device__ const float FP4_MAGNITUDE[8] = {0.0f, 0.5f, 1.0f, 1.5f, 2.0f, 3.0f, 4.0f, 6.0f};
-
-// Butterfly reductions over the 32 lanes of a warp (fixed order: xor 16, 8, 4, 2, 1).
-__device__ inline float lane_sum(float v) {
-  for (int off = 16; off > 0; off >>= 1) {
-    v += __shfl_xor_sync(0xffffffffu, v, off);
-  }
-  return v;
+KV_FN float bits_to_float(uint32_t w) {
+  return __uint_as_float(w);
 }
 
-__device__ inline float lane_max(float v) {
-  for (int off = 16; off > 0; off >>= 1) {
-    v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, off));
-  }
-  return v;
+// Element j (0 low half, 1 high half) of a word of two 16-bit values.
+KV_FN float elem_of(uint32_t w, int j, __half tag) {
+  return __half2float(__ushort_as_half((unsigned short)(j ? (w >> 16) : (w & 0xFFFFu))));
+}
+
+KV_FN float elem_of(uint32_t w, int j, __nv_bfloat16 tag) {
+  return __uint_as_float(j ? (w & 0xFFFF0000u) : (w << 16));
+}
+
+// One butterfly step over the 32 lanes of a warp; every lane calls it (full mask).
+KV_FN float lane_xor(float v, int off) {
+  return __shfl_xor_sync(0xFFFFFFFFu, v, off);
 }
 
 // ==== entry ====
-  // one block = one (sequence, kv head, split)
+  // one block = one (sequence x kv head, split)
   const int tid = int(threadIdx.x);
   const int lane = int(threadIdx.x % 32);
   const int sg = int(threadIdx.x / 32);
   const int split = int(blockIdx.x);
   const int bh = int(blockIdx.y);  // sequence * Hkv + kv head
+// ==== combine entry ====
+  // one block = one warp = one output row (sequence x query head)
+  const int lane = int(threadIdx.x % 32);
+  const int row = int(blockIdx.y);

@@ -1,55 +1,100 @@
-// kvbench flash-decode: helpers shared VERBATIM by the Metal and CUDA kernels.
+// kvbench flash-decode: helpers shared VERBATIM by the Metal and CUDA kernels (and the CPU sim).
 // The backend prelude (kernels/metal/flash_decode.metal, kernels/cuda/flash_decode.cu) defines
-// KV_FN, DEV_PTR, TG_PTR, TG_MEM, BARRIER(), KV_EXP, KV_FMAX, KV_NEG_INF, SCALE_T, lane_sum, lane_max
-// and FP4_MAGNITUDE; the wrapper (kernels/gpu_kernels.py) defines KV_CODE (0 dense, 1 fp4,
-// 2 int4). Layouts: K/V rows [B*Hkv, L, D] (dense, T) or [B*Hkv, L, D/8] uint32 with element j
-// of a word in bits 4j..4j+3 and float16 scales [B*Hkv, L, D/GS] (4-bit).
+// KV_FN, DEV_PTR, TG_MEM, BARRIER(), KV_EXP, KV_FMAX, KV_NEG_INF, KV_UNROLL, lane_xor (a
+// butterfly shuffle), bits_to_float, elem_of (2-byte dtypes) and the vector types uint2 / uint4;
+// the wrapper (kernels/gpu_kernels.py) defines KV_CODE (0 dense, 1 fp4, 2 int4).
+// Every helper here takes VALUES, never pointers: the body indexes the inputs itself, so a
+// helper can never mismatch the address space MLX gives an input (Metal passes an input of
+// fewer than 8 elements as `constant`, larger ones as `device`).
 
-// One 4-bit code to its value before scaling. fp4 E2M1: code = sign<<3 | exp<<1 | mantissa,
-// magnitudes 0, 0.5, 1, 1.5, 2, 3, 4, 6. int4: two's complement nibble in [-8, 7].
-KV_FN float decode_nibble(uint32_t code, int kv_code) {
+// The 16-byte / 8-byte / 4-byte vector a lane loads in one instruction, by its size in bytes.
+template <int BYTES>
+struct VecOf;
+template <>
+struct VecOf<16> {
+  typedef uint4 type;
+};
+template <>
+struct VecOf<8> {
+  typedef uint2 type;
+};
+template <>
+struct VecOf<4> {
+  typedef uint32_t type;
+};
+
+// Word i (32 bits) of a loaded vector; i is a compile-time constant after unrolling.
+KV_FN uint32_t word_of(uint4 v, int i) {
+  return i == 0 ? v.x : (i == 1 ? v.y : (i == 2 ? v.z : v.w));
+}
+KV_FN uint32_t word_of(uint2 v, int i) {
+  return i == 0 ? v.x : v.y;
+}
+KV_FN uint32_t word_of(uint32_t v, int i) {
+  return v;
+}
+
+// Element j of a 32-bit word of float32 storage (one element per word); the 2-byte dtypes'
+// overloads (two elements per word, element 0 in the low half) are in the backend prelude.
+KV_FN float elem_of(uint32_t w, int j, float tag) {
+  return bits_to_float(w);
+}
+
+// fp4 E2M1 magnitudes x2 as a register table: nibble c (0..7) of 0xC8643210 is 2*|value(c)|
+// for |value| 0, 0.5, 1, 1.5, 2, 3, 4, 6. The factor 1/2 is folded into the group scale.
+#define FP4_MAG2_TABLE 0xC8643210u
+
+// Nibble j (bits 4j..4j+3) of a word to its value before scaling: fp4 gives 2*value (see
+// above), int4 the two's-complement integer in [-8, 7].
+KV_FN float nibble_value(uint32_t w, int j, int kv_code) {
+  const uint32_t c = (w >> (4 * j)) & 0xFu;
   if (kv_code == 1) {
-    const float mag = FP4_MAGNITUDE[code & 7u];
-    return (code & 8u) ? -mag : mag;
+    const float mag2 = float((FP4_MAG2_TABLE >> (4u * (c & 7u))) & 0xFu);
+    return (c & 8u) ? -mag2 : mag2;
   }
-  return float(int(code ^ 8u) - 8);
+  return float(int(c ^ 8u) - 8);
 }
 
-// The source pointers are template parameters (Src, Words, Scales), deduced at the call: Metal
-// gets an input of fewer than 8 elements as `const constant T*`, larger ones as `const device
-// T*` (MLX's metal_kernel), so a helper taking `const device T*` stops matching at tiny shapes.
-
-// Dense tile: rows row0..row0+TILE_KV of src (this sequence and kv head) into dst [TILE_KV*D];
-// rows at or past n_rows are zero-filled (their scores are masked to -inf).
-template <typename T, int TILE_KV, int D, int THREADS, typename Src>
-KV_FN void load_tile_dense(Src src, TG_PTR T* dst, size_t row0, int n_rows, int tid) {
-  for (int e = tid; e < TILE_KV * D; e += THREADS) {
-    const int r = e / D;
-    dst[e] = (r < n_rows) ? src[(row0 + r) * D + e % D] : T(0.0f);
-  }
+// The multiplier of a group's stored float16 scale: fp4 values come out of the table x2.
+KV_FN float scale_factor(int kv_code) {
+  return kv_code == 1 ? 0.5f : 1.0f;
 }
 
-// 4-bit tile, dequantized while loading (fused): one uint32 word (8 elements) per step.
-template <typename T, int TILE_KV, int D, int GS, int THREADS, int CODE, typename Words,
-          typename Scales>
-KV_FN void load_tile_q4(
-    Words src,  // uint32_t words
-    Scales scales,  // SCALE_T
-    TG_PTR T* dst,
-    size_t row0,
-    int n_rows,
-    int tid) {
-  constexpr int WORDS = D / 8;
-  constexpr int GROUPS = D / GS;
-  for (int w = tid; w < TILE_KV * WORDS; w += THREADS) {
-    const int r = w / WORDS;
-    const int c = w % WORDS;
-    const bool valid = r < n_rows;
-    const uint32_t word = valid ? src[(row0 + r) * WORDS + c] : 0u;
-    for (int j = 0; j < 8; ++j) {
-      const int d = c * 8 + j;
-      const float s = valid ? float(scales[(row0 + r) * GROUPS + d / GS]) : 0.0f;
-      dst[r * D + d] = T(decode_nibble((word >> (4 * j)) & 0xFu, CODE) * s);
-    }
+// Online-softmax weight of a partial with running max m under the common max m_all; a partial
+// that saw no row (m = -inf) weighs 0 (never exp(-inf - -inf) = NaN).
+KV_FN float merge_weight(float m, float m_all) {
+  return m == KV_NEG_INF ? 0.0f : KV_EXP(m - m_all);
+}
+
+// A zero vector (member assignment: no constructor syntax that differs between backends).
+KV_FN uint4 zero_like(uint4 v) {
+  v.x = 0u;
+  v.y = 0u;
+  v.z = 0u;
+  v.w = 0u;
+  return v;
+}
+KV_FN uint2 zero_like(uint2 v) {
+  v.x = 0u;
+  v.y = 0u;
+  return v;
+}
+KV_FN uint32_t zero_like(uint32_t v) {
+  return 0u;
+}
+
+// Butterfly reductions over the 32 lanes (fixed order: xor 16, 8, 4, 2, 1). Every lane ends
+// with the same value: lane a computes x_a + x_b where its partner computes x_b + x_a.
+KV_FN float lane_sum(float v) {
+  for (int off = 16; off > 0; off >>= 1) {
+    v += lane_xor(v, off);
   }
+  return v;
+}
+
+KV_FN float lane_max(float v) {
+  for (int off = 16; off > 0; off >>= 1) {
+    v = KV_FMAX(v, lane_xor(v, off));
+  }
+  return v;
 }

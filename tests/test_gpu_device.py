@@ -1,0 +1,35 @@
+"""The core count the split planner uses (kernels/gpu_device.py): probes, override, default."""
+
+from kvbench.kernels import gpu_device, launch
+
+IOREG = """+-o AGXAcceleratorG14X  <class AGXAcceleratorG14X, id 0x1000003a5, registered>
+    {
+      "gpu-core-count" = 38
+      "model" = "Apple M2 Max"
+    }
+"""
+
+
+def test_parse_ioreg():
+    assert gpu_device.parse_ioreg(IOREG) == 38
+    assert gpu_device.parse_ioreg("no such key") is None
+
+
+def test_env_overrides_the_probe(monkeypatch):
+    monkeypatch.setenv("KVBENCH_GPU_CORES", "60")
+    monkeypatch.setitem(gpu_device.PROBES, "cuda", lambda: 132)
+    assert gpu_device.core_count("cuda") == (60, "env")
+
+
+def test_probe_then_default(monkeypatch):
+    monkeypatch.delenv("KVBENCH_GPU_CORES", raising=False)
+    monkeypatch.setitem(gpu_device.PROBES, "cuda", lambda: 114)
+    monkeypatch.setitem(gpu_device.PROBES, "metal", lambda: None)
+    assert gpu_device.core_count("cuda") == (114, "cudart")
+    assert gpu_device.core_count("metal") == (launch.METAL.default_cores, "default")
+
+
+def test_bad_env_value_is_ignored(monkeypatch):
+    monkeypatch.setenv("KVBENCH_GPU_CORES", "many")
+    monkeypatch.setitem(gpu_device.PROBES, "metal", lambda: 10)
+    assert gpu_device.core_count("metal") == (10, "ioreg")
