@@ -31,6 +31,10 @@ REG_ELEMS = 64  # most q elements a lane holds over the G heads (as many accumul
 # with 8-byte vectors (16 nibbles per lane) and 128 with 4-byte ones, so 4-bit keeps fewer
 REG_ELEMS_4BIT = 32
 MAX_INFLIGHT_WORDS = 64  # most 32-bit K/V words a lane holds per tile (loads in flight)
+# q and accumulators (2 per q element) plus the words in flight: NVRTC 13 spilled (255
+# registers, 48-64 B of stack) at G=8, D=128, tile 64 (2*64 + 64 = 192 words) and did not at
+# G=8, tile 32 (160 words) or G=4, tile 64 (128 words): tests/test_compile_gates.py
+MAX_LANE_WORDS = 160
 TG_PER_CORE = 4  # threadgroups the split planner wants resident per core / SM
 MIN_SPLIT_ROWS = 256  # a split reads at least this many rows: partials stay small beside K/V
 KV_CODES = {"dense": 0, "fp4": 1, "int4": 2}  # the kernel's KV_CODE: how a row is decoded
@@ -188,6 +192,12 @@ def refusal(
         return (
             f"tile_kv {tile_kv} puts {words} K/V words in flight per lane (> {MAX_INFLIGHT_WORDS}:"
             f" registers spill) at {threads} threads, {vec}-byte vectors"
+        )
+    q_elems = problem.group * lay.elems_per_vec * lay.vecs_per_lane
+    if 2 * q_elems + words > MAX_LANE_WORDS:
+        return (
+            f"tile_kv {tile_kv} at G={problem.group}: {2 * q_elems} q/accumulator + {words} K/V "
+            f"words per lane (> {MAX_LANE_WORDS}: registers spill)"
         )
     need = shared_bytes(problem, threads)
     if need > limits.shared_bytes:

@@ -81,6 +81,9 @@ def test_every_cuda_instantiation_compiles(cuda_items, cuda_results):
 def test_compiled_shared_memory_is_what_the_planner_refuses_on(cuda_items, cuda_results):
     for arch, rows in cuda_results.items():
         for item, row in zip(cuda_items, rows):
+            if item.call.name.endswith("_combine"):  # the second launch: no shared memory
+                assert row["shared_bytes"] == 0 and row["frame_bytes"] == 0, (arch, item.labels)
+                continue
             fmt = get_format(item.case.kv_dtype, item.case.group_size)
             tile = item.case.tile_kv or launch.DEFAULT_TILE_KV
             planned = launch.plan(call_problem(item.case, fmt), tile, limits=launch.CUDA)

@@ -155,7 +155,7 @@ def test_shared_bytes_by_hand():
 
 def test_the_tile_costs_no_threadgroup_memory():
     p = Problem(1, 64, 8, 128, 100)  # G = 8: 4 * (2*4*128 + 2*4*2) whatever the tile
-    assert plan(p, 8).shared_bytes == plan(p, 64).shared_bytes == 4160
+    assert plan(p, 8).shared_bytes == plan(p, 32).shared_bytes == 4160
 
 
 @pytest.mark.parametrize(
@@ -165,6 +165,7 @@ def test_the_tile_costs_no_threadgroup_memory():
         (Problem(1, 32, 4, 128, 100), 1024, 1024, "in flight"),  # 16 steps again
         (Problem(1, 32, 4, 256, 100), 32, 1024, "threadgroup memory"),  # 66048 B > 48 KB
         (Problem(1, 8, 2, 96, 10), 32, 128, "vector width"),  # 12, 24 or 48 vectors per row
+        (Problem(1, 64, 8, 128, 100), 64, 128, "registers spill"),  # 2*64 + 64 words > 160
     ],
 )
 def test_refusals_before_launch(problem, tile, threads, needle):
@@ -214,7 +215,10 @@ def test_gpu_kernels_are_skipped_on_cpu_with_the_reason():
 def test_refusal_is_a_skip_reason_on_the_gpu_backend():
     big = Case("small", 1, 32, 4, 128, 256, kernel="metal", tile_kv=128)  # G=8, 16 steps
     assert "in flight" in skip_reason(big, "metal")
-    assert skip_reason(Case("small", 1, 32, 4, 128, 256, kernel="cuda", tile_kv=64), "cuda") is None
+    assert skip_reason(Case("small", 1, 32, 4, 128, 256, kernel="cuda", tile_kv=32), "cuda") is None
+    assert "spill" in skip_reason(
+        Case("small", 1, 32, 4, 128, 256, kernel="cuda", tile_kv=64), "cuda"
+    )
     assert "decode only" in skip_reason(
         Case("small", 1, 8, 2, 64, 9, kernel="metal", phase="prefill"), "metal"
     )
