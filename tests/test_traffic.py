@@ -65,3 +65,18 @@ def test_more_splits_cost_partials_and_q_not_kv():
     assert b["partial_write_bytes"] == 64 * a["partial_write_bytes"]
     assert b["q_read_bytes"] == 64 * a["q_read_bytes"]
     assert a["excess"] < 0.002 < b["excess"] < 0.02  # 64 splits of 512 rows: about 1.6 %
+
+
+def test_a_gpu_kernel_row_records_its_planned_launch_and_traffic(monkeypatch):
+    from kvbench.case import Case
+    from kvbench.engines.cache import gpu_fields
+
+    monkeypatch.setenv("KVBENCH_GPU_CORES", "132")  # plan for an H100's SM count
+    case = Case("tiny", 2, 8, 2, 64, 1024, kernel="cuda", kv_dtype="fp16")
+    f = gpu_fields(case)
+    # by hand, per layer: K and V 2 x (1 x 2 x 1024 x 64) fp16 = 524288 B; q and out 8 x 64 x 2
+    assert f["kernel_min_bytes"] == 2 * (524288 + 2 * 1024)
+    assert f["kernel_read_bytes"] >= 2 * (524288 + 1024)
+    assert f["traffic_excess"] >= 0 and f["gpu_cores"] == 132
+    assert f["gpu_threads"] == launch.DEFAULT_THREADS and f["gpu_splits"] >= 1
+    assert gpu_fields(Case("tiny", 2, 8, 2, 64, 1024, kernel="sdpa")) == {}

@@ -22,12 +22,16 @@ from kvbench.case import Case
 from kvbench.engines import metrics
 from kvbench.engines.contract import State, memory_baseline, window_reason
 from kvbench.engines.parity import compare_outputs, parity_gate, recon_err
+from kvbench.kernels import gpu_device, launch
 from kvbench.kernels.attention import KERNELS, effective_tile, reference, unsupported_reason
 from kvbench.kernels.cache import KVCache
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats import get_format
 from kvbench.kernels.gpu_kernels import DTYPE_NAMES, kv_code
 from kvbench.kernels.launch import Problem
+from kvbench.kernels.traffic import traffic_bytes
+
+GPU_KERNELS = ("metal", "cuda")
 
 
 def problem_of(case: Case, fmt) -> Problem:
@@ -60,6 +64,36 @@ def kernel_reason(case: Case, backend: str, problem: Problem) -> str | None:
 def skip_reason(case: Case, backend: str) -> str | None:
     fmt = get_format(case.kv_dtype, case.group_size)
     return kernel_reason(case, backend, problem_of(case, fmt))
+
+
+def gpu_fields(case: Case) -> dict:
+    """The launch a custom GPU kernel (metal, cuda) makes for the case, as planned (tile,
+    threads, splits, vector width, the core count it planned for), and its traffic model per
+    step (kernels/traffic.py, every layer): bytes it reads and writes against the minimum, the
+    threadgroup-memory traffic, and the excess over moving each byte once. {} for others."""
+    if case.kernel not in GPU_KERNELS:
+        return {}
+    fmt = get_format(case.kv_dtype, case.group_size)
+    problem = problem_of(case, fmt)
+    plan = launch.plan(
+        problem,
+        case.tile_kv or launch.DEFAULT_TILE_KV,
+        launch.DEFAULT_THREADS,
+        launch.LIMITS[case.kernel],
+        n_cores=gpu_device.core_count(case.kernel)[0],
+    )
+    cfg, t, n = plan.config(), traffic_bytes(problem, plan), case.n_layers
+    return {
+        "gpu_threads": cfg["threads"],
+        "gpu_splits": cfg["n_splits"],
+        "gpu_vec_bytes": cfg["vec_bytes"],
+        "gpu_cores": cfg["n_cores"],
+        "kernel_read_bytes": n * t["global_read_bytes"],
+        "kernel_write_bytes": n * t["global_write_bytes"],
+        "kernel_min_bytes": n * t["min_bytes"],
+        "kernel_shared_bytes": n * t["shared_bytes"],
+        "traffic_excess": t["request_excess"],
+    }
 
 
 def effective(case: Case) -> dict:
@@ -145,5 +179,5 @@ def build(case: Case) -> State:
         alloc_bytes=alloc,
         baseline_bytes=baseline,
         effective=effective(case),
-        extra={"fill_peak_bytes": fill_peak},
+        extra={"fill_peak_bytes": fill_peak, **gpu_fields(case)},
     )

@@ -67,6 +67,17 @@ class _Measured:
     alloc_bytes: int | None = None  # measured: active-memory growth when the cache is allocated
     peak_mem_bytes: int | None = None  # measured: peak above the pre-cache baseline (stages)
     fill_peak_bytes: int | None = None  # measured: peak above it while allocating + filling
+    # custom GPU kernels (metal, cuda): the launch as planned and its traffic model per step
+    # (every layer; kernels/traffic.py): how far it is from moving each byte once
+    gpu_threads: int | None = None  # threads per threadgroup
+    gpu_splits: int | None = None  # splits of the context (threadgroups per sequence x head)
+    gpu_vec_bytes: int | None = None  # bytes per K/V vector load
+    gpu_cores: int | None = None  # cores / SMs the split planner planned for
+    kernel_read_bytes: int | None = None  # global bytes the kernels request (both launches)
+    kernel_write_bytes: int | None = None  # global bytes they write (partials, output)
+    kernel_min_bytes: int | None = None  # each K/V, scale, q and output byte moved once
+    kernel_shared_bytes: int | None = None  # threadgroup-memory traffic
+    traffic_excess: float | None = None  # (read + write) / min - 1
     # many-sequence layouts (docs/streams.md): cells per layer, bytes over all layers, K and V
     cells_alloc: int | None = None  # cells allocated (all streams)
     cells_used: int | None = None  # occupied cells at the timed step (a shared cell once)
