@@ -129,13 +129,23 @@ def cmd_gate(args) -> int:
         from kvbench.analysis.gate import paired
         from kvbench.analysis.paired import Budget
 
-        budget = Budget(budget_s=args.pair_budget_s)
+        budget = Budget(budget_s=args.pair_budget_s, cpu=args.pin_cpu)
         cmp = paired(args.base, args.suite, args.results, rules, args.device, budget)
     else:
         cmp = gate(
             args.base, args.suite, args.results, args.metric, rules, args.device, args.rounds
         )
     return _report(cmp, args)
+
+
+def _cpu(text: str) -> int | None:
+    """--pin-cpu: a CPU number, -1 (pick one) or none."""
+    if text == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a CPU number, -1 or none") from None
 
 
 def _stats_options(p: argparse.ArgumentParser) -> None:
@@ -270,6 +280,13 @@ def build_parser() -> argparse.ArgumentParser:
         type=float,
         default=2.0,
         help="paired gate: seconds of pairs per case (default 2.0; at least 20 pairs)",
+    )
+    gate.add_argument(
+        "--pin-cpu",
+        type=_cpu,
+        default=-1,
+        help="paired gate: the CPU both workers share (default -1: the last one allowed; "
+        "none: no pinning)",
     )
     _compare_options(gate)
     gate.set_defaults(func=cmd_gate)

@@ -160,7 +160,7 @@ def test_paired_gate_end_to_end_on_a_clone_of_this_repository(tmp_path, monkeypa
         "name: one\nfixed: {model: tiny, context_len: 64, kv_dtype: fp32, kernel: ops}\n"
     )
     monkeypatch.chdir(clone)
-    budget = Budget(warmup_s=0.02, budget_s=0.1, min_pairs=8, max_pairs=8)
+    budget = Budget(warmup_s=0.02, budget_s=0.1, min_pairs=8, max_pairs=8, block=2)
     cmp = gate_mod.paired("HEAD", str(suite), str(tmp_path / "res"), budget=budget)
     row = cmp.table.iloc[0]
     assert row["base_n"] == row["new_n"] == 8 and "paired: 8 pairs" in row["note"]

@@ -13,6 +13,7 @@ import pytest
 from kvbench.analysis import paired
 from kvbench.analysis.compare import compare, judge
 from kvbench.analysis.rules import Rules
+from kvbench.errors import UserError
 from kvbench.store.results import load
 
 RULES = Rules()
@@ -42,14 +43,21 @@ class FakeWorker:
     def ask(self, op: str, **req) -> dict:
         if op == "sample":
             self.log.append(self.name)
-            return {"ms": [self.ms] * req.get("n", 1)}
+            return {"ms": [self.ms * (1 + i) for i in range(req.get("n", 1))]}
         return {"ok": True}
+
+
+def test_a_side_stands_for_the_fastest_call_of_its_block():
+    sides = {"base": FakeWorker("base", [], 1.0), "new": FakeWorker("new", [], 2.0)}
+    budget = paired.Budget(warmup_s=0, budget_s=0, min_pairs=2, max_pairs=2, block=3)
+    _, _, pairs = paired.measure_case(sides, "c1", budget)
+    assert [(p[3], p[4], p[5]) for p in pairs] == [(1.0, 2.0, 3)] * 2
 
 
 def test_pairs_are_taken_in_abba_order_and_stored_with_their_schema():
     log: list = []
     sides = {"base": FakeWorker("base", log, 1.0), "new": FakeWorker("new", log, 1.3)}
-    budget = paired.Budget(warmup_s=0, budget_s=0, min_pairs=6, max_pairs=6)
+    budget = paired.Budget(warmup_s=0, budget_s=0, min_pairs=6, max_pairs=6, block=1)
     status, note, pairs = paired.measure_case(sides, "c1", budget)
     assert status == "ok" and note == ""
     assert log == ["base", "new", "new", "base"] * 3
@@ -137,3 +145,16 @@ def test_calibrated_noise_of_the_host_widens_the_band(tmp_path):
     cmp = compare(load(c), load(d), noise={"c": 0.35})
     assert cmp.table.iloc[0]["verdict"] == "inconclusive"
     assert "±35%" in cmp.table.iloc[0]["note"]
+
+
+def test_both_workers_share_one_cpu():
+    import os
+
+    if not hasattr(os, "sched_getaffinity"):
+        pytest.skip("this OS cannot pin processes to CPUs")
+    allowed = sorted(os.sched_getaffinity(0))
+    assert paired.pin_cpu(-1) == allowed[-1]
+    assert paired.pin_cpu(allowed[0]) == allowed[0]
+    assert paired.pin_cpu(None) is None
+    with pytest.raises(UserError, match="--pin-cpu"):
+        paired.pin_cpu(max(allowed) + 1000)

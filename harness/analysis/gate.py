@@ -209,9 +209,8 @@ def paired(
     head_sha, dirty = git.must(repo, "rev-parse", "HEAD"), bool(git.is_dirty(repo))
     say = lambda text: print(text, file=sys.stderr)  # noqa: E731
     with worktree(repo, base_sha) as tree:
-        labels, pairs, status = run_pairs(
-            {"base": tree, "new": repo}, suite_path, device, budget, say
-        )
+        trees = {"base": tree, "new": repo}
+        labels, pairs, status = run_pairs(trees, suite_path, device, budget, rules, say)
     by_case: dict[str, list] = {cid: [] for cid in labels}
     for p in pairs:
         by_case[p[0]].append(p)

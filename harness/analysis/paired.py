@@ -4,7 +4,12 @@ Two long-lived workers (harness/run/worker.py), one running BASE's code (its git
 one NEW's, each build a case once; the driver then asks them for single samples in ABBA order
 (BASE NEW, NEW BASE, BASE NEW, ...), so every BASE sample has a NEW neighbour taken within
 milliseconds and a load burst, a clock change or a noisy neighbour hits both members of a pair
-(duet benchmarking, Bulej et al. 2020). A pair is (base_ms, new_ms) of adjacent samples.
+(duet benchmarking, Bulej et al. 2020). A pair is (base_ms, new_ms) of adjacent samples; each
+side's sample is the fastest of a block of `Budget.block` calls in a row (preemption and
+interrupts only ever add time, so the fastest call of a block is the least disturbed one; on a
+busy machine single calls varied 10x here).
+
+Both workers are pinned to the same CPU (`Budget.cpu`; harness/run/worker.py says why).
 
 Statistics per case, on the log ratios r_i = ln(new_i / base_i):
   * ratio = exp(median r): the typical slowdown of NEW against its neighbour;
@@ -21,6 +26,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import subprocess
 import sys
 import time
@@ -34,7 +40,7 @@ from kvbench.analysis.rules import Rules
 from kvbench.errors import UserError
 
 WORKER = Path(__file__).resolve().parent.parent / "run" / "worker.py"
-PAIR_COLUMNS = ("case_id", "pair", "first", "base_ms", "new_ms", "t_s")
+PAIR_COLUMNS = ("case_id", "pair", "first", "base_ms", "new_ms", "block", "t_s")
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
 
@@ -42,9 +48,25 @@ BOOTSTRAP_SEED = 0
 @dataclass(frozen=True)
 class Budget:
     warmup_s: float = 0.2  # per case and side, after the build
-    budget_s: float = 2.0  # pairs per case until this much time has passed (both sides)
+    budget_s: float = 2.0  # pairs per case for at least this long (both sides)...
+    max_s: float = 8.0  # ...and on, while the verdict is still open, until this long
     min_pairs: int = 20
     max_pairs: int = 400
+    block: int = 3  # calls per side per pair; the fastest stands for the side (docstring)
+    cpu: int | None = -1  # the CPU both workers are pinned to; -1: pick one; None: no pinning
+
+
+def pin_cpu(wanted: int | None) -> int | None:
+    """The CPU both workers share (harness/run/worker.py says why): the last CPU this process
+    may use, or `wanted`; None where the OS cannot pin (macOS) or when asked not to."""
+    if wanted is None or not hasattr(os, "sched_getaffinity"):
+        return None
+    allowed = sorted(os.sched_getaffinity(0))
+    if wanted == -1:
+        return allowed[-1]
+    if wanted not in allowed:
+        raise UserError(f"--pin-cpu: {wanted}: not one of this process's CPUs {allowed}")
+    return wanted
 
 
 def abba(i: int) -> tuple[str, str]:
@@ -56,9 +78,10 @@ def abba(i: int) -> tuple[str, str]:
 class Worker:
     """One side's worker process, spoken to one JSON line at a time."""
 
-    def __init__(self, tree: Path, suite: Path, device: str | None, name: str):
+    def __init__(self, tree: Path, suite: Path, device: str | None, name: str, cpu=None):
         cmd = [sys.executable, str(WORKER), str(tree), str(suite)]
         cmd += ["--device", device] if device else []
+        cmd += ["--cpu", str(cpu)] if cpu is not None else []
         self.name = name
         self.proc = subprocess.Popen(
             cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
@@ -82,20 +105,33 @@ class Worker:
                 self.proc.kill()
 
 
-def measure_case(sides: dict[str, Worker], case_id: str, budget: Budget, clock=time.perf_counter):
-    """(status, note, pairs) of one case: pairs as tuples of PAIR_COLUMNS."""
+def decided(pairs: list, rules: Rules) -> bool:
+    """Whether the pairs so far give a verdict other than inconclusive."""
+    got = judge_pairs([p[3] for p in pairs], [p[4] for p in pairs], rules)
+    return got["verdict"] != "inconclusive"
+
+
+def measure_case(
+    sides: dict[str, Worker], case_id: str, budget: Budget, rules=None, clock=time.perf_counter
+):
+    """(status, note, pairs) of one case: pairs as tuples of PAIR_COLUMNS. Pairs are taken for
+    budget_s, then on (checked every 10 pairs) while the verdict is open, up to max_s."""
+    rules = rules or Rules()
     for name, w in sides.items():
         got = w.ask(op="build", case_id=case_id, warmup_s=budget.warmup_s)
         if "ok" not in got:
             return ("skipped" if "skip" in got else "error"), f"{name}: {got.popitem()[1]}", []
     pairs, start = [], clock()
     while len(pairs) < budget.max_pairs:
-        if len(pairs) >= budget.min_pairs and clock() - start >= budget.budget_s:
-            break
+        elapsed = clock() - start
+        if len(pairs) >= budget.min_pairs and elapsed >= budget.budget_s:
+            if elapsed >= budget.max_s or (len(pairs) % 10 == 0 and decided(pairs, rules)):
+                break
         first, second = abba(len(pairs))
-        ms = {first: sides[first].ask(op="sample", n=1)["ms"][0]}
-        ms[second] = sides[second].ask(op="sample", n=1)["ms"][0]
-        pairs.append((case_id, len(pairs), first, ms["base"], ms["new"], clock() - start))
+        ms = {first: min(sides[first].ask(op="sample", n=budget.block)["ms"])}
+        ms[second] = min(sides[second].ask(op="sample", n=budget.block)["ms"])
+        row = (case_id, len(pairs), first, ms["base"], ms["new"], budget.block, clock() - start)
+        pairs.append(row)
     for w in sides.values():
         w.ask(op="drop")
     return "ok", "", pairs
@@ -166,13 +202,14 @@ def table_row(case_id: str, label: str, status: str, note: str, pairs: list, rul
 
 
 def run_pairs(
-    trees: dict[str, Path], suite: Path, device: str | None, budget: Budget, progress=None
+    trees: dict[str, Path], suite: Path, device: str | None, budget: Budget, rules, progress=None
 ) -> tuple[dict, list, dict]:
     """Measure every case of `suite` in pairs. Returns (labels, pairs, status per case)."""
     for name, tree in trees.items():
         if not (tree / "harness" / "__init__.py").is_file():
             raise UserError(f"{tree}: {name} holds no kvbench code (no harness/ at that commit)")
-    workers = {name: Worker(tree, suite, device, name) for name, tree in trees.items()}
+    cpu = pin_cpu(budget.cpu)
+    workers = {name: Worker(tree, suite, device, name, cpu) for name, tree in trees.items()}
     try:
         lists = {k: w.ask(op="cases") for k, w in workers.items()}
         for name, got in lists.items():
@@ -183,7 +220,7 @@ def run_pairs(
         for i, cid in enumerate(labels, 1):
             if progress:
                 progress(f"kvbench gate: paired {i}/{len(labels)}: {labels[cid]}")
-            st, note, pairs = measure_case(workers, cid, budget)
+            st, note, pairs = measure_case(workers, cid, budget, rules)
             status[cid] = (st, note)
             all_pairs += pairs
         return labels, all_pairs, status

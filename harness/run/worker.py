@@ -11,6 +11,12 @@ with that code and answers one JSON request per stdin line with one JSON line on
   {"op": "drop"}                      -> {"ok": true} (frees the built case)
   {"op": "quit"}                      -> exits
 
+`--cpu N` pins the worker (and every thread MLX starts) to CPU N. The driver pins both sides'
+workers to the same CPU: on a shared machine, a process that the scheduler keeps on a busier
+core is slower for seconds at a time (measured here: two identical workers differed by up to
+6x for 3 s; pinned to one core, the same pairs agreed within 1.5% at load average 29), and
+only a shared core makes that interference hit both members of a pair.
+
 A build runs the tree's own engine (allocation, fill, parity check) once, then warms the step
 up by time; samples are timed here, with the same loop for both sides (perf_counter around the
 step, mx.eval of its outputs and a synchronize), so a change of the timer code is never a
@@ -22,6 +28,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -132,12 +139,18 @@ def serve(worker: Worker, out) -> None:
         out.flush()
 
 
+def option(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
 def main(argv: list[str]) -> int:
     tree, suite = Path(argv[0]).resolve(), argv[1]
-    device = argv[argv.index("--device") + 1] if "--device" in argv else None
+    cpu = option(argv, "--cpu")
+    if cpu is not None:  # before mlx starts its threads: they inherit the affinity
+        os.sched_setaffinity(0, {int(cpu)})
     out, sys.stdout = sys.stdout, sys.stderr  # protocol on stdout, everything else on stderr
     api = load_tree(tree)
-    api["device"](device)
+    api["device"](option(argv, "--device"))
     serve(Worker(api, suite), out)
     return 0
 
