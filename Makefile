@@ -51,18 +51,17 @@ bench-pytest: install
 	KVBENCH_BENCH=1 $(PY) -m pytest tests/benchmarks --benchmark-only \
 		--benchmark-save-data --benchmark-json $(BENCH_JSON)
 
-# make compare BASE=<git ref> [SUITE=...] [FORMAT=markdown]: measure the current tree and BASE
-# (in a temporary git worktree) where OUT has no results for them yet, then compare; exits 1
-# on a significant regression. SUITE defaults to suites/gate.yaml here (enough samples).
-# ROUNDS=N (default 2): run NEW and BASE N times each, interleaved NEW BASE BASE NEW ..., always
-# fresh, and compare the pooled runs (run-to-run drift then hits both sides alike). ROUNDS=1:
-# a single run each, reusing results already in OUT (docs/compare.md).
-ROUNDS ?= 2
+# make compare BASE=<git ref> [SUITE=...] [FORMAT=markdown]: the paired gate (docs/compare.md):
+# BASE (in a temporary git worktree, its own code) and the current tree each in one worker,
+# sampled alternately in ABBA pairs per case; exits 1 on a significant regression. SUITE
+# defaults to suites/gate.yaml here. ROUNDS=N instead runs whole suites N times per side,
+# interleaved, and compares the pooled runs (the older gate).
+ROUNDS ?=
 COMPARE_SUITE = $(if $(filter command line environment,$(origin SUITE)),$(SUITE),suites/gate.yaml)
 compare: install
 	@test -n "$(BASE)" || { echo "make compare: give BASE=<git ref>" >&2; exit 2; }
 	$(PY) -m kvbench gate $(BASE) --suite $(COMPARE_SUITE) --results $(OUT) $(DEVICE_FLAG) \
-		--rounds $(ROUNDS) $(if $(FORMAT),--format $(FORMAT),)
+		$(if $(ROUNDS),--rounds $(ROUNDS),) $(if $(FORMAT),--format $(FORMAT),)
 
 # tile_kv x context x dtype x GQA sweep of the flash-decoding kernels (docs/kernels.md)
 tiles: install

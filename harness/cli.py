@@ -68,6 +68,7 @@ def _emit(text: str, out: str | None) -> None:
 
 
 def cmd_compare(args) -> int:
+    from kvbench.analysis.calibrate import load_noise
     from kvbench.analysis.compare import compare
     from kvbench.analysis.rules import Rules
     from kvbench.store.results import load
@@ -75,7 +76,19 @@ def cmd_compare(args) -> int:
     rules = Rules(args.threshold, args.alpha, args.min_samples)
     base = load(args.base, args.results, pool=args.pool)
     new = load(args.new, args.results, pool=args.pool)
-    return _report(compare(base, new, args.metric, rules), args)
+    noise = load_noise(args.results)  # this host's A/A between-run noise, if calibrated
+    return _report(compare(base, new, args.metric, rules, noise), args)
+
+
+def cmd_calibrate(args) -> int:
+    from kvbench.analysis.calibrate import FILE, calibrate
+
+    got = calibrate(args.suite, args.results, args.runs, args.device)
+    print(
+        f"calibrated {len(got['noise'])} cases over {args.runs} runs: median between-run noise "
+        f"±{got['median']:.1%}; stored in {args.results}/{FILE}"
+    )
+    return 0
 
 
 def _report(cmp, args) -> int:
@@ -112,8 +125,27 @@ def cmd_gate(args) -> int:
     from kvbench.analysis.rules import Rules
 
     rules = Rules(args.threshold, args.alpha, args.min_samples)
-    cmp = gate(args.base, args.suite, args.results, args.metric, rules, args.device, args.rounds)
+    if args.rounds is None:
+        from kvbench.analysis.gate import paired
+        from kvbench.analysis.paired import Budget
+
+        budget = Budget(budget_s=args.pair_budget_s, cpu=args.pin_cpu)
+        cmp = paired(args.base, args.suite, args.results, rules, args.device, budget)
+    else:
+        cmp = gate(
+            args.base, args.suite, args.results, args.metric, rules, args.device, args.rounds
+        )
     return _report(cmp, args)
+
+
+def _cpu(text: str) -> int | None:
+    """--pin-cpu: a CPU number, -1 (pick one) or none."""
+    if text == "none":
+        return None
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: a CPU number, -1 or none") from None
 
 
 def _stats_options(p: argparse.ArgumentParser) -> None:
@@ -231,7 +263,7 @@ def build_parser() -> argparse.ArgumentParser:
     imp.set_defaults(func=cmd_import)
 
     gate = sub.add_parser(
-        "gate", help="run SUITE here and at BASE where results are missing, then compare"
+        "gate", help="BASE vs this tree, paired sample by sample (default), or in whole runs"
     )
     gate.add_argument("base", help="git ref to compare against")
     gate.add_argument("--suite", default="suites/gate.yaml", help="suite YAML to run")
@@ -239,12 +271,34 @@ def build_parser() -> argparse.ArgumentParser:
     gate.add_argument(
         "--rounds",
         type=int,
-        default=1,
-        help="N > 1: run NEW and BASE N times each, interleaved (ABBA), fresh, and compare the "
-        "pooled runs (default 1: run only what is missing)",
+        default=None,
+        help="instead of the paired gate: whole runs; N > 1 runs NEW and BASE N times each, "
+        "interleaved (ABBA), and compares the pooled runs; 1 runs only what is missing",
+    )
+    gate.add_argument(
+        "--pair-budget-s",
+        type=float,
+        default=2.0,
+        help="paired gate: seconds of pairs per case (default 2.0; at least 20 pairs)",
+    )
+    gate.add_argument(
+        "--pin-cpu",
+        type=_cpu,
+        default=-1,
+        help="paired gate: the CPU both workers share (default -1: the last one allowed; "
+        "none: no pinning)",
     )
     _compare_options(gate)
     gate.set_defaults(func=cmd_gate)
+
+    cal = sub.add_parser(
+        "calibrate", help="A/A runs of SUITE here: the between-run noise compare allows for"
+    )
+    cal.add_argument("suite", help="suite YAML file")
+    cal.add_argument("--runs", type=int, default=3, help="separate runs (default 3)")
+    cal.add_argument("--results", default="results", help="results directory (default results)")
+    cal.add_argument("--device", choices=("cpu", "gpu"), help="MLX device for the runs")
+    cal.set_defaults(func=cmd_calibrate)
 
     prof = sub.add_parser("profile", help="per-stage time breakdown of one case of a suite")
     prof.add_argument("suite", help="suite YAML file")

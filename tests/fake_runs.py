@@ -20,9 +20,10 @@ def draw(n: int, median_ms: float = 1.0, seed: int = 0, sigma: float = 0.05) -> 
 
 def write_run(
     out_dir, run_id: str, cases: dict, *, commit="aaaaaaaaaaaa", dirty=False, timestamp=None,
-    suite="fake", **context,
+    suite="fake", rounds=1, **context,
 ) -> Path:  # fmt: skip
-    """cases: case_id -> samples (ms) or -> dict of row fields (e.g. status, error, gbps)."""
+    """cases: case_id -> samples (ms) or -> dict of row fields (e.g. status, error, gbps);
+    the samples are split evenly into `rounds` rounds, in order."""
     rows, samples = [], []
     for i, (cid, spec) in enumerate(cases.items()):
         fields = dict(spec) if isinstance(spec, dict) else {"samples": spec}
@@ -30,7 +31,8 @@ def write_run(
         if len(x):
             fields.setdefault("median_ms", float(np.median(x)))
             fields.setdefault("n_samples", len(x))
-            samples += [(cid, "step", 0, j, float(v)) for j, v in enumerate(x)]
+            rnd = [j * rounds // len(x) for j in range(len(x))]
+            samples += [(cid, "step", rnd[j], j, float(v)) for j, v in enumerate(x)]
         row = {**CASE, "context_len": 64 * (i + 1), "status": "ok", **fields}
         rows.append(
             make_record(

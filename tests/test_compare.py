@@ -197,7 +197,9 @@ def test_abba_order_cancels_a_linear_drift_that_alternation_leaves(tmp_path):
     assert _verdict(a[:1], b[:1])[0] == "slower"  # A t1 -> B t2 too
     verdict, ratio = _verdict(b, a)  # pooled: the mixtures' medians agree (a bimodal pool
     assert verdict not in ("slower", "faster") and abs(ratio - 1) < 0.02  # may be inconclusive)
-    # plain alternation (A t1 t3, B t2 t4) keeps one slot of drift: 15% here, a regression
+    # plain alternation (A t1 t3, B t2 t4) keeps one slot of drift (15%) in the ratio; the
+    # runs of each pooled side differ by 26%, so the between-run noise band absorbs it
     alt_a = _drift_side(tmp_path, "alt_a", (1, 3), 0.15)
     alt_b = _drift_side(tmp_path, "alt_b", (2, 4), 0.15)
-    assert _verdict(alt_a, alt_b)[0] == "slower"
+    verdict, ratio = _verdict(alt_a, alt_b)
+    assert ratio > 1.1 and verdict == "inconclusive"

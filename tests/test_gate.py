@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import subprocess
+from pathlib import Path
+
 import pytest
 from fake_runs import draw, git, make_repo, write_run
 
@@ -77,7 +80,8 @@ def test_a_suite_without_a_name_is_gated_under_its_file_stem(repo, capsys):
     path, _, calls = repo
     (path / "gs.yaml").write_text("fixed: {model: tiny, context_len: 8}\n")  # no name: key
     assert gate_mod.suite_name(path / "gs.yaml") == load_suite(path / "gs.yaml").name == "gs"
-    assert main(["gate", "HEAD~1", "--suite", "gs.yaml", "--results", "results"]) in (0, 1)
+    argv = ["gate", "HEAD~1", "--suite", "gs.yaml", "--results", "results", "--rounds", "1"]
+    assert main(argv) in (0, 1)
     assert len(calls) == 2 and "cannot read" not in capsys.readouterr().err
 
 
@@ -135,3 +139,33 @@ def test_a_a_gate_keeps_the_sides_apart(repo):
     cmp = gate_mod.gate("HEAD", "s.yaml", "results", rounds=2)  # BASE = HEAD: same commit
     assert [sha for _, sha, _ in calls] == [shas[1]] * 4
     assert (cmp.table.loc[0, "base_n"], cmp.table.loc[0, "new_n"]) == (40, 40)
+
+
+def test_paired_gate_refuses_a_commit_without_kvbench_code(repo):
+    with pytest.raises(UserError, match="holds no kvbench code"):
+        gate_mod.paired("HEAD~1", "s.yaml", "results")
+
+
+def test_paired_gate_end_to_end_on_a_clone_of_this_repository(tmp_path, monkeypatch):
+    """Two real workers (HEAD's code in a worktree and the clone's tree), one tiny case."""
+    import pandas as pd
+
+    from kvbench.analysis.paired import PAIR_COLUMNS, Budget
+
+    root = Path(__file__).resolve().parents[1]
+    clone = tmp_path / "clone"
+    subprocess.run(["git", "clone", "-q", str(root), str(clone)], check=True)
+    suite = tmp_path / "one.yaml"
+    suite.write_text(
+        "name: one\nfixed: {model: tiny, context_len: 64, kv_dtype: fp32, kernel: ops}\n"
+    )
+    monkeypatch.chdir(clone)
+    budget = Budget(warmup_s=0.02, budget_s=0.1, min_pairs=8, max_pairs=8, block=2)
+    cmp = gate_mod.paired("HEAD", str(suite), str(tmp_path / "res"), budget=budget)
+    row = cmp.table.iloc[0]
+    assert row["base_n"] == row["new_n"] == 8 and "paired: 8 pairs" in row["note"]
+    (pairs_file,) = (tmp_path / "res").glob("*.pairs.csv")
+    pairs = pd.read_csv(pairs_file)
+    assert tuple(pairs.columns) == PAIR_COLUMNS and len(pairs) == 8
+    assert list(pairs["first"][:4]) == ["base", "new", "base", "new"]
+    assert (pairs[["base_ms", "new_ms"]] > 0).all().all()

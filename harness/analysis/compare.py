@@ -125,7 +125,28 @@ def lost_or_error(b, n) -> dict:
     return {"verdict": "lost", "note": note, "regression": True}
 
 
-def compare_row(b, n, base: ResultSet, new: ResultSet, metric: str, rules: Rules) -> dict:
+def round_band(medians: np.ndarray) -> float:
+    """Between-run noise from the rounds of a run: the spread max/min - 1 of its round medians
+    (each round rebuilds the case, as a separate run would); 0 with fewer than two rounds."""
+    m = medians[np.isfinite(medians) & (medians > 0)]
+    return float(m.max() / m.min() - 1) if len(m) >= 2 else 0.0
+
+
+def within_noise(out: dict, band: float) -> dict:
+    """Two separate runs move apart as wholes (the rank test treats their samples as
+    independent): a slower/faster ratio inside the between-run noise band is no verdict."""
+    if band <= 0:
+        return out
+    note = f"unpaired: between-run noise ±{band:.0%}"
+    ratio = out.get("ratio", math.nan)
+    if out["verdict"] in ("slower", "faster") and 1 / (1 + band) <= ratio <= 1 + band:
+        return {**out, "verdict": "inconclusive", "note": f"{note}; the ratio is inside it"}
+    return {**out, "note": "; ".join(x for x in (out.get("note"), note) if x)}
+
+
+def compare_row(
+    b, n, base: ResultSet, new: ResultSet, metric: str, rules: Rules, noise: dict
+) -> dict:
     out = {"case_id": b["case_id"], "label": label(b), "metric": metric, "regression": False}
     if b["status"] not in MEASURED or n["status"] not in MEASURED:
         return {**out, **lost_or_error(b, n)}
@@ -133,6 +154,9 @@ def compare_row(b, n, base: ResultSet, new: ResultSet, metric: str, rules: Rules
     out.update(base=_value(b, metric, bx), new=_value(n, metric, nx))
     if metric in TESTED:
         out = {**out, "ratio": value_ratio(out["base"], out["new"]), **judge(bx, nx, rules)}
+        rounds = [round_band(rs.round_medians(row, metric)) for rs, row in ((base, b), (new, n))]
+        band = max(*rounds, noise.get(b["case_id"], 0.0))
+        out = within_noise(out, band)
         out["regression"] = out["verdict"] == "slower"
         return out
     if math.isnan(out["base"]) or math.isnan(out["new"]):
@@ -165,8 +189,24 @@ def context_warnings(b: pd.DataFrame, n: pd.DataFrame) -> list[str]:
     return out
 
 
-def compare(base: ResultSet, new: ResultSet, metric: str = "median_ms", rules=Rules()):  # noqa: B008 (frozen)
-    """Join the picked rows of both sides on case_id and judge every case."""
+def comparison_table(rows: list[dict]) -> pd.DataFrame:
+    """The COLUMNS table of compare-row dicts (the paired gate makes the same rows)."""
+    table = pd.DataFrame(rows, columns=COLUMNS)
+    table["regression"] = table["regression"].fillna(False).astype(bool)
+    table[["base_n", "new_n"]] = table[["base_n", "new_n"]].astype("Int64")
+    return table
+
+
+def compare(
+    base: ResultSet,
+    new: ResultSet,
+    metric: str = "median_ms",
+    rules=Rules(),  # noqa: B008 (frozen)
+    noise: dict | None = None,
+):
+    """Join the picked rows of both sides on case_id and judge every case. `noise`: case_id ->
+    between-run noise measured by `kvbench calibrate` on this host (analysis/calibrate.py)."""
+    noise = noise or {}
     check_rules(metric, rules)
     b, n = base.pick(), new.pick()
     for side, rs, df in (("BASE", base, b), ("NEW", new, n)):
@@ -180,12 +220,10 @@ def compare(base: ResultSet, new: ResultSet, metric: str = "median_ms", rules=Ru
     rows = []
     for cid in b["case_id"]:
         if cid in n_by.index:
-            rows.append(compare_row(b_by.loc[cid], n_by.loc[cid], base, new, metric, rules))
+            rows.append(compare_row(b_by.loc[cid], n_by.loc[cid], base, new, metric, rules, noise))
         else:
             rows.append(one_side(b_by.loc[cid], "base_only", metric))
     rows += [one_side(n_by.loc[c], "new_only", metric) for c in n["case_id"] if c not in b_by.index]
-    table = pd.DataFrame(rows, columns=COLUMNS)
-    table["regression"] = table["regression"].fillna(False).astype(bool)
-    table[["base_n", "new_n"]] = table[["base_n", "new_n"]].astype("Int64")
+    table = comparison_table(rows)
     both = b[b["case_id"].isin(n["case_id"])], n[n["case_id"].isin(b["case_id"])]
     return Comparison(base.heading(), new.heading(), metric, rules, table, context_warnings(*both))

@@ -19,19 +19,23 @@ module imports no mlx, and an installed kvbench never stands in for BASE's code.
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
 import yaml
 
-from kvbench.analysis.compare import Comparison, compare
+from kvbench.analysis.compare import Comparison, compare, comparison_table
+from kvbench.analysis.paired import PAIR_COLUMNS, Budget, run_pairs, table_row
 from kvbench.analysis.rules import Rules, check_rules
 from kvbench.errors import UserError
 from kvbench.store import git
+from kvbench.store.record import write_csv_atomic
 from kvbench.store.results import (
     MEASURED,
     ResultSet,
@@ -183,3 +187,44 @@ def gate(
     old = load(base_sha, results_dir, repo)
     new = load(new_spec, results_dir, repo)
     return compare(only_suite(old, name), only_suite(new, name), metric, rules)
+
+
+def paired(
+    base: str,
+    suite: str,
+    results: str,
+    rules: Rules | None = None,
+    device: str | None = None,
+    budget: Budget | None = None,
+) -> Comparison:
+    """The paired gate (harness/analysis/paired.py): BASE in a worktree and NEW here, each in
+    one long-lived worker, sampled in ABBA pairs per case; the pairs file lands in `results`."""
+    rules, budget = rules or Rules(), budget or Budget()
+    check_rules("median_ms", rules)
+    repo = Path(git.must(Path.cwd(), "rev-parse", "--show-toplevel"))
+    suite_path, results_dir = Path(suite).resolve(), Path(results).resolve()
+    base_sha = git.resolve_ref(base, repo)
+    if base_sha is None:
+        raise UserError(f"BASE={base}: not a git ref in {repo}")
+    head_sha, dirty = git.must(repo, "rev-parse", "HEAD"), bool(git.is_dirty(repo))
+    say = lambda text: print(text, file=sys.stderr)  # noqa: E731
+    with worktree(repo, base_sha) as tree:
+        trees = {"base": tree, "new": repo}
+        labels, pairs, status = run_pairs(trees, suite_path, device, budget, rules, say)
+    by_case: dict[str, list] = {cid: [] for cid in labels}
+    for p in pairs:
+        by_case[p[0]].append(p)
+    rows = [table_row(c, labels[c], *status[c], by_case[c], rules) for c in labels]
+    stamp = time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
+    name = f"{stamp}-gate-{base_sha[:12]}-{head_sha[:12]}-{os.getpid()}.pairs.csv"
+    write_csv_atomic(results_dir / name, PAIR_COLUMNS, pairs)
+    say(f"kvbench gate: pairs: {results_dir / name}")
+    warnings = ["new is a dirty tree (uncommitted changes)"] if dirty else []
+    return Comparison(
+        f"{base} ({base_sha[:12]})",
+        f"HEAD ({head_sha[:12]}{'+' if dirty else ''}) [paired]",
+        "median_ms",
+        rules,
+        comparison_table(rows),
+        warnings,
+    )

@@ -133,6 +133,18 @@ class ResultSet:
                     picked.at[i, metric] = float(np.median(x))
         return picked.infer_objects()
 
+    def round_medians(self, row, metric: str = "median_ms") -> np.ndarray:
+        """The median of each round (each rebuild of the case) of the row's run, or of every
+        pooled run: how far whole repetitions of the same code move apart on this machine."""
+        stage = METRIC_STAGE.get(metric)
+        if stage is None or self.samples.empty or "round" not in self.samples.columns:
+            return np.array([])
+        cid = row["case_id"]
+        runs = self.pool_runs().get(cid, [row["run_id"]]) if self.pool else [row["run_id"]]
+        s = self.samples
+        mine = s[(s["case_id"] == cid) & (s["stage"] == stage) & s["run_id"].isin(runs)]
+        return mine.groupby(["run_id", "round"])["ms"].median().to_numpy(dtype=float)
+
     def samples_of(self, row, metric: str = "median_ms") -> np.ndarray:
         """The raw samples behind `metric` of one picked row (empty if none were kept); for a
         pooled side, those of every pooled run of the case, concatenated in run order."""

@@ -1,0 +1,159 @@
+"""A long-lived measuring process for the paired gate (harness/analysis/paired.py drives it).
+
+Run as a script, never imported by kvbench itself: `python worker.py TREE SUITE [--device D]`
+loads the kvbench code of the checkout at TREE (its harness/ and kernels/, in the layout of
+that commit: installed-name layout `kvbench`, or the older top-level `harness`), expands SUITE
+with that code and answers one JSON request per stdin line with one JSON line on stdout:
+
+  {"op": "cases"}                     -> {"cases": [{"case_id": ..., "label": ...}, ...]}
+  {"op": "build", "case_id", "warmup_s"} -> {"ok": true} | {"skip": reason} | {"error": text}
+  {"op": "sample", "n": k}            -> {"ms": [k samples of the built case's step]}
+  {"op": "drop"}                      -> {"ok": true} (frees the built case)
+  {"op": "quit"}                      -> exits
+
+`--cpu N` pins the worker (and every thread MLX starts) to CPU N. The driver pins both sides'
+workers to the same CPU: on a shared machine, a process that the scheduler keeps on a busier
+core is slower for seconds at a time (measured here: two identical workers differed by up to
+6x for 3 s; pinned to one core, the same pairs agreed within 1.5% at load average 29), and
+only a shared core makes that interference hit both members of a pair.
+
+A build runs the tree's own engine (allocation, fill, parity check) once, then warms the step
+up by time; samples are timed here, with the same loop for both sides (perf_counter around the
+step, mx.eval of its outputs and a synchronize), so a change of the timer code is never a
+change of the measured code. Anything the tree's code prints goes to stderr: stdout carries the
+protocol alone.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+
+def load_tree(tree: Path) -> dict:
+    """The functions the worker needs, from the kvbench code at `tree`."""
+    if (tree / "harness" / "spec").is_dir():
+        for name, folder in (("kvbench", "harness"), ("kvbench.kernels", "kernels")):
+            spec = importlib.util.spec_from_file_location(
+                name, tree / folder / "__init__.py", submodule_search_locations=[str(tree / folder)]
+            )
+            module = importlib.util.module_from_spec(spec)
+            sys.modules[name] = module
+            spec.loader.exec_module(module)
+        from kvbench import engines
+        from kvbench.run.context import backend_name, set_device
+        from kvbench.spec.suite import expand, load_suite
+
+        return dict(
+            load_suite=load_suite,
+            expand=expand,
+            engine_for=engines.engine_for,
+            skip_reason=engines.skip_reason,
+            backend=backend_name,
+            device=set_device,
+        )
+    sys.path.insert(0, str(tree))  # before the restructure: top-level `harness` and `kernels`
+    from harness import runner  # type: ignore[import-not-found]
+    from harness.context import backend_name, set_device  # type: ignore[import-not-found]
+    from harness.suite import expand, load_suite  # type: ignore[import-not-found]
+
+    return dict(
+        load_suite=load_suite,
+        expand=expand,
+        engine_for=runner.engine_for,
+        skip_reason=runner.skip_reason,
+        backend=backend_name,
+        device=set_device,
+    )
+
+
+class Worker:
+    def __init__(self, api: dict, suite: str):
+        self.api = api
+        self.cases = {c.case_id: c for c in api["expand"](api["load_suite"](suite))}
+        self.step = None
+
+    def cases_op(self, _req: dict) -> dict:
+        return {"cases": [{"case_id": k, "label": c.label()} for k, c in self.cases.items()]}
+
+    def build_op(self, req: dict) -> dict:
+        self.step = None
+        case = self.cases.get(req["case_id"])
+        if case is None:
+            return {"skip": "not a case of this suite at this commit"}
+        reason = self.api["skip_reason"](case, self.api["backend"]())
+        if reason:
+            return {"skip": reason}
+        state = self.api["engine_for"](case).build(case)
+        state.check()  # the parity gate: a wrong kernel is an error, never a time
+        self.step = state.stages["step"]
+        start, calls = time.perf_counter(), 0
+        while calls < 2 or time.perf_counter() - start < float(req.get("warmup_s", 0.1)):
+            self.time_step()
+            calls += 1
+        return {"ok": True}
+
+    def time_step(self) -> float:
+        import mlx.core as mx
+
+        t0 = time.perf_counter()
+        out = self.step()
+        if out is not None:
+            mx.eval(out)
+        mx.synchronize()
+        return (time.perf_counter() - t0) * 1e3
+
+    def sample_op(self, req: dict) -> dict:
+        if self.step is None:
+            return {"error": "no case built"}
+        return {"ms": [self.time_step() for _ in range(int(req.get("n", 1)))]}
+
+    def drop_op(self, _req: dict) -> dict:
+        import mlx.core as mx
+
+        self.step = None
+        mx.clear_cache()
+        return {"ok": True}
+
+
+def serve(worker: Worker, out) -> None:
+    ops = {
+        "cases": worker.cases_op,
+        "build": worker.build_op,
+        "sample": worker.sample_op,
+        "drop": worker.drop_op,
+    }
+    for line in sys.stdin:
+        req = json.loads(line)
+        if req.get("op") == "quit":
+            return
+        try:
+            reply = ops[req["op"]](req)
+        except Exception as exc:  # one case failing must not end the worker
+            reply = {"error": f"{type(exc).__name__}: {exc}".replace("\n", " ")[:500]}
+        out.write(json.dumps(reply) + "\n")
+        out.flush()
+
+
+def option(argv: list[str], name: str) -> str | None:
+    return argv[argv.index(name) + 1] if name in argv else None
+
+
+def main(argv: list[str]) -> int:
+    tree, suite = Path(argv[0]).resolve(), argv[1]
+    cpu = option(argv, "--cpu")
+    if cpu is not None:  # before mlx starts its threads: they inherit the affinity
+        os.sched_setaffinity(0, {int(cpu)})
+    out, sys.stdout = sys.stdout, sys.stderr  # protocol on stdout, everything else on stderr
+    api = load_tree(tree)
+    api["device"](option(argv, "--device"))
+    serve(Worker(api, suite), out)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main(sys.argv[1:]))
