@@ -174,8 +174,9 @@ def cmd_plan(args) -> int:
     shape = resolve_shape(args.model, args.n_layers, args.n_kv_heads, args.head_dim)
     budget = parse_size(args.budget) if args.budget is not None else None
     plan = make_plan(
-        shape, args.format, args.group_size, args.n_seqs, args.context, budget, args.layout
-    )
+        shape, args.format, args.group_size, args.n_seqs, args.context, budget, args.layout,
+        args.shards, args.shard_by,
+    )  # fmt: skip
     print(to_json(plan) if args.json else render(plan))
     return 0
 
@@ -280,6 +281,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--n-seqs", type=int, default=1, help="sequences (default 1)")
     plan.add_argument("--layout", default="per-stream", help="cache layout (per-stream)")
     plan.add_argument("--budget", help="memory budget, e.g. 8GiB: the longest context that fits")
+    plan.add_argument("--shards", type=int, default=1, help="ranks the cache is split over")
+    plan.add_argument(
+        "--shard-by", default="context", help="context (positions) or heads (KV heads)"
+    )
     plan.add_argument("--json", action="store_true", help="print JSON for scripts")
     plan.set_defaults(func=cmd_plan)
     return p
