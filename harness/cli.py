@@ -18,6 +18,10 @@ def cmd_run(args) -> int:
 
     suite = load_suite(args.suite)
     cases = apply_filters(expand(suite), args.filter or [])
+    if args.shard:
+        from kvbench.spec.shard import parse_shard, shard_cases
+
+        cases = shard_cases(cases, *parse_shard(args.shard))
     if args.dry_run:
         for case in cases:
             print(f"{case.case_id}  {case.label()}")
@@ -181,6 +185,13 @@ def cmd_plan(args) -> int:
     return 0
 
 
+def cmd_merge(args) -> int:
+    from kvbench.store.merge import merge, render
+
+    print(render(merge(args.results, args.output)))
+    return 0
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="kvbench", description="Benchmark LLM KV-cache configurations on MLX."
@@ -197,6 +208,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep only cases whose KEY equals VALUE (repeatable)",
     )
     run.add_argument("--dry-run", action="store_true", help="list the expanded cases and stop")
+    run.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="run part I of N (cost-balanced; every case in exactly one part: docs/distributed.md)",
+    )
     run.add_argument("--device", choices=("cpu", "gpu"), help="MLX device (default: MLX's)")
     run.set_defaults(func=cmd_run)
 
@@ -269,6 +285,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--compare", metavar="FILE", help="a compare CSV to plot (kvbench compare)")
     rep.add_argument("--title", help="page title (default: the suites' names)")
     rep.set_defaults(func=cmd_report)
+
+    mrg = sub.add_parser("merge", help="join several hosts' results into one results directory")
+    mrg.add_argument("results", nargs="+", help="results directories or CSVs (one per host)")
+    mrg.add_argument("-o", "--output", required=True, help="results directory to write")
+    mrg.set_defaults(func=cmd_merge)
 
     plan = sub.add_parser("plan", help="exact KV-cache bytes for a shape, context and format")
     plan.add_argument("--model", help="preset shape (see `kvbench list`)")
