@@ -16,7 +16,7 @@ engine's fields as JSON, or an error. The job turns that into a JobResult and th
 the row, exactly as it does for a State timed in its own process.
 
 Launcher settings come from the environment (docs/distributed.md): KVBENCH_LAUNCH_BACKEND
-(ring by default; mpi or nccl where configured), KVBENCH_LAUNCH_HOSTFILE (mlx.launch's
+(ring by default; mpi, nccl, jaccl where configured), KVBENCH_LAUNCH_HOSTFILE (mlx.launch's
 --hostfile, for ranks on several machines), KVBENCH_LAUNCH_TIMEOUT_S (the job's limit).
 
 Byte model: bytes_read / bytes_written are those of the whole step over all ranks (each K/V
@@ -50,7 +50,7 @@ from kvbench.kernels.formats import get_format
 from kvbench.kernels.sharded import sent_bytes, split_bounds
 
 STAGES = ("step", "write", "attend", "comm")
-BACKENDS = ("ring", "mpi", "nccl")
+BACKENDS = ("ring", "mpi", "nccl", "jaccl", "jaccl-ring")  # mlx.launch --backend choices
 STARTUP_S = 120  # launcher, interpreter and MLX start-up, cache build, parity check
 
 
