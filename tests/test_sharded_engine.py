@@ -86,6 +86,18 @@ def test_skip_reasons(monkeypatch):
     assert "KVBENCH_LAUNCH_BACKEND" in sharded.skip_reason(case(), "cpu")
 
 
+def test_a_hostfile_must_name_one_host_per_shard(monkeypatch, tmp_path):
+    monkeypatch.setattr(sharded, "launcher", lambda: "mlx.launch")
+    hosts = tmp_path / "hosts.json"
+    hosts.write_text('{"backend": "ring", "hosts": [{"ssh": "a", "ips": ["10.0.0.1"]}]}')
+    monkeypatch.setenv("KVBENCH_LAUNCH_HOSTFILE", str(hosts))
+    assert "has 1 hosts, the case 2 shards" in sharded.skip_reason(case(), "cpu")
+    hosts.write_text('{"hosts": [{"ssh": "a"}, {"ssh": "b"}]}')
+    assert sharded.skip_reason(case(), "cpu") is None
+    monkeypatch.setenv("KVBENCH_LAUNCH_HOSTFILE", str(tmp_path / "missing.json"))
+    assert "no readable host list" in sharded.skip_reason(case(), "cpu")
+
+
 def test_rank_errors_raise_in_the_parent():
     with pytest.raises(ParityError, match="rank 0: off"):
         sharded.job_result({"error": "off", "kind": "ParityError", "rank": 0})

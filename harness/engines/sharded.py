@@ -72,11 +72,24 @@ def claims(case: Case) -> bool:
     return case.shards > 1
 
 
+def hostfile_ranks(path: str) -> int | None:
+    """Ranks mlx.launch starts from a hostfile (one per host entry); None if unreadable."""
+    try:
+        return len(json.loads(Path(path).read_text())["hosts"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return None
+
+
 def skip_reason(case: Case, backend: str) -> str | None:
     if launch_backend() not in BACKENDS:
         return f"KVBENCH_LAUNCH_BACKEND={launch_backend()}: known {', '.join(BACKENDS)}"
     if launcher() is None:
         return "mlx.launch (MLX's launcher) is not installed beside this Python nor on PATH"
+    hostfile = os.environ.get("KVBENCH_LAUNCH_HOSTFILE")
+    if hostfile and hostfile_ranks(hostfile) != case.shards:
+        n = hostfile_ranks(hostfile)
+        names = "no readable host list" if n is None else f"{n} hosts"
+        return f"KVBENCH_LAUNCH_HOSTFILE={hostfile} has {names}, the case {case.shards} shards"
     return cache_engine.skip_reason(case, backend)
 
 
