@@ -16,8 +16,8 @@ engine's fields as JSON, or an error. The job turns that into a JobResult and th
 the row, exactly as it does for a State timed in its own process.
 
 Launcher settings come from the environment (docs/distributed.md): KVBENCH_LAUNCH_BACKEND
-(ring by default; mpi, nccl, jaccl where configured), KVBENCH_LAUNCH_HOSTFILE (mlx.launch's
---hostfile, for ranks on several machines), KVBENCH_LAUNCH_TIMEOUT_S (the job's limit).
+(unset: mlx.launch's default, nccl where CUDA is, else ring; or mpi, jaccl), KVBENCH_LAUNCH_HOSTFILE
+(mlx.launch's --hostfile, for ranks on several machines), KVBENCH_LAUNCH_TIMEOUT_S (the limit).
 
 Byte model: bytes_read / bytes_written are those of the whole step over all ranks (each K/V
 byte is read once somewhere: the single-device model), so gbps is the ranks' aggregate rate;
@@ -55,7 +55,9 @@ STARTUP_S = 120  # launcher, interpreter and MLX start-up, cache build, parity c
 
 
 def launch_backend() -> str:
-    return os.environ.get("KVBENCH_LAUNCH_BACKEND", "ring")
+    """KVBENCH_LAUNCH_BACKEND, else mlx.launch's own default: nccl where CUDA is, else ring."""
+    given = os.environ.get("KVBENCH_LAUNCH_BACKEND")
+    return given or ("nccl" if mx.cuda.is_available() else "ring")
 
 
 def launcher() -> str | None:
