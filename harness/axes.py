@@ -98,6 +98,12 @@ TABLE: tuple[Axis, ...] = (
          doc=".npz of captured K/V, only for kv_data=file (kernels/data.py)"),
     Axis("window", "int | None", None, "optional_positive_int", label="win{}", column="win",
          doc="attention window (mlx_lm_rotating's max_size); empty: the whole context"),
+    Axis("shards", "int", 1, "positive_int", label="{}-rank", column="shards", hide_default=True,
+         series="{} ranks", doc="ranks the cache is sharded over (docs/distributed.md)"),
+    Axis("shard_by", "str", "context", "choice:shard_by", label="by-{}", column="by",
+         hide_default=True, doc="split of the cache over the ranks: context (positions) or heads"),
+    Axis("combine", "str", "gather", "choice:combines", label="{}", column="combine",
+         hide_default=True, doc="sharded combine: all_gather of partials, or all_sum (rescaled)"),
 )
 # fmt: on
 

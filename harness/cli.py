@@ -18,6 +18,10 @@ def cmd_run(args) -> int:
 
     suite = load_suite(args.suite)
     cases = apply_filters(expand(suite), args.filter or [])
+    if args.shard:
+        from kvbench.spec.shard import parse_shard, shard_cases
+
+        cases = shard_cases(cases, *parse_shard(args.shard))
     if args.dry_run:
         for case in cases:
             print(f"{case.case_id}  {case.label()}")
@@ -206,9 +210,17 @@ def cmd_plan(args) -> int:
     shape = resolve_shape(args.model, args.n_layers, args.n_kv_heads, args.head_dim)
     budget = parse_size(args.budget) if args.budget is not None else None
     plan = make_plan(
-        shape, args.format, args.group_size, args.n_seqs, args.context, budget, args.layout
-    )
+        shape, args.format, args.group_size, args.n_seqs, args.context, budget, args.layout,
+        args.shards, args.shard_by,
+    )  # fmt: skip
     print(to_json(plan) if args.json else render(plan))
+    return 0
+
+
+def cmd_merge(args) -> int:
+    from kvbench.store.merge import merge, render
+
+    print(render(merge(args.results, args.output)))
     return 0
 
 
@@ -228,6 +240,11 @@ def build_parser() -> argparse.ArgumentParser:
         help="keep only cases whose KEY equals VALUE (repeatable)",
     )
     run.add_argument("--dry-run", action="store_true", help="list the expanded cases and stop")
+    run.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="run part I of N (cost-balanced; every case in exactly one part: docs/distributed.md)",
+    )
     run.add_argument("--device", choices=("cpu", "gpu"), help="MLX device (default: MLX's)")
     run.set_defaults(func=cmd_run)
 
@@ -323,6 +340,11 @@ def build_parser() -> argparse.ArgumentParser:
     rep.add_argument("--title", help="page title (default: the suites' names)")
     rep.set_defaults(func=cmd_report)
 
+    mrg = sub.add_parser("merge", help="join several hosts' results into one results directory")
+    mrg.add_argument("results", nargs="+", help="results directories or CSVs (one per host)")
+    mrg.add_argument("-o", "--output", required=True, help="results directory to write")
+    mrg.set_defaults(func=cmd_merge)
+
     plan = sub.add_parser("plan", help="exact KV-cache bytes for a shape, context and format")
     plan.add_argument("--model", help="preset shape (see `kvbench list`)")
     plan.add_argument("--n-layers", type=int, help="layers (overrides the preset)")
@@ -334,6 +356,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--n-seqs", type=int, default=1, help="sequences (default 1)")
     plan.add_argument("--layout", default="per-stream", help="cache layout (per-stream)")
     plan.add_argument("--budget", help="memory budget, e.g. 8GiB: the longest context that fits")
+    plan.add_argument("--shards", type=int, default=1, help="ranks the cache is split over")
+    plan.add_argument(
+        "--shard-by", default="context", help="context (positions) or heads (KV heads)"
+    )
     plan.add_argument("--json", action="store_true", help="print JSON for scripts")
     plan.set_defaults(func=cmd_plan)
     return p

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from . import gpu_kernels, launch
+from .sharded import decode_only, partial
 from .tiled import DEFAULT_TILE_KV, tiled
 
 
@@ -135,6 +136,7 @@ KERNELS = {
     "dequant_sdpa": Kernel(dequant_sdpa, quantized_only),
     "quantized_matmul": Kernel(quantized_matmul, mlx_modes_only),
     "tiled": Kernel(tiled, any_format, default_tile=DEFAULT_TILE_KV),
+    "partial": Kernel(partial, any_format, fits=decode_only),  # one rank of a sharded step
     "metal": Kernel(
         gpu_kernels.metal, gpu_kernels.accepts, ("metal",), gpu_kernels.fits("metal"), GPU_TILE
     ),

@@ -8,7 +8,13 @@ from dataclasses import dataclass
 from kvbench.errors import UserError
 
 # metric -> the stage whose raw samples stand behind it (the metrics a rank test can judge)
-METRIC_STAGE = {"median_ms": "step", "write_ms": "write", "attend_ms": "attend", "mask_ms": "mask"}
+METRIC_STAGE = {
+    "median_ms": "step",
+    "write_ms": "write",
+    "attend_ms": "attend",
+    "mask_ms": "mask",
+    "comm_ms": "comm",
+}
 TESTED = tuple(METRIC_STAGE)
 HIGHER_IS_BETTER = ("gbps", "pct_peak_bw", "tflops", "tokens_per_s", "cosine")
 LOWER_IS_BETTER = (

@@ -9,10 +9,11 @@ ratio of medians.
 from __future__ import annotations
 
 import math
+from fractions import Fraction
+from functools import lru_cache
 from math import comb
 
 import numpy as np
-from scipy.stats import binom, mannwhitneyu
 
 BOOTSTRAP_RESAMPLES = 4000
 BOOTSTRAP_SEED = 0
@@ -26,10 +27,23 @@ def median_ci(samples_ms, confidence: float = 0.95) -> tuple[float, float]:
     if n < 2:
         return math.nan, math.nan
     alpha = 1 - confidence
-    lo = int(binom.ppf(alpha / 2, n, 0.5))  # number of samples below the lower bound
+    lo = half_binomial_ppf(alpha / 2, n)  # number of samples below the lower bound
     lo = max(lo - 1, 0)
     hi = min(n - 1 - lo, n - 1)
     return float(x[lo]), float(x[hi])
+
+
+@lru_cache(maxsize=4096)
+def half_binomial_ppf(q: float, n: int) -> int:
+    """The q-quantile of Binomial(n, 1/2): the least k with P(X <= k) >= q, in exact integer
+    arithmetic (scipy.stats.binom.ppf gives the same; importing scipy.stats costs seconds in
+    every process that times, the ranks of a sharded case included)."""
+    total, need = 0, Fraction(q) * 2**n  # exact: n may exceed a float's range
+    for k in range(n + 1):
+        total += comb(n, k)
+        if total >= need:
+            return k
+    return n
 
 
 def ci_rel_halfwidth(samples_ms) -> float:
@@ -65,6 +79,8 @@ def mann_whitney_p(base, new) -> float:
     approximation with tie correction, scipy's "auto"). NaN when either side is empty."""
     if len(base) == 0 or len(new) == 0:
         return math.nan
+    from scipy.stats import mannwhitneyu  # imported where used: seconds of start-up
+
     return float(mannwhitneyu(new, base, alternative="two-sided").pvalue)
 
 

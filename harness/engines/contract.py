@@ -22,6 +22,17 @@ from kvbench.case import Case
 
 
 @dataclass
+class JobResult:
+    """What a job measured in its own processes (every field what its rank 0 saw)."""
+
+    samples: dict[str, list[float]]  # stage -> new samples of this round, ms
+    accuracy: dict  # the check's fields; empty when no check was asked for
+    alloc_bytes: int | None = None
+    peak_mem_bytes: int | None = None  # peak above the job's own pre-cache baseline
+    extra: dict = field(default_factory=dict)  # more engine-specific row fields
+
+
+@dataclass
 class State:
     stages: dict[str, Callable[[], object]]  # "step" first; each returns arrays to eval
     check: Callable[[], dict]  # parity gate (raises ParityError) -> accuracy fields
@@ -33,6 +44,10 @@ class State:
     baseline_bytes: int | None = 0
     effective: dict = field(default_factory=dict)  # case axes as run (recorded in the row)
     extra: dict = field(default_factory=dict)  # engine-specific row fields, never the runner's
+    # stages timed in other processes (the ranks of a sharded case, engines/sharded.py): called
+    # with each stage's timer arguments and whether to run the parity check; the stages then
+    # map to None. None: the runner times the stages here.
+    job: Callable[[dict, bool], JobResult] | None = None
 
 
 class Engine(NamedTuple):

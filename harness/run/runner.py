@@ -54,9 +54,35 @@ class CaseRun:
     rounds_done: int = 0
 
 
+def timer_plans(stages, settings: Settings, round_no: int) -> dict[str, dict]:
+    """Each timed stage's warm-up and timer.sample arguments for this round."""
+    share = 1.0 / settings.rounds
+    return {
+        stage: {
+            "warmup_s": settings.warmup_s * weight,
+            "budget_s": settings.budget_s * share * weight,
+            "min_samples": math.ceil(settings.min_samples * (round_no + 1) * share),
+            "max_samples": math.ceil(settings.max_samples * share),
+            "target_ci": settings.target_ci,
+        }
+        for stage, weight in stage_shares(stages, settings.stages).items()
+    }
+
+
+def add_samples(run: CaseRun, stage: str, round_no: int, new: list[float]) -> None:
+    prior = run.samples.setdefault(stage, [])
+    run.sample_rows += [
+        (run.case.case_id, stage, round_no, len(prior) + i, ms) for i, ms in enumerate(new)
+    ]
+    prior.extend(new)
+
+
 def measure_round(run: CaseRun, settings: Settings, round_no: int) -> None:
     """Build the case, (first round: check it), warm up and add this round's samples."""
     state = engine_for(run.case).build(run.case)
+    plans = timer_plans(state.stages, settings, round_no)
+    if state.job is not None:
+        return job_round(run, state, plans, round_no)
     if round_no == 0:
         run.accuracy = state.check()
     # peak memory covers the timed stages (warm-up and samples) with the cache in place; the
@@ -65,27 +91,34 @@ def measure_round(run: CaseRun, settings: Settings, round_no: int) -> None:
     mx.synchronize()
     mx.reset_peak_memory()
     run.reported, run.traffic = reported(run.case, state), state.traffic
-    share = 1.0 / settings.rounds
-    for stage, weight in stage_shares(state.stages, settings.stages).items():
+    for stage, plan in plans.items():
         fn = state.stages[stage]
-        timer.warm_up(fn, settings.warmup_s * weight)
-        prior = run.samples.setdefault(stage, [])
-        new = timer.sample(
-            fn,
-            budget_s=settings.budget_s * share * weight,
-            min_samples=math.ceil(settings.min_samples * (round_no + 1) * share),
-            max_samples=math.ceil(settings.max_samples * share),
-            target_ci=settings.target_ci,
-            prior_ms=prior,
+        timer.warm_up(fn, plan.pop("warmup_s"))
+        add_samples(
+            run, stage, round_no, timer.sample(fn, prior_ms=run.samples.get(stage, []), **plan)
         )
-        run.sample_rows += [
-            (run.case.case_id, stage, round_no, len(prior) + i, ms) for i, ms in enumerate(new)
-        ]
-        prior.extend(new)
     mx.synchronize()
     if state.baseline_bytes is not None:
         peak = mx.get_peak_memory() - state.baseline_bytes
         run.peak_mem_bytes = max(run.peak_mem_bytes or 0, peak)
+    run.rounds_done += 1
+
+
+def job_round(run: CaseRun, state: State, plans: dict, round_no: int) -> None:
+    """A round whose stages ran in other processes (a sharded case's ranks, with the same
+    timer and plans): record what the job measured."""
+    for stage, plan in plans.items():
+        plan["prior_ms"] = run.samples.get(stage, [])
+    result = state.job(plans, round_no == 0)
+    if round_no == 0:
+        run.accuracy = result.accuracy
+    state.alloc_bytes = result.alloc_bytes
+    state.extra.update(result.extra)
+    run.reported, run.traffic = reported(run.case, state), state.traffic
+    for stage, new in result.samples.items():
+        add_samples(run, stage, round_no, new)
+    if result.peak_mem_bytes is not None:
+        run.peak_mem_bytes = max(run.peak_mem_bytes or 0, result.peak_mem_bytes)
     run.rounds_done += 1
 
 

@@ -7,6 +7,9 @@ when the median's 95% confidence interval is within `target_ci` of the median (a
 `min_samples`), at `max_samples`, or when the time budget ends - but never before `min_samples`
 (as pytest-benchmark's min_rounds: a slow case overruns its budget rather than reporting
 statistics from one or two samples). Every raw sample is returned.
+`agree` turns this process's decision to stop into the decision every process shares: ranks of
+a sharded case (harness/engines/sharded_rank.py) run the same calls in lockstep, so each loop
+stops where rank 0's clock says, never where each rank's own clock would.
 """
 
 from __future__ import annotations
@@ -29,10 +32,16 @@ def run_once(fn: Callable[[], object], clock=time.perf_counter) -> float:
     return (clock() - t0) * 1e3
 
 
-def warm_up(fn: Callable[[], object], warmup_s: float, clock=time.perf_counter) -> int:
+def _alone(done: bool) -> bool:
+    return done
+
+
+def warm_up(
+    fn: Callable[[], object], warmup_s: float, clock=time.perf_counter, agree=_alone
+) -> int:
     """Run fn until warmup_s has passed, at least twice (the first call compiles)."""
     start, calls = clock(), 0
-    while calls < 2 or clock() - start < warmup_s:
+    while not agree(calls >= 2 and clock() - start >= warmup_s):
         run_once(fn, clock)
         calls += 1
     return calls
@@ -47,15 +56,23 @@ def sample(
     target_ci: float,
     prior_ms=(),
     clock=time.perf_counter,
+    agree=_alone,
 ) -> list[float]:
     """Take samples of fn until, with at least min_samples (counting `prior_ms`, samples from
     earlier rounds), the CI target is met or budget_s has passed; or max_samples are taken."""
     out: list[float] = []
     start = clock()
-    while len(out) < max_samples:
+    while True:
         out.append(run_once(fn, clock))
-        if len(out) + len(prior_ms) < min_samples:
-            continue
-        if clock() - start >= budget_s or ci_rel_halfwidth([*prior_ms, *out]) <= target_ci:
-            break
-    return out
+        if agree(
+            _enough(out, prior_ms, min_samples, max_samples, target_ci, clock() - start, budget_s)
+        ):
+            return out
+
+
+def _enough(out, prior_ms, min_samples, max_samples, target_ci, elapsed_s, budget_s) -> bool:
+    if len(out) >= max_samples:
+        return True
+    if len(out) + len(prior_ms) < min_samples:
+        return False
+    return elapsed_s >= budget_s or ci_rel_halfwidth([*prior_ms, *out]) <= target_ci

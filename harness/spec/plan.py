@@ -5,6 +5,10 @@ Nothing is allocated or measured: the figures come from each format's exact byte
 Per-stream layout: every sequence has its own buffer sized for the full context, so
 bytes = 2 (K, V) x n_layers x n_seqs x n_kv_heads x context x bytes_per_row(head_dim).
 `--budget` inverts that: the longest context whose cache fits in the budget.
+Sharded over N ranks (`--shards N --shard-by context|heads`, docs/distributed.md), the split is
+kernels/sharded.py's: by context the fullest rank holds ceil(context / N) positions of every KV
+head, by heads ceil(n_kv_heads / N) KV heads at every position; `rank_bytes` is what that rank
+holds, and `--budget` is then each device's budget: the longest context whose fullest rank fits.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from dataclasses import asdict, dataclass
 
 from kvbench.errors import UserError
 from kvbench.kernels.formats import FORMATS, get_format
+from kvbench.kernels.sharded import BY, split_bounds, split_reason
 from kvbench.spec.presets import PRESETS
 
 LAYOUTS = ("per-stream",)  # one stream per sequence; other layouts: docs/streams.md
@@ -46,7 +51,11 @@ class Plan:
     bytes_per_token: int  # all layers, K and V, all sequences, per position
     layer: dict  # k_data, v_data, scales, biases, total (bytes, one layer)
     model_bytes: dict  # the same for all layers
-    budget_bytes: int | None = None
+    budget_bytes: int | None = None  # sharded: per device
+    shards: int = 1
+    shard_by: str = "context"
+    rank_bytes: int | None = None  # all layers, K and V, held by the fullest rank
+    rank_bytes_per_token: int | None = None  # the fullest rank's bytes per position it holds
 
 
 def parse_size(text: str) -> int:
@@ -97,6 +106,41 @@ def row_parts(fmt, head_dim: int) -> dict:
     return parts
 
 
+def _check_shards(shards: int, shard_by: str, n_kv_heads: int) -> None:
+    if shards <= 0:
+        raise UserError(f"--shards: must be positive, got {shards}")
+    if shard_by not in BY:
+        raise UserError(f"--shard-by: unknown {shard_by!r}; known: {', '.join(BY)}")
+    if shard_by == "heads" and (reason := split_reason("heads", shards, 1, n_kv_heads)):
+        raise UserError(f"--shards: {reason}")
+
+
+def rank_token_bytes(shape: KVShape, fmt, n_seqs: int, shards: int, shard_by: str) -> int:
+    """Bytes per held position of the fullest rank (all layers, K and V, all sequences)."""
+    heads = shape.n_kv_heads
+    if shard_by == "heads":
+        heads = split_bounds(heads, shards)[0][1]  # the first ranks get the extra heads
+    return 2 * shape.n_layers * n_seqs * fmt.nbytes(heads, shape.head_dim)
+
+
+def _context(context_len, budget_bytes, rank_per_token: int, shards: int, shard_by: str) -> int:
+    """The case's context, or the longest whose fullest rank fits the (per-device) budget."""
+    if context_len is not None and budget_bytes is not None:
+        raise UserError("--budget: give --context or --budget, not both")
+    if context_len is None:
+        if budget_bytes is None:
+            raise UserError("--context: give --context or --budget")
+        held = budget_bytes // rank_per_token  # positions the fullest rank can hold
+        if held == 0:
+            raise UserError(f"--budget: {budget_bytes} B is under one token ({rank_per_token} B)")
+        return held * shards if shard_by == "context" else held
+    if context_len <= 0:
+        raise UserError(f"--context: must be positive, got {context_len}")
+    if shard_by == "context" and (reason := split_reason("context", shards, context_len, 1)):
+        raise UserError(f"--shards: {reason}")
+    return context_len
+
+
 def make_plan(
     shape: KVShape,
     kv_dtype: str = "fp16",
@@ -105,24 +149,21 @@ def make_plan(
     context_len: int | None = None,
     budget_bytes: int | None = None,
     layout: str = "per-stream",
+    shards: int = 1,
+    shard_by: str = "context",
 ) -> Plan:
-    """Bytes at `context_len`, or at the longest context that fits `budget_bytes`."""
+    """Bytes at `context_len`, or at the longest context that fits `budget_bytes` (per device
+    when sharded over `shards` ranks)."""
     if layout not in LAYOUTS:
         raise UserError(f"--layout: {layout!r} is not supported yet; known: {', '.join(LAYOUTS)}")
     if n_seqs <= 0:
         raise UserError(f"--n-seqs: must be positive, got {n_seqs}")
+    _check_shards(shards, shard_by, shape.n_kv_heads)
     fmt = _format(kv_dtype, group_size, shape.head_dim)
     per_token = 2 * shape.n_layers * n_seqs * fmt.nbytes(shape.n_kv_heads, shape.head_dim)
-    if context_len is not None and budget_bytes is not None:
-        raise UserError("--budget: give --context or --budget, not both")
-    if context_len is None:
-        if budget_bytes is None:
-            raise UserError("--context: give --context or --budget")
-        context_len = budget_bytes // per_token
-        if context_len == 0:
-            raise UserError(f"--budget: {budget_bytes} B is under one token ({per_token} B)")
-    elif context_len <= 0:
-        raise UserError(f"--context: must be positive, got {context_len}")
+    rank_per_token = rank_token_bytes(shape, fmt, n_seqs, shards, shard_by)
+    context_len = _context(context_len, budget_bytes, rank_per_token, shards, shard_by)
+    held = split_bounds(context_len, shards)[0][1] if shard_by == "context" else context_len
     rows = n_seqs * shape.n_kv_heads * context_len  # rows of K (or of V) in one layer
     parts = row_parts(fmt, shape.head_dim)
     layer = {
@@ -148,6 +189,10 @@ def make_plan(
         layer=layer,
         model_bytes={k: v * shape.n_layers for k, v in layer.items()},
         budget_bytes=budget_bytes,
+        shards=shards,
+        shard_by=shard_by,
+        rank_bytes=held * rank_per_token,
+        rank_bytes_per_token=rank_per_token,
     )
 
 
@@ -161,9 +206,16 @@ def render(plan: Plan) -> str:
         f"{plan.head_dim}; {plan.kv_dtype} ({plan.scales}, {plan.bits_per_elem:g} bits/elem); "
         f"{plan.n_seqs} seq(s), {plan.layout}, context {plan.context_len:,}",
     ]
-    if plan.budget_bytes is not None:
+    if plan.shards > 1:
         lines.append(
-            f"budget {plan.budget_bytes:,} B ({plan.budget_bytes / 2**30:.3f} GiB): longest "
+            f"{plan.shards} ranks by {plan.shard_by}: the fullest rank holds "
+            f"{plan.rank_bytes:,} B ({plan.rank_bytes / 2**30:.3f} GiB; "
+            f"{plan.rank_bytes_per_token:,} B per position it holds)"
+        )
+    if plan.budget_bytes is not None:
+        each = " per device" if plan.shards > 1 else ""
+        lines.append(
+            f"budget {plan.budget_bytes:,} B{each} ({plan.budget_bytes / 2**30:.3f} GiB): longest "
             f"context that fits = {plan.context_len:,} tokens "
             f"({plan.bytes_per_token:,} B per token, all layers and sequences)"
         )

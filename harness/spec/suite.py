@@ -25,7 +25,7 @@ from kvbench.case import AXES, Case
 from kvbench.errors import SuiteError
 from kvbench.kernels.attention import KERNELS
 from kvbench.spec.presets import PRESETS
-from kvbench.spec.validate import check_axis, check_case, check_streams, is_int
+from kvbench.spec.validate import check_axis, check_case, check_shards, check_streams, is_int
 
 TOP_KEYS = ("name", "description", "settings", "fixed", "sweep", "zip", "exclude")
 
@@ -226,6 +226,7 @@ def resolve(path: str, combo: dict) -> Case:
     case = _shape(path, combo)
     check_streams(path, case)  # first: workload + file data fails on kv_data
     check_case(path, case)
+    check_shards(path, case)
     return case
 
 
@@ -262,6 +263,10 @@ def _shape(path: str, combo: dict) -> Case:
         )
     if shape.get("kv_data", "gaussian") != "file":
         shape.pop("kv_file", None)  # only file data reads it; keeps other cases' ids stable
+    if shape.get("shards", 1) == 1:
+        # one rank neither splits nor combines: one case, not one per shard_by x combine
+        for axis in ("shard_by", "combine"):
+            shape.pop(axis, None)
     kernel = KERNELS.get(shape.get("kernel", "sdpa"))  # None: a peer, which has no tiles
     if kernel is None or kernel.default_tile is None:
         # a kernel without tiles ignores tile_kv: one case, not one mislabelled case per tile
@@ -284,6 +289,7 @@ def expand(suite: Suite) -> list[Case]:
             continue
         check_streams(suite.path, case)
         check_case(suite.path, case)
+        check_shards(suite.path, case)
         if case.case_id not in seen:
             seen.add(case.case_id)
             cases.append(case)

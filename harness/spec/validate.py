@@ -12,6 +12,7 @@ from kvbench.kernels.data import KV_DATA, load_kv_file
 from kvbench.kernels.formats import FORMATS, get_format
 from kvbench.kernels.layouts import LAYOUT_KINDS
 from kvbench.kernels.peers import PEERS
+from kvbench.kernels.sharded import BY, COMBINES, split_reason
 from kvbench.kernels.workloads import ORDERS
 from kvbench.spec.presets import PRESETS
 
@@ -66,6 +67,8 @@ CHOICES = {
     "kv_data": tuple(KV_DATA),
     "workloads": WORKLOADS,
     "decode_orders": DECODE_ORDERS,
+    "shard_by": BY,
+    "combines": COMBINES,
 }
 NAMED_CHECKS = {
     "positive_int": positive_int,
@@ -146,3 +149,23 @@ def check_streams(path: str, case: Case) -> None:
         raise SuiteError(path, "churn", f"{case.churn} is more than n_seqs={case.n_seqs}")
     if case.churn and gen < 4:
         raise SuiteError(path, "churn", f"needs >= 4 generated tokens per sequence, got {gen}")
+
+
+SHARDED_KERNELS = ("partial",)  # kernels that return the log-sum-exp a sharded combine needs
+
+
+def check_shards(path: str, case: Case) -> None:
+    """Combinations a sharded case cannot run (docs/distributed.md)."""
+    if case.shards == 1:
+        return
+    if case.kernel not in SHARDED_KERNELS:
+        why = f"shards > 1 runs kernel {', '.join(SHARDED_KERNELS)} (partial attention + lse)"
+        raise SuiteError(path, "kernel", f"{case.kernel}: {why}")
+    for axis, ok in (("phase", "decode"), ("workload", "none"), ("layout", "per-stream")):
+        if getattr(case, axis) != ok:
+            raise SuiteError(path, axis, f"shards > 1 runs {axis} {ok} only")
+    if case.window is not None:
+        raise SuiteError(path, "window", "shards > 1 holds the whole context (no window)")
+    reason = split_reason(case.shard_by, case.shards, case.context_len, case.n_kv_heads)
+    if reason:
+        raise SuiteError(path, "shards", reason)

@@ -46,6 +46,11 @@ class _Measured:
     write_ms: float | None = None  # median of the write (and quantize) stage alone
     attend_ms: float | None = None  # median of the attention stage alone
     mask_ms: float | None = None  # median of the mask-building stage alone (unified layout)
+    # sharded cases (docs/distributed.md), timed on rank 0: comm_ms = the combines alone
+    comm_ms: float | None = None
+    rank_kv_bytes: int | None = None  # K/V format bytes the fullest rank holds, all layers
+    sent_bytes: int | None = None  # bytes one rank sends per step (ring model), all layers
+    launch_backend: str | None = None  # mx.distributed backend of the ranks (ring, mpi, nccl)
     # traffic and throughput (explicit model, harness/engines/metrics.py)
     bytes_read: int | None = None
     bytes_written: int | None = None

@@ -160,15 +160,18 @@ class ResultSet:
         return np.concatenate(parts) if parts else np.array([])
 
 
-def pick_rows(rows: pd.DataFrame, prefer_clean: bool = False) -> pd.DataFrame:
-    """One row per PICK_KEYS by the ranking in the module docstring, in first-seen order."""
+def pick_rows(
+    rows: pd.DataFrame, prefer_clean: bool = False, keys: tuple = PICK_KEYS
+) -> pd.DataFrame:
+    """One row per `keys` (PICK_KEYS; merge: case and host) by the ranking in the module
+    docstring, in first-seen order."""
     if rows.empty:
         return rows
     df = rows.copy()
     df["_order"] = range(len(df))
     df["_status"] = df["status"].map(STATUS_RANK).fillna(2)
     df["_dirty"] = is_dirty(df) if prefer_clean else False
-    keys = [k for k in PICK_KEYS if k in df.columns]
+    keys = [k for k in keys if k in df.columns]
     key_cols = df[keys].astype(object)
     df["_key"] = key_cols.where(key_cols.notna(), "").astype(str).agg("|".join, axis=1)
     df = df.sort_values(
