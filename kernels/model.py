@@ -207,7 +207,7 @@ def load_mlx_dir(path: str | Path) -> Model:
     tied = "lm_head.weight" not in arrays
     params["lm_head"] = params["embed"] if tied else make_linear(arrays, "lm_head", gs)
     mx.eval(params)
-    return Model(cfg, params, None, c)
+    return Model(cfg, params, None, {**c, "_path": str(path)})  # _path: its tokenizer.json
 
 
 def load_model(path: str | Path) -> Model:

@@ -1,0 +1,110 @@
+"""Quality (and optionally decode speed) of many cache specs on one model: rows as plain dicts.
+
+`python -m kernels.quality_table --context-len 128 --chunks 2 --out q.csv` measures every spec
+of SPECS on the default model and text against the float32 cache, and prints a markdown table.
+Decode speed (`--decode-depth N`): the cache is prefilled with N tokens of the text (untimed),
+then whole-model decode steps are timed (mx.eval of the logits and the cache arrays; one
+warm-up step, then the median of `--decode-steps` steps; wall clock, time.perf_counter).
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import mlx.core as mx
+
+from .kv_store import CacheSpec, kv_bytes, make_cache
+from .model import Model, load_model
+from .model_fetch import require_model
+from .quality import chunks, decode_step, default_text, prefill, quality, reference_run, text_info
+from .tokenizer import load_tokenizer
+
+SPECS = [
+    CacheSpec("fp16"),
+    CacheSpec("bf16"),
+    CacheSpec("int8"),
+    CacheSpec("affine8"),
+    CacheSpec("int4"),
+    CacheSpec("int4", k_group=32),
+    CacheSpec("fp4"),
+    CacheSpec("fp4", k_group=32),
+    CacheSpec("mxfp4"),
+    CacheSpec("nvfp4"),
+    CacheSpec("affine4"),
+    CacheSpec("int8", "int4"),
+    CacheSpec("int4", "int8"),
+    CacheSpec("int4", sink_tokens=4),
+    CacheSpec("int4", recent_tokens=32),
+    CacheSpec("int4", k_axis="channel", recent_tokens=32),
+    CacheSpec("affine4", k_axis="channel", recent_tokens=32),
+]
+
+
+def bytes_row(model: Model, spec: CacheSpec, n_tokens: int) -> dict:
+    c = model.config
+    total = kv_bytes(spec, n_tokens, c.n_layers, c.n_kv_heads, c.head_dim)
+    elems = 2 * n_tokens * c.n_layers * c.n_kv_heads * c.head_dim
+    return {"kv_bytes": total, "bits_per_elem": 8 * total / elems}
+
+
+def decode_ms(model: Model, spec: CacheSpec, kernel: str, tokens: list[int], steps: int) -> float:
+    """Median wall time of one whole-model decode step at depth len(tokens)."""
+    cache = make_cache(spec, model.config, len(tokens) + steps + 1, kernel)
+    prefill(model, cache, tokens)
+    times = []
+    for i in range(steps + 1):
+        t0 = time.perf_counter()
+        mx.eval(decode_step(model, cache, tokens[i % len(tokens)]), cache.arrays())
+        times.append((time.perf_counter() - t0) * 1e3)
+    return statistics.median(times[1:])  # the first step is warm-up
+
+
+def run(args) -> list[dict]:
+    model = load_model(args.model or require_model())
+    ids = load_tokenizer(model).encode(default_text())
+    token_chunks = chunks(ids, args.context_len, args.chunks)
+    ref = reference_run(model, token_chunks)
+    rows = []
+    for spec in SPECS:
+        t0 = time.perf_counter()
+        row = {"spec": spec.label, **quality(model, token_chunks, spec, ref, args.kernel)}
+        row.update(bytes_row(model, spec, args.context_len), quality_s=time.perf_counter() - t0)
+        if args.decode_depth:
+            ms = decode_ms(model, spec, args.kernel, ids[: args.decode_depth], args.decode_steps)
+            row.update(decode_ms=ms, tokens_per_s=1e3 / ms)
+        rows.append({**row, "context_len": args.context_len, **text_info(default_text())})
+        print(rows[-1], flush=True)
+    return rows
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--model", help="GGUF file or mlx-lm directory (default: fetched SmolLM2)")
+    ap.add_argument("--context-len", type=int, default=128)
+    ap.add_argument("--chunks", type=int, default=2)
+    ap.add_argument("--kernel", default="reference")
+    ap.add_argument("--decode-depth", type=int, default=0)
+    ap.add_argument("--decode-steps", type=int, default=5)
+    ap.add_argument("--out", help="CSV path")
+    args = ap.parse_args(argv)
+    rows = run(args)
+    import pandas as pd
+
+    df = pd.DataFrame(rows)
+    if args.out:
+        df.to_csv(args.out, index=False)
+    print(df.to_markdown(index=False, floatfmt=".4g") if _has_tabulate() else df.to_string())
+
+
+def _has_tabulate() -> bool:
+    try:
+        import tabulate  # noqa: F401
+    except ImportError:
+        return False
+    return True
+
+
+if __name__ == "__main__":
+    main()
