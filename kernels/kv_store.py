@@ -153,6 +153,11 @@ class PlainCache:
     def arrays(self) -> list[mx.array]:
         return self.kv.arrays()
 
+    def held_bytes(self) -> int:
+        """Bytes of the stored arrays' first `offset` positions (measured)."""
+        views = [self.kv.view(i, self.offset) for i in range(self.kv.n_layers)]
+        return sum(a.nbytes for kv in views for s in kv for a in s.values())
+
 
 class Stream:
     """One layer's K or V of a mixed spec: fp16 sinks, a quantized body, an fp16 residual."""
@@ -219,6 +224,13 @@ class Stream:
     def arrays(self) -> list[mx.array]:
         return [self.sink, self.resid, *self.body.values()]
 
+    def held_bytes(self) -> int:
+        """Bytes of the array slices that hold positions now (measured, not the formula)."""
+        held = self.n_body // self.r if self.channel else self.n_body
+        body = sum(a[:, :, :held].nbytes for a in self.body.values())
+        fp16 = self.sink[:, :, : self.n_sink].nbytes + self.resid[:, :, : self.n_resid].nbytes
+        return body + fp16
+
 
 class MixedCache:
     """Separate K/V formats, per-channel keys, fp16 sinks and residual window (see module)."""
@@ -229,8 +241,12 @@ class MixedCache:
         self.dense_fmt = get_format("fp32" if kernel == "reference" else "fp16")
         check_kernel(kernel, self.dense_fmt)
         chan = spec.k_axis == "channel"
-        if chan:
-            kf.nbytes(head_dim, spec.recent_tokens)  # raises if R does not suit the format
+        if chan:  # each channel's row is recent_tokens positions long: it must suit kf
+            try:
+                kf.nbytes(head_dim, spec.recent_tokens)
+            except ValueError as e:
+                reason = f"k_axis channel, recent_tokens {spec.recent_tokens}: {e}"
+                raise ValueError(reason) from None
         mk = lambda f, c: Stream(spec, f, c, n_kv_heads, head_dim, capacity)  # noqa: E731
         self.k = [mk(kf, chan) for _ in range(n_layers)]
         self.v = [mk(vf, False) for _ in range(n_layers)]
@@ -248,6 +264,9 @@ class MixedCache:
 
     def arrays(self) -> list[mx.array]:
         return [a for s in (*self.k, *self.v) for a in s.arrays()]
+
+    def held_bytes(self) -> int:
+        return sum(s.held_bytes() for s in (*self.k, *self.v))
 
 
 def make_cache(spec: CacheSpec, config, capacity: int, kernel: str = "reference", tile_kv=None):

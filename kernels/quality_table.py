@@ -38,7 +38,7 @@ SPECS = [
     CacheSpec("int4", sink_tokens=4),
     CacheSpec("int4", recent_tokens=32),
     CacheSpec("int4", k_axis="channel", recent_tokens=32),
-    CacheSpec("affine4", k_axis="channel", recent_tokens=32),
+    CacheSpec("affine4", k_group=32, k_axis="channel", recent_tokens=32),
 ]
 
 
