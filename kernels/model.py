@@ -43,6 +43,9 @@ class Config:
     rope_base: float
     norm_eps: float
     rope_scale: float = 1.0  # positions are multiplied by this (linear RoPE scaling)
+    # False: rotate half-split pairs (HF, the rows as loaded). True (interleaved pairs) is only
+    # right for rows still in llama.cpp's order; tests use it as the wrong convention.
+    rope_traditional: bool = False
 
 
 @dataclass
@@ -228,7 +231,7 @@ def rope(model: Model, x: mx.array, offset: int) -> mx.array:
     c = model.config
     base = None if model.rope_freqs is not None else c.rope_base
     return mx.fast.rope(
-        x, c.head_dim, traditional=False, base=base, scale=c.rope_scale, offset=offset,
+        x, c.head_dim, traditional=c.rope_traditional, base=base, scale=c.rope_scale, offset=offset,
         freqs=model.rope_freqs,
     )  # fmt: skip
 

@@ -7,7 +7,15 @@ from dataclasses import replace
 import mlx.core as mx
 import numpy as np
 import pytest
-from tiny_model import np_forward, weights, write_gguf, write_mlx_dir
+from tiny_model import (
+    TINY,
+    dequantized,
+    np_forward,
+    permute,
+    weights,
+    write_gguf,
+    write_mlx_dir,
+)
 
 from kernels import model as M
 from kernels.kv_store import CacheSpec, make_cache
@@ -26,7 +34,7 @@ def mlx_logits(model, tokens, spec=None, kernel="reference"):
 def test_gguf_matches_numpy_forward(tmp_path):
     wts = weights(seed=1, tied=False)
     model = M.load_model(write_gguf(tmp_path / "tiny.gguf", wts))
-    assert model.config.n_kv_heads == 2 and model.config.head_dim == 32
+    assert model.config.n_kv_heads == 2 and model.config.head_dim == 64
     ref = np_forward(wts, TOKENS)
     got = mlx_logits(model, TOKENS)
     np.testing.assert_allclose(got, ref, rtol=1e-4, atol=1e-4)
@@ -38,10 +46,8 @@ def test_unpermutation_is_what_makes_it_match(tmp_path):
     wts = weights(seed=1)
     model = M.load_model(write_gguf(tmp_path / "tiny.gguf", wts))
     for lp, raw in zip(model.params["layers"], wts["layers"]):
-        from tiny_model import permute
-
-        lp["q"] = {"weight": mx.array(permute(raw["q"], 4))}
-        lp["k"] = {"weight": mx.array(permute(raw["k"], 2))}
+        lp["q"] = {"weight": mx.array(permute(raw["q"], TINY["n_heads"]))}
+        lp["k"] = {"weight": mx.array(permute(raw["k"], TINY["n_kv_heads"]))}
     err = np.abs(mlx_logits(model, TOKENS) - np_forward(wts, TOKENS)).max()
     assert err > 1e-2
 
@@ -59,6 +65,16 @@ def test_mlx_dir_matches_gguf(tmp_path):
     b = M.load_model(write_mlx_dir(tmp_path / "dir", wts))
     assert a.config == replace(b.config, norm_eps=a.config.norm_eps)  # GGUF stores float32
     np.testing.assert_allclose(mlx_logits(a, TOKENS), mlx_logits(b, TOKENS), atol=1e-5)
+
+
+@pytest.mark.parametrize("bits", [4, 8])
+def test_quantized_mlx_dir_matches_numpy_on_dequantized_weights(tmp_path, bits):
+    """mx.quantized_matmul and the quantized embedding against numpy on the same values."""
+    wts = weights(seed=6)
+    model = M.load_model(write_mlx_dir(tmp_path / "q", wts, bits=bits))
+    assert model.params["layers"][0]["gate"]["bits"] == bits
+    ref = np_forward(dequantized(wts, bits), TOKENS)
+    np.testing.assert_allclose(mlx_logits(model, TOKENS), ref, rtol=1e-3, atol=1e-3)
 
 
 def test_incremental_decode_equals_full_prefill(tmp_path):

@@ -11,7 +11,9 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-TINY = dict(n_layers=2, hidden=128, n_heads=4, n_kv_heads=2, head_dim=32, ffn=96, vocab=300)
+# head_dim 64 (not hidden / n_heads = 32): every kvbench format applies, and the loaders must
+# read the head size from the metadata (attention.key_length / head_dim)
+TINY = dict(n_layers=2, hidden=128, n_heads=4, n_kv_heads=2, head_dim=64, ffn=192, vocab=300)
 ROPE_BASE, EPS = 10000.0, 1e-5
 LAYER_NAMES = ("q", "k", "v", "o", "gate", "up", "down", "attn_norm", "ffn_norm")
 
@@ -72,6 +74,7 @@ def write_gguf(path: Path, wts: dict, arch: str = "llama") -> Path:
         f"{arch}.embedding_length": u(t["hidden"]),
         f"{arch}.attention.head_count": u(t["n_heads"]),
         f"{arch}.attention.head_count_kv": u(t["n_kv_heads"]),
+        f"{arch}.attention.key_length": u(t["head_dim"]),
         f"{arch}.vocab_size": u(t["vocab"]),
         f"{arch}.rope.freq_base": mx.array(ROPE_BASE, dtype=mx.float32),
         f"{arch}.attention.layer_norm_rms_epsilon": mx.array(EPS, dtype=mx.float32),
@@ -86,7 +89,37 @@ HF_NAMES = {"q": "self_attn.q_proj", "k": "self_attn.k_proj", "v": "self_attn.v_
             "ffn_norm": "post_attention_layernorm"}  # fmt: skip
 
 
-def write_mlx_dir(path: Path, wts: dict) -> Path:
+QUANT_GROUP = 64
+
+
+def quantize_linears(arrays: dict, bits: int) -> dict:
+    """mlx-lm's layout: every 2-D weight as .weight (packed) / .scales / .biases."""
+    out = {}
+    for name, a in arrays.items():
+        if a.ndim == 2:
+            w, s, b = mx.quantize(a, group_size=QUANT_GROUP, bits=bits)
+            stem = name[: -len(".weight")]
+            out.update({name: w, f"{stem}.scales": s, f"{stem}.biases": b})
+        else:
+            out[name] = a
+    return out
+
+
+def dequantized(wts: dict, bits: int) -> dict:
+    """wts with every matrix replaced by its quantize -> dequantize round trip (float32)."""
+
+    def rt(a):
+        if a.ndim != 2:
+            return a
+        q = mx.quantize(mx.array(a), group_size=QUANT_GROUP, bits=bits)
+        return np.array(mx.dequantize(*q, group_size=QUANT_GROUP, bits=bits))
+
+    out = {k: rt(v) for k, v in wts.items() if k != "layers"}
+    out["layers"] = [{k: rt(v) for k, v in lp.items()} for lp in wts["layers"]]
+    return out
+
+
+def write_mlx_dir(path: Path, wts: dict, bits: int | None = None) -> Path:
     t = TINY
     path.mkdir(parents=True, exist_ok=True)
     arrays = {"model.embed_tokens.weight": wts["embed"], "model.norm.weight": wts["norm"]}
@@ -96,11 +129,16 @@ def write_mlx_dir(path: Path, wts: dict) -> Path:
             if n + "_bias" in lp:
                 arrays[f"model.layers.{i}.{hf}.bias"] = lp[n + "_bias"]
     mlx_arrays = {k: mx.array(v) for k, v in arrays.items()}
+    if bits:
+        mlx_arrays = quantize_linears(mlx_arrays, bits)
     mx.save_safetensors(str(path / "model.safetensors"), mlx_arrays)
     cfg = {"model_type": "llama", "num_hidden_layers": t["n_layers"], "hidden_size": t["hidden"],
            "num_attention_heads": t["n_heads"], "num_key_value_heads": t["n_kv_heads"],
            "vocab_size": t["vocab"], "rope_theta": ROPE_BASE, "rms_norm_eps": EPS,
-           "intermediate_size": t["ffn"], "tie_word_embeddings": True}  # fmt: skip
+           "intermediate_size": t["ffn"], "tie_word_embeddings": True,
+           "head_dim": t["head_dim"]}  # fmt: skip
+    if bits:
+        cfg["quantization"] = {"group_size": QUANT_GROUP, "bits": bits}
     (path / "config.json").write_text(json.dumps(cfg))
     return path
 
