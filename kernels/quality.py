@@ -1,4 +1,4 @@
-"""The quality cost of a KV cache configuration on a real model, and the model's K/V and decode.
+"""The quality cost of a KV cache configuration on a real model, and decode at depth.
 
 Measured as llama.cpp's `llama-perplexity` does: the token stream is cut into chunks of
 `context_len` tokens; each chunk starts from an empty cache, is fed in micro-batches of
@@ -162,33 +162,7 @@ def quality(
     return summarize(stats, np.concatenate(ref_nll))
 
 
-# ---- K/V capture and decode at depth -------------------------------------------------------
-
-
-def capture_kv(model: Model, tokens: list[int], post_rope: bool = True) -> list[tuple]:
-    """Per layer (k, v) float32 numpy [n_kv_heads, L, head_dim] from a float32 prefill of
-    `tokens` (L = len(tokens)); keys post-RoPE as caches hold them, or pre-RoPE."""
-    taps: list = []
-    cache = make_cache(REFERENCE_SPEC, model.config, len(tokens), "reference")
-    forward(model, mx.array([tokens]), cache, logits_from=len(tokens), taps=taps)
-    out = []
-    for k_pre, k, v in taps:
-        kk = k if post_rope else k_pre
-        mx.eval(kk, v)
-        out.append((np.array(kk[0], dtype=np.float32), np.array(v[0], dtype=np.float32)))
-    return out
-
-
-def save_kv_npz(path: str | Path, kv: list[tuple], layer: int | None = None) -> int:
-    """Save a capture as .npz: arrays `k` and `v` (one layer, [n_kv_heads, L, head_dim], the
-    shape `kv_data: file` reads; default the middle layer) plus `k_<i>` / `v_<i>` for every
-    layer. Returns the layer stored as k / v."""
-    layer = len(kv) // 2 if layer is None else layer
-    arrays = {"k": kv[layer][0], "v": kv[layer][1]}
-    for i, (k, v) in enumerate(kv):
-        arrays[f"k_{i}"], arrays[f"v_{i}"] = k, v
-    np.savez(path, **arrays)
-    return layer
+# ---- decode at depth -----------------------------------------------------------------------
 
 
 def prefill(model: Model, cache, tokens: list[int], ubatch: int | None = None) -> None:

@@ -14,6 +14,7 @@ from kernels.formats import FORMATS
 from kernels.kv_store import CacheSpec, make_cache
 from kernels.model import load_model, rope
 from kernels.model_fetch import model_path
+from kernels.model_kv import capture_kv, read_mlx_prompt_cache, save_kv_npz
 
 RNG = np.random.default_rng(0)
 TOKS = RNG.integers(0, TINY["vocab"], 64).tolist()
@@ -71,16 +72,43 @@ def test_options_quality_is_finite_and_ubatch_runs(tiny):
 
 
 def test_capture_post_rope_is_rope_of_pre_rope(tiny, tmp_path):
-    post, pre = Q.capture_kv(tiny, TOKS[:20]), Q.capture_kv(tiny, TOKS[:20], post_rope=False)
+    post, pre = capture_kv(tiny, TOKS[:20]), capture_kv(tiny, TOKS[:20], post_rope=False)
     assert len(post) == TINY["n_layers"] and post[0][0].shape == (2, 20, 64)
     roped = np.array(rope(tiny, mx.array(pre[1][0])[None], 0)[0])
     np.testing.assert_allclose(post[1][0], roped, atol=1e-5)
     np.testing.assert_array_equal(post[1][1], pre[1][1])  # values are never rotated
     path = tmp_path / "kv.npz"
-    layer = Q.save_kv_npz(path, post)
+    layer = save_kv_npz(path, post)
     k, v = load_kv_file(str(path), (1, 2, 16, 64))  # what kv_data: file reads
     np.testing.assert_array_equal(k[0], post[layer][0][:, :16])
     assert v.shape == (1, 2, 16, 64)
+
+
+def save_like_mlx_lm(path, layers, quantized=None):
+    """The layout mlx-lm's save_prompt_cache writes (see model_kv.read_mlx_prompt_cache)."""
+    arrays, md = {}, {}
+    for i, (k, v) in enumerate(layers):
+        for part, x in ((0, k), (1, v)):
+            if quantized:
+                for j, a in enumerate(mx.quantize(mx.array(x), group_size=64, bits=quantized)):
+                    arrays[f"{i}.{part}.{j}"] = a
+            else:
+                arrays[f"{i}.{part}"] = mx.array(x).astype(mx.float16)
+        md[f"0.{i}.0"], md[f"0.{i}.1"], md[f"0.{i}.2"] = str(k.shape[2]), "64", str(quantized)
+        md[f"2.{i}"] = "QuantizedKVCache" if quantized else "KVCache"
+    mx.save_safetensors(str(path), arrays, md)
+
+
+@pytest.mark.parametrize("bits", [None, 8])
+def test_read_mlx_prompt_cache(tmp_path, bits):
+    layers = [(RNG.standard_normal((1, 2, 5, 64)), RNG.standard_normal((1, 2, 5, 64)))] * 3
+    save_like_mlx_lm(tmp_path / "c.safetensors", layers, bits)
+    got = read_mlx_prompt_cache(tmp_path / "c.safetensors")
+    assert len(got) == 3 and got[2][1].shape == (1, 2, 5, 64)
+    tol = 2e-3 if bits is None else 0.05  # fp16 storage; 8-bit affine groups of 64
+    np.testing.assert_allclose(got[0][0], layers[0][0], atol=tol * 4, rtol=tol)
+    with pytest.raises(ValueError, match="nothing.safetensors"):
+        read_mlx_prompt_cache(tmp_path / "nothing.safetensors")
 
 
 def test_default_text_is_deterministic_prose():
