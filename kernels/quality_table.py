@@ -2,9 +2,10 @@
 
 `python -m kernels.quality_table --context-len 128 --chunks 2 --out q.csv` measures every spec
 of SPECS on the default model and text against the float32 cache, and prints a markdown table.
-Decode speed (`--decode-depth N`): the cache is prefilled with N tokens of the text (untimed),
-then whole-model decode steps are timed (mx.eval of the logits and the cache arrays; one
-warm-up step, then the median of `--decode-steps` steps; wall clock, time.perf_counter).
+Decode speed (`--decode-only --decode-depth N`): for each (spec, kernel) of DECODE_CASES the
+cache is prefilled with N tokens of the text (untimed), then whole-model decode steps are timed
+(mx.eval of the logits and the cache arrays; one warm-up step, then the median of
+`--decode-steps` steps; wall clock, time.perf_counter).
 """
 
 from __future__ import annotations
@@ -49,21 +50,51 @@ def bytes_row(model: Model, spec: CacheSpec, n_tokens: int) -> dict:
     return {"kv_bytes": total, "bits_per_elem": 8 * total / elems}
 
 
-def decode_ms(model: Model, spec: CacheSpec, kernel: str, tokens: list[int], steps: int) -> float:
-    """Median wall time of one whole-model decode step at depth len(tokens)."""
+# (spec, kernel) pairs timed by --decode-only: dense through SDPA and the oracle, the packed
+# formats through the kernels that read them directly, and a mixed spec (dense view)
+DECODE_CASES = [
+    (CacheSpec("fp32"), "reference"),
+    (CacheSpec("fp16"), "sdpa"),
+    (CacheSpec("fp16"), "reference"),
+    (CacheSpec("int8"), "tiled"),
+    (CacheSpec("int4"), "tiled"),
+    (CacheSpec("int4"), "dequant_sdpa"),
+    (CacheSpec("mxfp4"), "quantized_matmul"),
+    (CacheSpec("affine4"), "quantized_matmul"),
+    (CacheSpec("int8", "int4"), "sdpa"),
+]
+
+
+def decode_ms(model: Model, spec: CacheSpec, kernel: str, tokens: list[int], steps: int) -> dict:
+    """Median wall time of one whole-model decode step at depth len(tokens), and the peak
+    memory of the steps (mx.get_peak_memory after a reset that follows the prefill)."""
     cache = make_cache(spec, model.config, len(tokens) + steps + 1, kernel)
     prefill(model, cache, tokens)
+    mx.reset_peak_memory()
     times = []
     for i in range(steps + 1):
         t0 = time.perf_counter()
         mx.eval(decode_step(model, cache, tokens[i % len(tokens)]), cache.arrays())
         times.append((time.perf_counter() - t0) * 1e3)
-    return statistics.median(times[1:])  # the first step is warm-up
+    ms = statistics.median(times[1:])  # the first step is warm-up
+    return {"decode_ms": ms, "tokens_per_s": 1e3 / ms, "peak_mb": mx.get_peak_memory() / 1e6}
+
+
+def decode_rows(model: Model, ids: list[int], depth: int, steps: int) -> list[dict]:
+    rows = []
+    for spec, kernel in DECODE_CASES:
+        row = {"spec": spec.label, "kernel": kernel, "depth": depth}
+        row.update(decode_ms(model, spec, kernel, ids[:depth], steps))
+        rows.append(row)
+        print(row, flush=True)
+    return rows
 
 
 def run(args) -> list[dict]:
     model = load_model(args.model or require_model())
     ids = load_tokenizer(model).encode(default_text())
+    if args.decode_only:
+        return decode_rows(model, ids, args.decode_depth, args.decode_steps)
     token_chunks = chunks(ids, args.context_len, args.chunks)
     ref = reference_run(model, token_chunks)
     rows = []
@@ -71,9 +102,6 @@ def run(args) -> list[dict]:
         t0 = time.perf_counter()
         row = {"spec": spec.label, **quality(model, token_chunks, spec, ref, args.kernel)}
         row.update(bytes_row(model, spec, args.context_len), quality_s=time.perf_counter() - t0)
-        if args.decode_depth:
-            ms = decode_ms(model, spec, args.kernel, ids[: args.decode_depth], args.decode_steps)
-            row.update(decode_ms=ms, tokens_per_s=1e3 / ms)
         rows.append({**row, "context_len": args.context_len, **text_info(default_text())})
         print(rows[-1], flush=True)
     return rows
@@ -85,7 +113,8 @@ def main(argv=None) -> None:
     ap.add_argument("--context-len", type=int, default=128)
     ap.add_argument("--chunks", type=int, default=2)
     ap.add_argument("--kernel", default="reference")
-    ap.add_argument("--decode-depth", type=int, default=0)
+    ap.add_argument("--decode-only", action="store_true", help="time DECODE_CASES instead")
+    ap.add_argument("--decode-depth", type=int, default=128)
     ap.add_argument("--decode-steps", type=int, default=5)
     ap.add_argument("--out", help="CSV path")
     args = ap.parse_args(argv)
