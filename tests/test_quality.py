@@ -163,3 +163,19 @@ def test_real_model_fp16_ppl_within_1pct_and_rope_matters(smol):
     bad = replace(model, config=replace(model.config, rope_traditional=True))
     wrong = Q.quality(bad, ch, CacheSpec("fp32"), ref)
     assert wrong["ppl"] > 2 * r["ppl_ref"]
+
+
+def test_decode_cases_match_the_reference_kernel_on_the_same_cache(tiny):
+    """Each (spec, kernel) the decode table times gives the decode step that the float32
+    reference kernel gives over the same stored format (kernels compute in fp16)."""
+    from kernels.quality_table import DECODE_CASES
+
+    def step(spec, kernel):
+        cache = make_cache(spec, tiny.config, 40, kernel)
+        Q.prefill(tiny, cache, TOKS[:32], ubatch=16)
+        return np.array(Q.decode_step(tiny, cache, TOKS[32]))
+
+    for spec, kernel in DECODE_CASES:
+        ref = step(spec, "reference")
+        err = np.abs(step(spec, kernel) - ref).max() / np.abs(ref).max()
+        assert err < 0.02, (spec.label, kernel, err)
