@@ -6,6 +6,8 @@ Decode speed (`--decode-only --decode-depth N`): for each (spec, kernel) of DECO
 cache is prefilled with N tokens of the text (untimed), then whole-model decode steps are timed
 (mx.eval of the logits and the cache arrays; one warm-up step, then the median of
 `--decode-steps` steps; wall clock, time.perf_counter).
+`--attention-error`: kvbench's synthetic accuracy columns (rel_err of one decode query's
+attention output, kv_recon_err) per format on gaussian, outlier and the model's real K/V.
 """
 
 from __future__ import annotations
@@ -16,9 +18,13 @@ import time
 
 import mlx.core as mx
 
+from .attention import reference
+from .data import make_qkv
+from .formats import get_format
 from .kv_store import CacheSpec, kv_bytes, make_cache
 from .model import Model, load_model
 from .model_fetch import require_model
+from .model_kv import capture_kv
 from .quality import chunks, decode_step, default_text, prefill, quality, reference_run, text_info
 from .tokenizer import load_tokenizer
 
@@ -90,11 +96,49 @@ def decode_rows(model: Model, ids: list[int], depth: int, steps: int) -> list[di
     return rows
 
 
+ERROR_FORMATS = ["fp16", "bf16", "int8", "affine8", "int4", "fp4", "mxfp4", "nvfp4", "affine4"]
+
+
+def attention_error(fmt, q, k, v, scale: float) -> dict:
+    """kvbench's accuracy columns for one decode query: the float32 reference attention over
+    the format's stored K/V against the float32 reference over the originals."""
+    f32 = get_format("fp32")
+    want = reference(q, {"data": k}, {"data": v}, f32, scale=scale)
+    got = reference(q, fmt.encode(k), fmt.encode(v), fmt, scale=scale)
+    kd, vd = fmt.decode(fmt.encode(k), mx.float32), fmt.decode(fmt.encode(v), mx.float32)
+    recon = mx.sqrt(mx.sum((kd - k) ** 2) + mx.sum((vd - v) ** 2))
+    recon = recon / mx.sqrt(mx.sum(k * k) + mx.sum(v * v))
+    rel = mx.sqrt(mx.sum((got - want) ** 2) / mx.sum(want * want))
+    return {"rel_err": rel.item(), "kv_recon_err": recon.item()}
+
+
+def error_rows(model: Model, ids: list[int], ctx: int) -> list[dict]:
+    """rel_err / kv_recon_err per format on gaussian, outlier and real (every layer's
+    post-RoPE capture, mean over layers) K/V; gaussian queries as the attention suites use."""
+    c = model.config
+    q_shape, kv_shape = (1, c.n_heads, 1, c.head_dim), (1, c.n_kv_heads, ctx, c.head_dim)
+    sets = {kind: [make_qkv(kind, q_shape, kv_shape, seed=0)] for kind in ("gaussian", "outliers")}
+    q = sets["gaussian"][0][0]
+    sets["smollm2"] = [
+        (q, mx.array(k)[None], mx.array(v)[None]) for k, v in capture_kv(model, ids[:ctx])
+    ]
+    rows = []
+    for name in ERROR_FORMATS:
+        for kind, triples in sets.items():
+            errs = [attention_error(get_format(name), *t, c.head_dim**-0.5) for t in triples]
+            mean = {key: statistics.fmean(e[key] for e in errs) for key in errs[0]}
+            rows.append({"format": name, "kv_data": kind, "context_len": ctx, **mean})
+            print(rows[-1], flush=True)
+    return rows
+
+
 def run(args) -> list[dict]:
     model = load_model(args.model or require_model())
     ids = load_tokenizer(model).encode(default_text())
     if args.decode_only:
         return decode_rows(model, ids, args.decode_depth, args.decode_steps)
+    if args.attention_error:
+        return error_rows(model, ids, args.context_len)
     token_chunks = chunks(ids, args.context_len, args.chunks)
     ref = reference_run(model, token_chunks)
     rows = []
@@ -114,6 +158,7 @@ def main(argv=None) -> None:
     ap.add_argument("--chunks", type=int, default=2)
     ap.add_argument("--kernel", default="reference")
     ap.add_argument("--decode-only", action="store_true", help="time DECODE_CASES instead")
+    ap.add_argument("--attention-error", action="store_true", help="synthetic vs real K/V")
     ap.add_argument("--decode-depth", type=int, default=128)
     ap.add_argument("--decode-steps", type=int, default=5)
     ap.add_argument("--out", help="CSV path")

@@ -179,3 +179,13 @@ def test_decode_cases_match_the_reference_kernel_on_the_same_cache(tiny):
         ref = step(spec, "reference")
         err = np.abs(step(spec, kernel) - ref).max() / np.abs(ref).max()
         assert err < 0.02, (spec.label, kernel, err)
+
+
+def test_attention_error_rows(tiny):
+    from kernels.quality_table import ERROR_FORMATS, error_rows
+
+    rows = {(r["format"], r["kv_data"]): r for r in error_rows(tiny, TOKS, 32)}
+    assert len(rows) == 3 * len(ERROR_FORMATS)
+    assert rows[("fp16", "smollm2")]["rel_err"] < 1e-3
+    # planted outlier channels hurt per-row int4 keys: larger reconstruction error
+    assert rows[("int4", "outliers")]["kv_recon_err"] > rows[("int4", "gaussian")]["kv_recon_err"]
