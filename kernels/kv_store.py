@@ -150,6 +150,15 @@ class PlainCache:
         self.offset += n
         self.kv.offset = self.offset
 
+    def mark(self) -> int:
+        """The state to come back to (rewind): the number of positions held."""
+        return self.offset
+
+    def rewind(self, mark: int) -> None:
+        """Back to `mark`: the next write lands where it landed after mark() (a decode step
+        at a fixed depth, repeated; the same token writes the same bytes again)."""
+        self.offset = self.kv.offset = mark
+
     def arrays(self) -> list[mx.array]:
         return self.kv.arrays()
 
@@ -261,6 +270,16 @@ class MixedCache:
 
     def advance(self, n: int) -> None:
         self.offset += n
+
+    def mark(self) -> tuple:
+        """The counters of every stream: enough to rewind, because re-writing the same token
+        at the same depth writes the same values into the same sink, body and residual cells."""
+        return self.offset, [(s.n_sink, s.n_body, s.n_resid) for s in (*self.k, *self.v)]
+
+    def rewind(self, mark: tuple) -> None:
+        self.offset, counts = mark
+        for s, (a, b, c) in zip((*self.k, *self.v), counts):
+            s.n_sink, s.n_body, s.n_resid = a, b, c
 
     def arrays(self) -> list[mx.array]:
         return [a for s in (*self.k, *self.v) for a in s.arrays()]
