@@ -135,8 +135,8 @@ def require_model(name: str = DEFAULT_MODEL) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m kvbench.kernels.model_fetch [name]`: fetch and print the path; one-line error, exit 2.
-    (The `kvbench model fetch` subcommand is meant to call fetch_model the same way.)"""
+    """`python -m kvbench.kernels.model_fetch [name]`: fetch and print the path; one-line
+    error, exit 2 (`kvbench model fetch` calls fetch_model the same way)."""
     args = sys.argv[1:] if argv is None else argv
     try:
         print(fetch_model(args[0] if args else DEFAULT_MODEL))
