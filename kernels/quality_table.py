@@ -145,7 +145,8 @@ def run(args) -> list[dict]:
     token_chunks = chunks(ids, args.context_len, args.chunks)
     ref = reference_run(model, token_chunks)
     rows = []
-    for spec in SPECS:
+    specs = [s for s in SPECS if not args.specs or s.label in args.specs.split(",")]
+    for spec in specs:
         t0 = time.perf_counter()
         row = {"spec": spec.label, **quality(model, token_chunks, spec, ref, args.kernel)}
         row.update(bytes_row(model, spec, args.context_len), quality_s=time.perf_counter() - t0)
@@ -164,6 +165,7 @@ def main(argv=None) -> None:
     ap.add_argument("--attention-error", action="store_true", help="synthetic vs real K/V")
     ap.add_argument("--decode-depth", type=int, default=128)
     ap.add_argument("--decode-steps", type=int, default=5)
+    ap.add_argument("--specs", help="comma-separated labels of SPECS to run (default: all)")
     ap.add_argument("--out", help="CSV path")
     args = ap.parse_args(argv)
     rows = run(args)
