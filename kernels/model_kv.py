@@ -8,6 +8,7 @@ exactly as the projections produced them, before any format touches them.
 
 from __future__ import annotations
 
+from functools import lru_cache
 from pathlib import Path
 
 import mlx.core as mx
@@ -75,3 +76,20 @@ def _state(arrays: dict, md: dict, i: int, part: int, path) -> np.ndarray:
     w, s, b = (arrays[f"{i}.{part}.{j}"] for j in range(3))
     deq = mx.dequantize(w, s, b, group_size=gs, bits=bits).astype(mx.float32)
     return np.array(deq)
+
+
+@lru_cache(maxsize=4)
+def default_capture(context_len: int) -> tuple[np.ndarray, np.ndarray]:
+    """The middle layer's post-RoPE K and V [n_kv_heads, context_len, head_dim] of the default
+    model over the first context_len tokens of the default text (`kv_data: model`)."""
+    from .model import load_model
+    from .model_fetch import require_model
+    from .quality import default_text
+    from .tokenizer import load_tokenizer
+
+    model = load_model(require_model())
+    tokens = load_tokenizer(model).encode(default_text())[:context_len]
+    if len(tokens) < context_len:
+        raise ValueError(f"the default text has {len(tokens)} tokens, fewer than {context_len}")
+    kv = capture_kv(model, tokens)
+    return kv[len(kv) // 2]

@@ -86,3 +86,18 @@ def test_suite_checks_of_the_model_axes():
         check_model("s.yaml", case(phase="decode", sink_tokens=4))
     with pytest.raises(SuiteError, match="model: phase quality runs a real model"):
         check_model("s.yaml", case(phase="quality", model="tiny"))
+
+
+def test_kv_data_model_is_a_causal_capture_of_the_real_model():
+    from kvbench.kernels.data import make_qkv
+    from kvbench.kernels.model_fetch import model_path
+
+    if model_path() is None:
+        pytest.skip("SmolLM2 not fetched (kvbench model fetch)")
+    _, k16, v16 = make_qkv("model", (1, 9, 1, 64), (1, 3, 16, 64), 0)
+    _, k8, v8 = make_qkv("model", (1, 9, 1, 64), (2, 3, 8, 64), 0)
+    assert k16.shape == (1, 3, 16, 64) and k8.shape == (2, 3, 8, 64)
+    # causal attention: the first 8 positions do not depend on the tokens after them
+    assert np.allclose(np.array(k16[0, :, :8]), np.array(k8[1]), atol=1e-4)
+    assert np.allclose(np.array(v16[0, :, :8]), np.array(v8[0]), atol=1e-4)
+    assert float(mx.abs(k16).max()) > 0

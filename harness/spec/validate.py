@@ -141,6 +141,9 @@ MODEL_AXES = ("v_dtype", "k_axis", "sink_tokens", "recent_tokens", "text", "chun
 def check_model(path: str, case: Case) -> None:
     """The model phases: a real model, one plain sequence, cache options that hold together;
     the cache options and text axes mean nothing elsewhere."""
+    if case.kv_data == "model" and case.model not in MODELS:
+        known = ", ".join(MODELS)
+        raise SuiteError(path, "kv_data", f"model captures a real model's K/V: model: {known}")
     off = [a for a in MODEL_AXES if getattr(case, a) != AXIS_DEFAULTS[a]]
     if case.phase not in MODEL_PHASES:
         if off:
