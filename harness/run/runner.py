@@ -50,6 +50,7 @@ class CaseRun:
     accuracy: dict = field(default_factory=dict)
     reported: dict = field(default_factory=dict)  # row fields the engine's State reported
     traffic: tuple | None = None  # the engine's (bytes_read, bytes_written) of one step
+    flops: int | None = None  # the engine's FLOPs of one step (None: the attention default)
     peak_mem_bytes: int | None = None
     rounds_done: int = 0
 
@@ -91,6 +92,7 @@ def measure_round(run: CaseRun, settings: Settings, round_no: int) -> None:
     mx.synchronize()
     mx.reset_peak_memory()
     run.reported, run.traffic = reported(run.case, state), state.traffic
+    run.flops = state.flops
     for stage, plan in plans.items():
         fn = state.stages[stage]
         timer.warm_up(fn, plan.pop("warmup_s"))
@@ -148,13 +150,14 @@ def finish(
     """The row for a measured case (status ok, or partial when interrupted)."""
     case = run.case
     fmt = get_format(case.kv_dtype, case.group_size)
-    step = stats.summarize(run.samples["step"], settings.cv_warn)
+    step = stats.summarize(run.samples.get("step", []), settings.cv_warn)
     stage_ms = {
         f"{s}_ms": stats.summarize(x)["median_ms"]
         for s, x in run.samples.items()
         if s != "step" and x
     }
-    rates = metrics.rates(case, fmt, step["median_ms"], common.get("peak_gbps"), run.traffic)
+    peak = common.get("peak_gbps")
+    rates = metrics.rates(case, fmt, step.get("median_ms"), peak, run.traffic, run.flops)
     measured = {
         **common,
         "status": status,

@@ -38,6 +38,9 @@ PRESETS = {
     "tinyllama-1.1b": ModelShape(22, 32, 4, 64, "TinyLlama/TinyLlama-1.1B config.json"),
     # HuggingFaceTB/SmolLM-135M: 30 layers, 9 q heads, 3 kv heads, hidden 576
     "smollm-135m": ModelShape(30, 9, 3, 64, "HuggingFaceTB/SmolLM-135M config.json"),
+    # HuggingFaceTB/SmolLM2-135M-Instruct (the GGUF `kvbench model fetch` brings): the same
+    # shape; the model engine runs its real weights (docs/quality.md)
+    "smollm2-135m": ModelShape(30, 9, 3, 64, "SmolLM2-135M-Instruct GGUF metadata"),
     # Synthetic shapes sized for the reference-BLAS CPU backend (not a real model).
     "tiny": ModelShape(2, 8, 2, 64, "synthetic (CPU tests)"),
     "small": ModelShape(4, 16, 4, 64, "synthetic (CPU suites)"),

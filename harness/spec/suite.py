@@ -25,7 +25,14 @@ from kvbench.case import AXES, Case
 from kvbench.errors import SuiteError
 from kvbench.kernels.attention import KERNELS
 from kvbench.spec.presets import PRESETS
-from kvbench.spec.validate import check_axis, check_case, check_shards, check_streams, is_int
+from kvbench.spec.validate import (
+    check_axis,
+    check_case,
+    check_model,
+    check_shards,
+    check_streams,
+    is_int,
+)
 
 TOP_KEYS = ("name", "description", "settings", "fixed", "sweep", "zip", "exclude")
 
@@ -225,6 +232,7 @@ def resolve(path: str, combo: dict) -> Case:
     """One combination of axis values -> a checked Case (preset shape filled in, GQA resolved)."""
     case = _shape(path, combo)
     check_streams(path, case)  # first: workload + file data fails on kv_data
+    check_model(path, case)
     check_case(path, case)
     check_shards(path, case)
     return case
@@ -288,6 +296,7 @@ def expand(suite: Suite) -> list[Case]:
         if _excluded({**{a: getattr(case, a) for a in AXES}, **combo}, suite.exclude):
             continue
         check_streams(suite.path, case)
+        check_model(suite.path, case)
         check_case(suite.path, case)
         check_shards(suite.path, case)
         if case.case_id not in seen:

@@ -4,19 +4,24 @@ A problem raises SuiteError(file, key, reason)."""
 
 from __future__ import annotations
 
+from pathlib import Path
+
 from kvbench.axes import TABLE, Axis
 from kvbench.case import AXES, Case
+from kvbench.engines.model import MODEL_PHASES, spec_of
 from kvbench.errors import SuiteError
 from kvbench.kernels.attention import KERNELS
 from kvbench.kernels.data import KV_DATA, load_kv_file
 from kvbench.kernels.formats import FORMATS, get_format
+from kvbench.kernels.kv_store import AXES as K_AXES
 from kvbench.kernels.layouts import LAYOUT_KINDS
+from kvbench.kernels.model_fetch import MODELS
 from kvbench.kernels.peers import PEERS
 from kvbench.kernels.sharded import BY, COMBINES, split_reason
 from kvbench.kernels.workloads import ORDERS
 from kvbench.spec.presets import PRESETS
 
-PHASES = ("decode", "prefill")
+PHASES = ("decode", "prefill", *MODEL_PHASES)
 LAYOUTS = LAYOUT_KINDS
 WORKLOADS = ("none", "independent", "shared-prefix")
 DECODE_ORDERS = ORDERS
@@ -50,6 +55,14 @@ def optional_string(v) -> str | None:
     return None if v is None or (isinstance(v, str) and v) else f"must be a path, got {v!r}"
 
 
+def nonempty_string(v) -> str | None:
+    return None if isinstance(v, str) and v else f"must be a non-empty string, got {v!r}"
+
+
+def optional_format(v) -> str | None:
+    return None if v is None else one_of(tuple(FORMATS))(v)
+
+
 def one_of(choices) -> callable:
     def check(v) -> str | None:
         return None if v in choices else f"unknown value {v!r}; known: {', '.join(choices)}"
@@ -69,6 +82,7 @@ CHOICES = {
     "decode_orders": DECODE_ORDERS,
     "shard_by": BY,
     "combines": COMBINES,
+    "k_axes": K_AXES,
 }
 NAMED_CHECKS = {
     "positive_int": positive_int,
@@ -76,6 +90,8 @@ NAMED_CHECKS = {
     "non_negative_int": non_negative_int,
     "fraction": fraction,
     "optional_string": optional_string,
+    "nonempty_string": nonempty_string,
+    "optional_format": optional_format,
 }
 
 
@@ -91,6 +107,7 @@ def checks_for(table: tuple[Axis, ...]) -> dict:
 
 
 CHECKS = checks_for(TABLE)
+AXIS_DEFAULTS = {a.name: a.default for a in TABLE}
 
 
 def check_axis(path: str, key: str, axis: str, value) -> None:
@@ -119,6 +136,33 @@ def check_case(path: str, case: Case) -> None:
             load_kv_file(case.kv_file, shape)
         except ValueError as e:
             raise SuiteError(path, "kv_file", str(e)) from None
+
+
+MODEL_AXES = ("v_dtype", "k_axis", "sink_tokens", "recent_tokens", "text", "chunks")
+
+
+def check_model(path: str, case: Case) -> None:
+    """The model phases: a real model, one plain sequence, cache options that hold together;
+    the cache options and text axes mean nothing elsewhere."""
+    if case.kv_data == "model" and case.model not in MODELS:
+        known = ", ".join(MODELS)
+        raise SuiteError(path, "kv_data", f"model captures a real model's K/V: model: {known}")
+    off = [a for a in MODEL_AXES if getattr(case, a) != AXIS_DEFAULTS[a]]
+    if case.phase not in MODEL_PHASES:
+        if off:
+            raise SuiteError(path, off[0], "only the model phases (quality, model_decode) use it")
+        return
+    if case.model not in MODELS:
+        known = ", ".join(MODELS)
+        raise SuiteError(path, "model", f"phase {case.phase} runs a real model ({known})")
+    if case.n_seqs != 1 or case.workload != "none" or case.layout != "per-stream":
+        raise SuiteError(path, "phase", f"{case.phase} runs one sequence, per-stream, no workload")
+    if case.text != "default" and not Path(case.text).is_file():
+        raise SuiteError(path, "text", f"{case.text}: no such file")
+    try:
+        spec_of(case).formats()
+    except ValueError as e:
+        raise SuiteError(path, "k_axis", str(e)) from None
 
 
 def check_streams(path: str, case: Case) -> None:

@@ -97,6 +97,15 @@ class _Measured:
     rel_err: float | None = None
     cosine: float | None = None
     kv_recon_err: float | None = None  # relative L2 error of decoded K/V vs the originals
+    # quality on a real model (phase quality, harness/engines/model.py): the cache in the
+    # case's format against a float32 cache over the same text, scored as llama-perplexity
+    ppl: float | None = None  # perplexity with the case's cache
+    ppl_ref: float | None = None  # perplexity with a float32 cache
+    delta_ppl: float | None = None  # ppl - ppl_ref
+    kl_mean: float | None = None  # mean KL divergence of next-token distributions (nats)
+    kl_p99: float | None = None  # its 99th percentile over the scored tokens
+    top1_agree: float | None = None  # fraction of scored tokens with the same top-1 token
+    n_scored: int | None = None  # tokens scored
     # context
     commit: str | None = None
     dirty: bool | None = None

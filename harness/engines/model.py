@@ -1,0 +1,165 @@
+"""The model engine: a real model (kernels/model.py) with its KV cache stored in the case's
+format through kvbench's own formats and kernels (kernels/kv_store.py).
+
+* phase model_decode: the cache is prefilled with the text's first context_len - 1 tokens
+  (untimed, as llama-bench's `-d`); the timed step is one whole-model decode step at that depth
+  (every layer writes its K/V, quantizing on write, and attends with the case's kernel). Every
+  sample decodes the same next token at the same depth: the cache's write position is reset
+  before each step, so each sample is the context_len-th token. tokens_per_s = 1 / step.
+* phase quality: the text is cut into `chunks` chunks of context_len tokens (as
+  llama-perplexity: the second half of each chunk is scored); the model runs over each chunk
+  with the cache in the case's format and with a float32 cache; the row gets ppl, ppl_ref,
+  delta_ppl, kl_mean, kl_p99 (KL divergence of the next-token distributions, nats) and
+  top1_agree. Nothing is timed (n_samples 0): the quality phase measures quality only.
+* kv_bytes: the exact bytes of the cache after context_len tokens (kernels/kv_store.py kv_bytes:
+  data, scales, biases, fp16 sinks and residual window); alloc_bytes: what the store holds.
+The model, the tokenized text and the float32 reference of each (model, text, context, chunks)
+are loaded once per process and shared by every case.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import mlx.core as mx
+
+from kvbench.case import Case
+from kvbench.engines.contract import State, memory_baseline
+from kvbench.kernels import kv_store, quality
+from kvbench.kernels.formats import get_format
+from kvbench.kernels.model import load_model
+from kvbench.kernels.model_fetch import require_model
+from kvbench.kernels.tokenizer import load_tokenizer
+
+MODEL_PHASES = ("quality", "model_decode")
+
+
+def claims(case: Case) -> bool:
+    return case.phase in MODEL_PHASES
+
+
+def spec_of(case: Case) -> kv_store.CacheSpec:
+    return kv_store.CacheSpec(
+        k_dtype=case.kv_dtype,
+        v_dtype=case.v_dtype,
+        k_group=case.group_size,
+        k_axis=case.k_axis,
+        sink_tokens=case.sink_tokens,
+        recent_tokens=case.recent_tokens,
+    )
+
+
+def skip_reason(case: Case, backend: str) -> str | None:
+    """A plain spec runs the kernel on the stored format; any other spec (separate K/V formats,
+    per-channel keys, sinks, a residual window) hands the kernel a dense view."""
+    spec = spec_of(case)
+    dense = get_format("fp32" if case.kernel == "reference" else "fp16")
+    try:
+        for fmt in spec.formats() if spec.plain else (dense,):
+            kv_store.check_kernel(case.kernel, fmt, backend)
+    except ValueError as e:
+        return str(e)
+    return None
+
+
+@lru_cache(maxsize=2)
+def model_of(name: str):
+    """The model (fetched into the cache on first use) and its tokenizer."""
+    model = load_model(require_model(name))
+    return model, load_tokenizer(model)
+
+
+@lru_cache(maxsize=4)
+def tokens_of(name: str, text: str) -> tuple[int, ...]:
+    _, tokenizer = model_of(name)
+    body = quality.default_text() if text == "default" else quality.text_file(text)
+    return tuple(tokenizer.encode(body))
+
+
+@lru_cache(maxsize=8)
+def reference_of(name: str, text: str, context_len: int, n_chunks: int):
+    """The chunks and their float32-cache log-probabilities (once per process)."""
+    model, _ = model_of(name)
+    chunks = quality.chunks(list(tokens_of(name, text)), context_len, n_chunks)
+    return chunks, quality.reference_run(model, chunks)
+
+
+def decode_state(case: Case) -> State:
+    model, _ = model_of(case.model)
+    spec = spec_of(case)
+    depth = case.context_len - 1
+    tokens = tokens_of(case.model, case.text)
+    if len(tokens) < case.context_len:
+        raise ValueError(f"text {case.text}: {len(tokens)} tokens, fewer than context_len")
+    baseline = memory_baseline()
+    cache = kv_store.make_cache(spec, model.config, case.context_len, case.kernel, case.tile_kv)
+    quality.prefill(model, cache, list(tokens[:depth]))
+    mx.eval(cache.arrays())
+    alloc, mark, token = cache.held_bytes(), cache.mark(), tokens[depth]
+
+    def step() -> list[mx.array]:
+        cache.rewind(mark)  # every sample decodes the same context_len-th token
+        return [quality.decode_step(model, cache, token), *cache.arrays()]
+
+    return State(
+        {"step": step},
+        lambda: {},
+        traffic=decode_traffic(case, model),
+        flops=decode_flops(case, model),
+        kv_bytes=kv_bytes(case),
+        alloc_bytes=alloc,
+        baseline_bytes=baseline,
+    )
+
+
+def weight_bytes(model) -> int:
+    """Bytes of every weight array of the model (quantized weights with scales and biases)."""
+    from mlx.utils import tree_flatten
+
+    return sum(a.nbytes for _, a in tree_flatten(model.params) if isinstance(a, mx.array))
+
+
+def linear_params(p: dict) -> int:
+    """Multiply-adds per token of one linear layer: out x in features."""
+    if "scales" in p:
+        return p["weight"].shape[0] * p["scales"].shape[1] * p["group_size"]
+    return p["weight"].size
+
+
+def decode_flops(case: Case, model) -> int:
+    """Matmul FLOPs of one decode step: 2 per multiply-add of every linear layer and the
+    output head, plus attention over the context (4 * Hq * L * D per layer)."""
+    c = model.config
+    linears = [p for layer in model.params["layers"] for p in layer.values() if "weight" in p]
+    macs = sum(linear_params(p) for p in [*linears, model.params["lm_head"]])
+    return 2 * macs + c.n_layers * 4 * c.n_heads * case.context_len * c.head_dim
+
+
+def decode_traffic(case: Case, model) -> tuple[int, int]:
+    """(read, written) of one decode step, each tensor once: every weight, the K/V of the
+    context_len - 1 positions held, the new token's K/V written (activations not counted)."""
+    c = model.config
+    held = kv_store.kv_bytes(spec_of(case), case.context_len - 1, c.n_layers, c.n_kv_heads,
+                             c.head_dim)  # fmt: skip
+    written = kv_bytes(case) - held
+    return weight_bytes(model) + held, written
+
+
+def quality_state(case: Case) -> State:
+    model, _ = model_of(case.model)
+    chunks, ref = reference_of(case.model, case.text, case.context_len, case.chunks)
+
+    def check() -> dict:
+        return quality.quality(model, chunks, spec_of(case), ref, case.kernel, None, case.tile_kv)
+
+    return State({}, check, traffic=(0, 0), kv_bytes=kv_bytes(case))
+
+
+def kv_bytes(case: Case) -> int:
+    c = model_of(case.model)[0].config
+    return kv_store.kv_bytes(spec_of(case), case.context_len, c.n_layers, c.n_kv_heads, c.head_dim)
+
+
+def build(case: Case) -> State:
+    get_format(case.kv_dtype, case.group_size)  # a bad format fails here, not in the model
+    return quality_state(case) if case.phase == "quality" else decode_state(case)

@@ -1,0 +1,294 @@
+"""The model's KV cache: each layer's K/V stored in kvbench formats, attended by kvbench kernels.
+
+A CacheSpec names the K and V formats (`k_dtype`, `v_dtype`, each with a group size), the axis
+key scales run along (`k_axis`: "token" = one scale per position (and group of channels), as
+every kvbench format stores; "channel" = one scale per channel over a group of positions, as
+KIVI quantizes keys), `sink_tokens` (the first positions, kept in fp16) and `recent_tokens`
+(a residual window in fp16: new positions wait there and are quantized `recent_tokens` at a
+time when it fills, as KIVI's residual does; 0 = quantize every position on write).
+
+* A plain spec (same K and V format, per-token scales, no sinks, no window) stores through
+  kernels/cache.py's KVCache, and the chosen kernel reads the stored arrays directly: the
+  same code path the attention suites time (quantized_matmul and tiled run on packed data).
+* Any other spec stores each region (sinks, quantized body, residual) in its own buffers,
+  decodes them to one dense array per layer (float32 for the `reference` kernel, fp16
+  otherwise) and attends with a dense kernel (reference / sdpa / ops / tiled): a
+  dequantize-then-attend path, so its quality is exact but its speed is not that of a fused
+  kernel.
+
+`kv_bytes` is the exact storage formula of a spec after n tokens (the regions as filled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from .attention import KERNELS, unsupported_reason
+from .cache import KVCache
+from .formats import get_format
+
+AXES = ("token", "channel")
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    k_dtype: str = "fp16"
+    v_dtype: str | None = None  # None: same as k_dtype
+    k_group: int | None = None
+    v_group: int | None = None  # None with v_dtype None: same as k_group
+    k_axis: str = "token"
+    sink_tokens: int = 0
+    recent_tokens: int = 0
+
+    def __post_init__(self):
+        if self.k_axis not in AXES:
+            raise ValueError(f"k_axis must be one of {AXES}, got {self.k_axis!r}")
+        if self.sink_tokens < 0 or self.recent_tokens < 0:
+            raise ValueError("sink_tokens and recent_tokens must be >= 0")
+        if self.k_axis == "channel" and self.recent_tokens == 0:
+            raise ValueError("k_axis channel quantizes groups of recent_tokens positions: set it")
+
+    @property
+    def v_name(self) -> str:
+        return self.v_dtype or self.k_dtype
+
+    @property
+    def v_grp(self) -> int | None:
+        return self.v_group if self.v_dtype is not None else self.v_group or self.k_group
+
+    def formats(self):
+        return get_format(self.k_dtype, self.k_group), get_format(self.v_name, self.v_grp)
+
+    @property
+    def plain(self) -> bool:
+        same = self.v_name == self.k_dtype and self.v_grp == self.k_group
+        return same and self.k_axis == "token" and not self.sink_tokens + self.recent_tokens
+
+    @property
+    def label(self) -> str:
+        k = self.k_dtype + (f"/g{self.k_group}" if self.k_group else "")
+        v = self.v_name + (f"/g{self.v_grp}" if self.v_grp else "")
+        out = k if self.v_name == self.k_dtype and self.v_grp == self.k_group else f"K{k}-V{v}"
+        if self.k_axis == "channel":
+            out += "-kchan"
+        if self.sink_tokens:
+            out += f"-sink{self.sink_tokens}"
+        if self.recent_tokens:
+            out += f"-recent{self.recent_tokens}"
+        return out
+
+
+# ---- exact bytes ---------------------------------------------------------------------------
+
+
+def region_counts(spec: CacheSpec, n: int) -> tuple[int, int, int]:
+    """(sink, quantized, residual) positions held after n tokens."""
+    sink = min(spec.sink_tokens, n)
+    rest = n - sink
+    r = spec.recent_tokens
+    body = rest if r == 0 else rest // r * r
+    return sink, body, rest - body
+
+
+def stream_bytes(spec: CacheSpec, fmt, channel: bool, n: int, head_dim: int) -> int:
+    """Bytes of one K or V stream (one layer, one sequence, one KV head) after n tokens."""
+    sink, body, resid = region_counts(spec, n)
+    fp16 = 2 * head_dim * (sink + resid)
+    if channel:  # each flushed group: head_dim rows of recent_tokens positions
+        return fp16 + body // spec.recent_tokens * fmt.nbytes(head_dim, spec.recent_tokens)
+    return fp16 + fmt.nbytes(body, head_dim)
+
+
+def kv_bytes(
+    spec: CacheSpec, n_tokens: int, n_layers: int, n_kv_heads: int, head_dim: int, n_seqs: int = 1
+) -> int:
+    """Exact bytes of the K and V a spec holds after n_tokens (data, scales, biases, fp16
+    sinks and residual), over every layer, KV head and sequence."""
+    kf, vf = spec.formats()
+    per = stream_bytes(spec, kf, spec.k_axis == "channel", n_tokens, head_dim)
+    per += stream_bytes(spec, vf, False, n_tokens, head_dim)
+    return per * n_layers * n_kv_heads * n_seqs
+
+
+# ---- caches --------------------------------------------------------------------------------
+
+
+def attend_kernel(kernel: str, q, k, v, fmt, scale: float, tile_kv):
+    """Run KERNELS[kernel] over stored k, v; causal when several queries are new."""
+    mask = "causal" if q.shape[2] > 1 else None
+    dtype = mx.float32 if kernel == "reference" else fmt.compute_dtype
+    out = KERNELS[kernel].fn(q.astype(dtype), k, v, fmt, mask=mask, scale=scale, tile_kv=tile_kv)
+    return out.astype(mx.float32)
+
+
+def check_kernel(kernel: str, fmt, backend: str = "cpu") -> None:
+    if kernel not in KERNELS:
+        raise ValueError(f"unknown kernel {kernel!r}; known: {', '.join(KERNELS)}")
+    reason = unsupported_reason(kernel, fmt, backend)
+    if reason:
+        raise ValueError(f"kernel {kernel}: {reason}")
+
+
+class PlainCache:
+    """One format for K and V, per-token scales: kernels/cache.py's KVCache, kernel on it."""
+
+    def __init__(self, spec, n_layers, n_kv_heads, head_dim, capacity, kernel, tile_kv=None):
+        self.fmt = spec.formats()[0]
+        check_kernel(kernel, self.fmt)
+        self.kv = KVCache(self.fmt, n_layers, 1, n_kv_heads, capacity, head_dim)
+        self.kernel, self.tile_kv, self.offset = kernel, tile_kv, 0
+
+    def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
+        n = k.shape[2]
+        self.kv.write(layer, k, v, self.offset)
+        ks, vs = self.kv.view(layer, self.offset + n)
+        return attend_kernel(self.kernel, q, ks, vs, self.fmt, scale, self.tile_kv)
+
+    def advance(self, n: int) -> None:
+        self.offset += n
+        self.kv.offset = self.offset
+
+    def mark(self) -> int:
+        """The state to come back to (rewind): the number of positions held."""
+        return self.offset
+
+    def rewind(self, mark: int) -> None:
+        """Back to `mark`: the next write lands where it landed after mark() (a decode step
+        at a fixed depth, repeated; the same token writes the same bytes again)."""
+        self.offset = self.kv.offset = mark
+
+    def arrays(self) -> list[mx.array]:
+        return self.kv.arrays()
+
+    def held_bytes(self) -> int:
+        """Bytes of the stored arrays' first `offset` positions (measured)."""
+        views = [self.kv.view(i, self.offset) for i in range(self.kv.n_layers)]
+        return sum(a.nbytes for kv in views for s in kv for a in s.values())
+
+
+class Stream:
+    """One layer's K or V of a mixed spec: fp16 sinks, a quantized body, an fp16 residual."""
+
+    def __init__(self, spec: CacheSpec, fmt, channel: bool, n_kv_heads, head_dim, capacity):
+        self.fmt, self.channel, self.d = fmt, channel, head_dim
+        self.s_max, self.r = spec.sink_tokens, spec.recent_tokens
+        dense = (1, n_kv_heads, max(self.s_max, 1), head_dim)
+        self.sink = mx.zeros(dense, dtype=mx.float16)
+        self.resid = mx.zeros((1, n_kv_heads, max(self.r, 1), head_dim), dtype=mx.float16)
+        if channel:  # [B, H, groups, D, R]: row = one channel over R positions
+            self.body = fmt.alloc((1, n_kv_heads, capacity // self.r + 1, head_dim, self.r))
+        else:
+            self.body = fmt.alloc((1, n_kv_heads, capacity, head_dim))
+        self.n_sink = self.n_body = self.n_resid = 0
+
+    def write(self, x: mx.array) -> None:
+        """Append x [1, H, n, D] (float32) after the positions already held."""
+        take = min(self.s_max - self.n_sink, x.shape[2])
+        if take > 0:
+            self.sink[:, :, self.n_sink : self.n_sink + take] = x[:, :, :take].astype(mx.float16)
+            self.n_sink += take
+            x = x[:, :, take:]
+        if x.shape[2] == 0:
+            return
+        if self.r == 0:
+            return self._flush(x)
+        pending = mx.concatenate([self.resid[:, :, : self.n_resid].astype(x.dtype), x], axis=2)
+        n_flush = pending.shape[2] // self.r * self.r
+        if n_flush:
+            self._flush(pending[:, :, :n_flush])
+        tail = pending[:, :, n_flush:]
+        self.resid[:, :, : tail.shape[2]] = tail.astype(mx.float16)
+        self.n_resid = tail.shape[2]
+
+    def _flush(self, x: mx.array) -> None:
+        """Quantize x [1, H, m, D] into the body (m a multiple of recent_tokens if channel)."""
+        m = x.shape[2]
+        if self.channel:
+            g0, ng = self.n_body // self.r, m // self.r
+            b, h, _, d = x.shape
+            rows = x.reshape(b, h, ng, self.r, d).swapaxes(-1, -2)  # [B, H, ng, D, R]
+            for name, part in self.fmt.encode(rows).items():
+                self.body[name][:, :, g0 : g0 + ng] = part
+        else:
+            for name, part in self.fmt.encode(x).items():
+                self.body[name][:, :, self.n_body : self.n_body + m] = part
+        self.n_body += m
+
+    def dense(self, dtype: mx.Dtype) -> mx.array:
+        """Every held position in order, decoded to `dtype`: [1, H, n, D]."""
+        parts = [self.sink[:, :, : self.n_sink].astype(dtype)]
+        if self.channel:
+            ng = self.n_body // self.r
+            body = self.fmt.decode({k: a[:, :, :ng] for k, a in self.body.items()}, dtype)
+            b, h = body.shape[:2]
+            parts.append(body.swapaxes(-1, -2).reshape(b, h, ng * self.r, self.d))
+        else:
+            body = {k: a[:, :, : self.n_body] for k, a in self.body.items()}
+            parts.append(self.fmt.decode(body, dtype))
+        parts.append(self.resid[:, :, : self.n_resid].astype(dtype))
+        return mx.concatenate(parts, axis=2)
+
+    def arrays(self) -> list[mx.array]:
+        return [self.sink, self.resid, *self.body.values()]
+
+    def held_bytes(self) -> int:
+        """Bytes of the array slices that hold positions now (measured, not the formula)."""
+        held = self.n_body // self.r if self.channel else self.n_body
+        body = sum(a[:, :, :held].nbytes for a in self.body.values())
+        fp16 = self.sink[:, :, : self.n_sink].nbytes + self.resid[:, :, : self.n_resid].nbytes
+        return body + fp16
+
+
+class MixedCache:
+    """Separate K/V formats, per-channel keys, fp16 sinks and residual window (see module)."""
+
+    def __init__(self, spec, n_layers, n_kv_heads, head_dim, capacity, kernel, tile_kv=None):
+        kf, vf = spec.formats()
+        self.dtype = mx.float32 if kernel == "reference" else mx.float16
+        self.dense_fmt = get_format("fp32" if kernel == "reference" else "fp16")
+        check_kernel(kernel, self.dense_fmt)
+        chan = spec.k_axis == "channel"
+        if chan:  # each channel's row is recent_tokens positions long: it must suit kf
+            try:
+                kf.nbytes(head_dim, spec.recent_tokens)
+            except ValueError as e:
+                reason = f"k_axis channel, recent_tokens {spec.recent_tokens}: {e}"
+                raise ValueError(reason) from None
+        mk = lambda f, c: Stream(spec, f, c, n_kv_heads, head_dim, capacity)  # noqa: E731
+        self.k = [mk(kf, chan) for _ in range(n_layers)]
+        self.v = [mk(vf, False) for _ in range(n_layers)]
+        self.kernel, self.tile_kv, self.offset = kernel, tile_kv, 0
+
+    def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
+        self.k[layer].write(k)
+        self.v[layer].write(v)
+        kd = {"data": self.k[layer].dense(self.dtype)}
+        vd = {"data": self.v[layer].dense(self.dtype)}
+        return attend_kernel(self.kernel, q, kd, vd, self.dense_fmt, scale, self.tile_kv)
+
+    def advance(self, n: int) -> None:
+        self.offset += n
+
+    def mark(self) -> tuple:
+        """The counters of every stream: enough to rewind, because re-writing the same token
+        at the same depth writes the same values into the same sink, body and residual cells."""
+        return self.offset, [(s.n_sink, s.n_body, s.n_resid) for s in (*self.k, *self.v)]
+
+    def rewind(self, mark: tuple) -> None:
+        self.offset, counts = mark
+        for s, (a, b, c) in zip((*self.k, *self.v), counts):
+            s.n_sink, s.n_body, s.n_resid = a, b, c
+
+    def arrays(self) -> list[mx.array]:
+        return [a for s in (*self.k, *self.v) for a in s.arrays()]
+
+    def held_bytes(self) -> int:
+        return sum(s.held_bytes() for s in (*self.k, *self.v))
+
+
+def make_cache(spec: CacheSpec, config, capacity: int, kernel: str = "reference", tile_kv=None):
+    """A cache for `config` (kernels.model.Config) holding up to `capacity` positions."""
+    cls = PlainCache if spec.plain else MixedCache
+    return cls(spec, config.n_layers, config.n_kv_heads, config.head_dim, capacity, kernel, tile_kv)

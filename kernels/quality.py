@@ -1,0 +1,190 @@
+"""The quality cost of a KV cache configuration on a real model, and decode at depth.
+
+Measured as llama.cpp's `llama-perplexity` does: the token stream is cut into chunks of
+`context_len` tokens; each chunk starts from an empty cache, is fed in micro-batches of
+`ubatch` tokens (K/V stored in the cache's format on write, attention over the stored cache),
+and only the second half of each chunk is scored (logits at positions context_len/2 ..
+context_len-2 predict the next token), so every scored token sees at least half a context.
+The float32 cache of the same model is the reference: per scored token, the KL divergence
+KL(p_ref || p) of the next-token distributions, whether the top-1 tokens agree, and the
+negative log-likelihood of the true next token. ppl = exp(mean nll).
+
+Default text: the prose of Python's own language reference as shipped in every CPython
+(`pydoc_data.topics`, the text `help()` shows), topics in sorted order, indented blocks (code
+and grammar) and reST underlines dropped. It is present wherever kvbench installs, needs no
+network and is deterministic for a given Python minor version (its sha256 is reported with
+the figures); it is technical English, so absolute perplexities are those of documentation
+prose, while the deltas between cache formats are what kvbench ranks.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import sys
+from pathlib import Path
+
+import mlx.core as mx
+import numpy as np
+
+from .kv_store import CacheSpec, make_cache
+from .model import Model, forward
+
+DEFAULT_TEXT = "pydoc-topics"
+REFERENCE_SPEC = CacheSpec("fp32")
+
+
+# ---- text ----------------------------------------------------------------------------------
+
+
+def _prose(block: str) -> str:
+    keep = []
+    for line in block.splitlines():
+        if line.startswith("   ") or set(line.strip()) <= set("*=-^~"):
+            continue  # code / grammar block, or a heading underline (blank lines kept)
+        keep.append(line)
+    return "\n".join(keep)
+
+
+def default_text() -> str:
+    """The prose of CPython's pydoc topics (see module docstring), deterministic."""
+    from pydoc_data.topics import topics
+
+    text = "\n\n".join(_prose(topics[k]) for k in sorted(topics))
+    while "\n\n\n" in text:
+        text = text.replace("\n\n\n", "\n\n")
+    return text.strip() + "\n"
+
+
+def text_file(path: str | Path) -> str:
+    """UTF-8 text of a file; ValueError naming the file if unreadable or empty."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except (OSError, UnicodeDecodeError) as e:
+        raise ValueError(f"cannot read text file {path}: {e}") from None
+    if not text.strip():
+        raise ValueError(f"text file {path} is empty")
+    return text
+
+
+def text_info(text: str) -> dict:
+    """What identifies a text in a result row."""
+    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
+    return {"text_sha256": digest, "text_chars": len(text), "python": sys.version.split()[0]}
+
+
+# ---- running the model over chunks -----------------------------------------------------------
+
+
+def chunks(tokens: list[int], context_len: int, n_chunks: int | None = None) -> list[list[int]]:
+    """Consecutive chunks of context_len tokens (the last partial one dropped)."""
+    if context_len < 4:
+        raise ValueError(f"context_len {context_len} must be >= 4")
+    n = len(tokens) // context_len if n_chunks is None else n_chunks
+    if n < 1 or n * context_len > len(tokens):
+        raise ValueError(f"text has {len(tokens)} tokens: fewer than {n} x {context_len}")
+    return [tokens[i * context_len : (i + 1) * context_len] for i in range(n)]
+
+
+def chunk_logprobs(
+    model: Model, chunk: list[int], spec: CacheSpec, kernel="reference", ubatch=None, tile_kv=None
+) -> mx.array:
+    """float32 log-probabilities [n_scored, vocab] at the scored positions of one chunk."""
+    n = len(chunk)
+    first = n // 2
+    cache = make_cache(spec, model.config, n, kernel, tile_kv)
+    step = ubatch or n
+    out = []
+    for s in range(0, n, step):
+        piece = mx.array([chunk[s : s + step]])
+        start = max(first - s, 0)  # logits only where they are scored
+        if start < piece.shape[1]:
+            logits = forward(model, piece, cache, logits_from=start)[0]
+            out.append(logits)
+        else:
+            forward(model, piece, cache, logits_from=piece.shape[1])
+        mx.eval(out, cache.arrays())
+    logits = mx.concatenate(out, axis=0)[: n - 1 - first]  # the last position has no target
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
+def token_stats(ref_lp: mx.array, lp: mx.array, targets: list[int]) -> dict:
+    """Per scored token: kl(ref || this), top-1 agreement, nll of the target (numpy arrays)."""
+    kl = mx.sum(mx.exp(ref_lp) * (ref_lp - lp), axis=-1)
+    agree = mx.argmax(ref_lp, axis=-1) == mx.argmax(lp, axis=-1)
+    nll = -mx.take_along_axis(lp, mx.array(targets)[:, None], axis=-1)[:, 0]
+    mx.eval(kl, agree, nll)
+    return {"kl": np.array(kl), "agree": np.array(agree), "nll": np.array(nll)}
+
+
+def targets_of(chunk: list[int]) -> list[int]:
+    first = len(chunk) // 2
+    return chunk[first + 1 :]
+
+
+def reference_run(model: Model, token_chunks: list[list[int]], ubatch=None) -> list[mx.array]:
+    """The float32-cache log-probabilities of every chunk (computed once, reused per format)."""
+    return [chunk_logprobs(model, c, REFERENCE_SPEC, "reference", ubatch) for c in token_chunks]
+
+
+def summarize(stats: list[dict], ref_nll: np.ndarray) -> dict:
+    kl = np.concatenate([s["kl"] for s in stats])
+    nll = np.concatenate([s["nll"] for s in stats])
+    agree = np.concatenate([s["agree"] for s in stats])
+    ppl, ppl_ref = float(np.exp(nll.mean())), float(np.exp(ref_nll.mean()))
+    return {
+        "ppl": ppl,
+        "ppl_ref": ppl_ref,
+        "delta_ppl": ppl - ppl_ref,
+        "kl_mean": float(kl.mean()),
+        "kl_p99": float(np.percentile(kl, 99)),
+        "top1_agree": float(agree.mean()),
+        "n_scored": int(kl.size),
+    }
+
+
+def quality(
+    model: Model,
+    token_chunks: list[list[int]],
+    spec: CacheSpec,
+    ref: list[mx.array],
+    kernel: str = "reference",
+    ubatch: int | None = None,
+    tile_kv: int | None = None,
+) -> dict:
+    """ppl, ppl_ref, delta_ppl, kl_mean, kl_p99, top1_agree, n_scored of `spec` against `ref`
+    (reference_run of the same chunks)."""
+    stats, ref_nll = [], []
+    for chunk, ref_lp in zip(token_chunks, ref):
+        lp = chunk_logprobs(model, chunk, spec, kernel, ubatch, tile_kv)
+        tg = targets_of(chunk)
+        stats.append(token_stats(ref_lp, lp, tg))
+        ref_nll.append(token_stats(ref_lp, ref_lp, tg)["nll"])
+    return summarize(stats, np.concatenate(ref_nll))
+
+
+# ---- decode at depth -----------------------------------------------------------------------
+
+
+def prefill(model: Model, cache, tokens: list[int], ubatch: int | None = None) -> None:
+    """Fill `cache` with `tokens` (no logits kept), evaluated piece by piece."""
+    step = ubatch or len(tokens)
+    for s in range(0, len(tokens), step):
+        piece = mx.array([tokens[s : s + step]])
+        forward(model, piece, cache, logits_from=piece.shape[1])
+        mx.eval(cache.arrays())
+
+
+def decode_step(model: Model, cache, token: int) -> mx.array:
+    """One whole-model decode step at depth cache.offset: logits [vocab] (lazy: the caller
+    evaluates them, with cache.arrays(), inside its timer)."""
+    return forward(model, mx.array([[token]]), cache)[0, -1]
+
+
+def greedy(model: Model, cache, prompt: list[int], n_new: int) -> list[int]:
+    """Greedy continuation of `prompt` (n_new tokens)."""
+    logits = forward(model, mx.array([prompt]), cache, logits_from=len(prompt) - 1)[0, -1]
+    out = []
+    for _ in range(n_new):
+        out.append(int(mx.argmax(logits).item()))
+        logits = decode_step(model, cache, out[-1])
+    return out

