@@ -76,6 +76,14 @@ def test_a_quality_row_has_quality_and_no_time(tiny):
     row = runner.finish(run, Settings(), {})
     assert row.kl_mean is not None and row.top1_agree is not None and row.n_samples == 0
     assert row.median_ms is None and row.kv_bytes == engine.kv_bytes(c)
+    assert row.bits_per_elem == 8.25  # int8: 8 bits + one fp16 scale per 64-element row
+
+
+def test_bits_of_a_mixed_spec_count_everything_it_holds(tiny):
+    # K int8 (8.25 bits) and V int4 (4.25 bits) average 6.25; 4 fp16 sinks of 32 positions
+    # add (16 - 6.25) * 4 / 32
+    state = engine.build(case(phase="quality", kv_dtype="int8", v_dtype="int4", sink_tokens=4))
+    assert state.bits_per_elem == pytest.approx(6.25 + (16 - 6.25) * 4 / 32)
 
 
 def test_suite_checks_of_the_model_axes():

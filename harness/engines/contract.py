@@ -41,6 +41,7 @@ class State:
     traffic: tuple[int, int]  # (bytes_read, bytes_written) of one step, all layers
     kv_bytes: int  # exact format bytes of the K/V the case holds, all layers
     flops: int | None = None  # matmul FLOPs of one step; None: the attention-only default
+    bits_per_elem: float | None = None  # stored bits per K/V element; None: the case format's
     alloc_bytes: int | None = None  # measured growth of active memory for the cache
     # active memory before the cache; peak memory is above this. None: the engine's arrays are
     # not MLX's (torch, numpy), so MLX's peak memory says nothing about them: not recorded

@@ -106,6 +106,7 @@ def decode_state(case: Case) -> State:
         lambda: {},
         traffic=decode_traffic(case, model),
         flops=decode_flops(case, model),
+        bits_per_elem=bits_per_elem(case),
         kv_bytes=kv_bytes(case),
         alloc_bytes=alloc,
         baseline_bytes=baseline,
@@ -152,12 +153,21 @@ def quality_state(case: Case) -> State:
     def check() -> dict:
         return quality.quality(model, chunks, spec_of(case), ref, case.kernel, None, case.tile_kv)
 
-    return State({}, check, traffic=(0, 0), kv_bytes=kv_bytes(case))
+    return State(
+        {}, check, traffic=(0, 0), kv_bytes=kv_bytes(case), bits_per_elem=bits_per_elem(case)
+    )
 
 
 def kv_bytes(case: Case) -> int:
     c = model_of(case.model)[0].config
     return kv_store.kv_bytes(spec_of(case), case.context_len, c.n_layers, c.n_kv_heads, c.head_dim)
+
+
+def bits_per_elem(case: Case) -> float:
+    """Stored bits per K/V element of the whole spec (separate formats, fp16 sinks and
+    residual window, per-channel scales included): kv_bytes over the elements held."""
+    c = model_of(case.model)[0].config
+    return 8 * kv_bytes(case) / (2 * c.n_layers * c.n_kv_heads * case.context_len * c.head_dim)
 
 
 def build(case: Case) -> State:

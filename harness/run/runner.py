@@ -51,6 +51,7 @@ class CaseRun:
     reported: dict = field(default_factory=dict)  # row fields the engine's State reported
     traffic: tuple | None = None  # the engine's (bytes_read, bytes_written) of one step
     flops: int | None = None  # the engine's FLOPs of one step (None: the attention default)
+    bits_per_elem: float | None = None  # the engine's stored bits per element (None: format's)
     peak_mem_bytes: int | None = None
     rounds_done: int = 0
 
@@ -92,7 +93,7 @@ def measure_round(run: CaseRun, settings: Settings, round_no: int) -> None:
     mx.synchronize()
     mx.reset_peak_memory()
     run.reported, run.traffic = reported(run.case, state), state.traffic
-    run.flops = state.flops
+    run.flops, run.bits_per_elem = state.flops, state.bits_per_elem
     for stage, plan in plans.items():
         fn = state.stages[stage]
         timer.warm_up(fn, plan.pop("warmup_s"))
@@ -165,7 +166,7 @@ def finish(
         **step,
         **stage_ms,
         **rates,
-        "bits_per_elem": fmt.bits_per_elem(case.head_dim),
+        "bits_per_elem": run.bits_per_elem or fmt.bits_per_elem(case.head_dim),
         "data_bits": fmt.data_bits,
         "kernel_kind": kernel_kind(case.kernel),
         "peak_mem_bytes": run.peak_mem_bytes,
