@@ -23,7 +23,7 @@ from kvbench.engines import engine_for, metrics
 from kvbench.engines.contract import State
 from kvbench.kernels.formats import get_format
 from kvbench.kernels.peers import kernel_kind
-from kvbench.run import timer
+from kvbench.run import interrupt, timer
 from kvbench.spec.suite import Settings
 from kvbench.store.record import Record, make_record
 
@@ -66,25 +66,35 @@ def measure_round(run: CaseRun, settings: Settings, round_no: int) -> None:
     mx.reset_peak_memory()
     run.reported, run.traffic = reported(run.case, state), state.traffic
     share = 1.0 / settings.rounds
+    new_ms: dict[str, list[float]] = {}
     for stage, weight in stage_shares(state.stages, settings.stages).items():
         fn = state.stages[stage]
         timer.warm_up(fn, settings.warmup_s * weight)
-        prior = run.samples.setdefault(stage, [])
-        new = timer.sample(
+        new_ms[stage] = timer.sample(
             fn,
             budget_s=settings.budget_s * share * weight,
             min_samples=math.ceil(settings.min_samples * (round_no + 1) * share),
             max_samples=math.ceil(settings.max_samples * share),
             target_ci=settings.target_ci,
-            prior_ms=prior,
+            prior_ms=run.samples.get(stage, []),
         )
+    mx.synchronize()
+    peak = None
+    if state.baseline_bytes is not None:
+        peak = mx.get_peak_memory() - state.baseline_bytes
+    with interrupt.deferred():  # a round counts whole or not at all
+        _commit(run, round_no, new_ms, peak)
+
+
+def _commit(run: CaseRun, round_no: int, new_ms: dict, peak: int | None) -> None:
+    """Add one finished round's samples (and peak memory) to the case's run."""
+    for stage, new in new_ms.items():
+        prior = run.samples.setdefault(stage, [])
         run.sample_rows += [
             (run.case.case_id, stage, round_no, len(prior) + i, ms) for i, ms in enumerate(new)
         ]
         prior.extend(new)
-    mx.synchronize()
-    if state.baseline_bytes is not None:
-        peak = mx.get_peak_memory() - state.baseline_bytes
+    if peak is not None:
         run.peak_mem_bytes = max(run.peak_mem_bytes or 0, peak)
     run.rounds_done += 1
 
