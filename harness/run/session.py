@@ -23,10 +23,9 @@ from kvbench.run import interrupt, memory, runner
 from kvbench.run.bandwidth import peak_read_bandwidth
 from kvbench.run.context import run_context, run_id
 from kvbench.run.progress import Progress
-from kvbench.spec.suite import Suite
+from kvbench.spec.suite import Settings, Suite
 from kvbench.store.files import check_output_dir
 from kvbench.store.record import ResultsWriter
-
 
 ROW_BYTES = 4096  # a results row is ~2 KB of text: twice that, for the up-front space check
 SAMPLE_BYTES = 64  # one raw sample's line (case id, stage, round, index, ms) is ~40 bytes
@@ -39,7 +38,9 @@ def output_bytes(cases: list[Case], settings: Settings) -> int:
     return len(cases) * (ROW_BYTES + stages * settings.max_samples * SAMPLE_BYTES)
 
 
-def prepare_output(out_dir: str | Path, cases: list[Case], settings: Settings, commit) -> ResultsWriter:
+def prepare_output(
+    out_dir: str | Path, cases: list[Case], settings: Settings, commit
+) -> ResultsWriter:
     """Check the output directory (a directory, writable, room for the files) and claim a run
     id in it, before anything is measured."""
     check_output_dir(out_dir, output_bytes(cases, settings))
