@@ -36,25 +36,31 @@ def file_mode() -> int:
     return 0o666 & ~mask
 
 
-def read_text(path: str | Path, key: str = "-", limit_bytes: int = MAX_TEXT_BYTES) -> str:
-    """The text of a UTF-8 file of at most limit_bytes; UserError naming the file otherwise."""
+def _user_error(path, key: str, reason: str) -> UserError:
+    return UserError(f"{path}: {key}: {reason}")
+
+
+def read_text(
+    path: str | Path, key: str = "-", limit_bytes: int = MAX_TEXT_BYTES, error=_user_error
+) -> str:
+    """The text of a UTF-8 file of at most limit_bytes; error(path, key, reason) otherwise (a
+    UserError by default; the suite loader passes SuiteError)."""
     try:
         with open(path, "rb") as f:
             data = f.read(limit_bytes + 1)
     except OSError as e:
-        raise UserError(f"{path}: {key}: cannot read: {_why(e)}") from None
+        raise error(path, key, f"cannot read: {_why(e)}") from None
     if len(data) > limit_bytes:
-        raise UserError(f"{path}: {key}: larger than {limit_bytes} bytes; not a kvbench input")
+        raise error(path, key, f"larger than {limit_bytes} bytes; not a kvbench input")
     if data[:2] in (b"\xff\xfe", b"\xfe\xff"):
-        raise UserError(f"{path}: {key}: UTF-16 text; save the file as UTF-8")
+        raise error(path, key, "UTF-16 text; save the file as UTF-8")
     if b"\x00" in data:
-        raise UserError(f"{path}: {key}: a binary file (NUL bytes), not text")
+        raise error(path, key, "a binary file (NUL bytes), not text")
     try:
         return data.decode("utf-8")
     except UnicodeDecodeError as e:
-        raise UserError(
-            f"{path}: {key}: not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})"
-        ) from None
+        reason = f"not UTF-8 text (byte {data[e.start]:#04x} at offset {e.start})"
+        raise error(path, key, reason) from None
 
 
 def check_output_file(path: str | Path) -> Path:
