@@ -79,10 +79,12 @@ def meminfo_available(path: Path = MEMINFO) -> tuple[int, str] | None:
 
 def refusal(case: Case, available: tuple[int, str] | None = None) -> str | None:
     """Why the case is too big for this device's memory (its figures), or None."""
-    available = available or available_bytes()
+    return refusal_for_plan(case_plan(case), available or available_bytes())
+
+
+def refusal_for_plan(plan: dict, available: tuple[int, str] | None) -> str | None:
     if available is None:
         return None
-    plan = case_plan(case)
     limit, source = available
     if plan["total"] <= limit:
         return None
