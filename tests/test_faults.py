@@ -301,3 +301,18 @@ def test_a_checkout_owned_by_another_user_still_gives_its_commit(tmp_path):
     assert b"dubious ownership" in plain.stderr  # the fault is real here
     sha = git.resolve_ref("HEAD", clone)
     assert sha and git.info(clone)["commit"] == sha[:12]
+
+
+def test_plan_prints_the_numbers_the_guard_checks(capsys):
+    import json
+
+    from kvbench.case import Case
+    from kvbench.cli import main
+    from kvbench.run import memory
+
+    assert main(["plan", "--model", "tiny", "--context", "100000000", "--json"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    case = Case(model="tiny", n_layers=2, n_q_heads=8, n_kv_heads=2, head_dim=64,
+                context_len=100_000_000)  # fmt: skip
+    assert plan["run_bytes"] == memory.case_plan(case)
+    assert plan["run_bytes"]["cache"] == plan["model_bytes"]["total"]

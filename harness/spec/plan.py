@@ -5,6 +5,9 @@ Nothing is allocated or measured: the figures come from each format's exact byte
 Per-stream layout: every sequence has its own buffer sized for the full context, so
 bytes = 2 (K, V) x n_layers x n_seqs x n_kv_heads x context x bytes_per_row(head_dim).
 `--budget` inverts that: the longest context whose cache fits in the budget.
+It also prints the memory guard's figures for a decode case of the shape (harness/run/memory.py:
+cache + source K/V + transient against the memory available here), the same numbers `kvbench
+run` checks before allocating; query heads come from the preset (without one, GQA 1).
 """
 
 from __future__ import annotations
@@ -15,6 +18,7 @@ from dataclasses import asdict, dataclass
 
 from kvbench.errors import UserError
 from kvbench.kernels.formats import FORMATS, get_format
+from kvbench.run import memory
 from kvbench.spec.presets import PRESETS
 
 LAYOUTS = ("per-stream",)  # one stream per sequence; other layouts: docs/streams.md
@@ -47,6 +51,11 @@ class Plan:
     layer: dict  # k_data, v_data, scales, biases, total (bytes, one layer)
     model_bytes: dict  # the same for all layers
     budget_bytes: int | None = None
+    # the memory guard's figures (harness/run/memory.py) for a decode case of this shape: the
+    # planned peak's parts, and the memory available here (None: unknown)
+    run_bytes: dict | None = None
+    available_bytes: int | None = None
+    available_source: str | None = None
 
 
 def parse_size(text: str) -> int:
@@ -132,7 +141,20 @@ def make_plan(
         "biases": 2 * rows * parts.get("biases", 0),
     }
     layer["total"] = sum(layer.values())
+    compute = fmt.compute_dtype.size
+    q_heads = PRESETS[shape.model].n_q_heads if shape.model in PRESETS else shape.n_kv_heads
+    run_bytes = memory.planned_bytes(
+        cache_bytes=layer["total"] * shape.n_layers,
+        layer_elems=rows * shape.head_dim,
+        compute_bytes=compute,
+        ref_elems=n_seqs * q_heads * context_len * shape.head_dim,
+        score_elems=n_seqs * q_heads * context_len,
+    )
+    available = memory.available_bytes()
     return Plan(
+        run_bytes=run_bytes,
+        available_bytes=available[0] if available else None,
+        available_source=available[1] if available else None,
         model=shape.model,
         n_layers=shape.n_layers,
         n_kv_heads=shape.n_kv_heads,
@@ -178,7 +200,24 @@ def render(plan: Plan) -> str:
             if figures[name] or name in ("k_data", "v_data"):
                 lines.append(f"  {label:<7}{_human(figures[name])}")
         lines.append(f"  {'total':<7}{_human(figures['total'])}")
-    return "\n".join(lines)
+    return "\n".join(lines + _memory_lines(plan))
+
+
+def _memory_lines(plan: Plan) -> list[str]:
+    """The memory guard's view (harness/run/memory.py): what `kvbench run` would check."""
+    r = plan.run_bytes
+    lines = [
+        "to run a decode case (the memory guard of `kvbench run`):",
+        f"  planned {_human(r['total'])}  (cache {r['cache']:,} + source K/V {r['source']:,} "
+        f"+ transient {r['transient']:,})",
+    ]
+    if plan.available_bytes is None:
+        return lines + ["  available here: unknown (no check)"]
+    verdict = "fits" if r["total"] <= plan.available_bytes else "does not fit: skipped"
+    lines.append(
+        f"  available {_human(plan.available_bytes)}  ({plan.available_source}): {verdict}"
+    )
+    return lines
 
 
 def to_json(plan: Plan) -> str:
