@@ -256,3 +256,26 @@ def test_results_files_follow_the_umask(tmp_path):
     files = [p for p in tmp_path.iterdir() if p.suffix in (".csv", ".html")]
     assert len(files) == 3 and {p.stat().st_mode & 0o777 for p in files} == {0o644}
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temp left
+
+
+def test_concurrent_reports_to_one_file_never_collide(tmp_path):
+    import threading
+
+    from kvbench.report.page import write_report
+
+    write_run(tmp_path, "run", {"c1": draw(8)})
+    out, errors = tmp_path / "same.html", []
+
+    def report() -> None:
+        try:
+            write_report([tmp_path / "run.csv"], out)
+        except Exception as e:  # noqa: BLE001 (collected: the test fails on any)
+            errors.append(e)
+
+    threads = [threading.Thread(target=report) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and out.read_text().startswith("<!DOCTYPE html>")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]

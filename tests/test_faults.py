@@ -316,3 +316,29 @@ def test_plan_prints_the_numbers_the_guard_checks(capsys):
                 context_len=100_000_000)  # fmt: skip
     assert plan["run_bytes"] == memory.case_plan(case)
     assert plan["run_bytes"]["cache"] == plan["model_bytes"]["total"]
+
+
+def test_import_and_report_on_read_only_and_full_disks(tmp_path, tmpfs, capsys):
+    from fake_runs import draw, write_run
+
+    from kvbench.cli import main
+
+    ro, full = tmpfs("64k", "ro"), tmpfs("64k")
+    fixture = ROOT / "tests" / "data" / "pytest-benchmark.json"
+    write_run(tmp_path, "run", {"c1": draw(8)})
+    with open(full / "filler", "wb", buffering=0) as f:
+        try:
+            while True:
+                f.write(b"\0" * 1024)
+        except OSError:
+            pass
+    for argv, where in (
+        (["import", fixture, "--out", ro], ro),
+        (["report", tmp_path, "-o", ro / "r.html"], ro),
+        (["report", tmp_path, "-o", full / "r.html"], full),
+        (["compare", tmp_path, tmp_path, "-o", full / "c.txt"], full),
+    ):
+        assert main([str(a) for a in argv]) == 2
+        line = last_line(capsys.readouterr().err)
+        assert line.startswith(f"kvbench: {where}") and "Traceback" not in line, line
+        assert sorted(p.name for p in where.iterdir()) == ([] if where == ro else ["filler"])
