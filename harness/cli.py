@@ -19,8 +19,16 @@ def cmd_run(args) -> int:
         try:
             return _run(args)
         except Interrupted as e:
-            print(f"interrupted ({e}): completed rows are kept", file=sys.stderr)
+            _say(f"interrupted ({e}): completed rows are kept")
             return e.exit_code
+
+
+def _say(line: str) -> None:
+    """One line on stderr; a closed terminal (SIGHUP) must not turn it into a traceback."""
+    try:
+        print(line, file=sys.stderr)
+    except (OSError, ValueError):
+        pass
 
 
 def _run(args) -> int:
@@ -314,13 +322,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except UserError as e:
-        print(f"kvbench: {e}", file=sys.stderr)
+        _say(f"kvbench: {e}")
         return 2
     except KeyboardInterrupt:
-        print("kvbench: interrupted", file=sys.stderr)
+        _say("kvbench: interrupted")
         return 130
     except OSError as e:  # a file kvbench reads or writes failed where no check named it
-        print(f"kvbench: {e.filename or '-'}: {e.strerror or e}", file=sys.stderr)
+        _say(f"kvbench: {e.filename or '-'}: {e.strerror or e}")
         return 2
 
 

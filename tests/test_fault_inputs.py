@@ -279,3 +279,21 @@ def test_concurrent_reports_to_one_file_never_collide(tmp_path):
         t.join()
     assert errors == [] and out.read_text().startswith("<!DOCTYPE html>")
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
+
+
+def test_progress_on_a_closed_terminal_does_not_end_the_run():
+    from kvbench.run.progress import Progress
+
+    class Closed:
+        def isatty(self) -> bool:
+            return True
+
+        def write(self, text):
+            raise OSError(5, "Input/output error")  # a tty after SIGHUP
+
+        flush = write
+
+    p = Progress(2, stream=Closed())
+    p.start("case")  # would raise before: the run (and its partial rows) ended here
+    p.done()
+    p.close()
