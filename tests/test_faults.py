@@ -84,7 +84,7 @@ def whole(out: Path) -> pd.DataFrame:
             assert steps.get(row.case_id, 0) == row.n_samples, (csv.name, row.case_id)
         assert set(rows["run_id"]) <= {csv.stem}
         frames.append(rows)
-    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame()
+    return pd.concat(frames, ignore_index=True) if frames else pd.DataFrame(columns=["status"])
 
 
 def last_line(text: str) -> str:

@@ -61,6 +61,15 @@ def run_suite(
 ) -> ResultsWriter:
     ctx = run_context()
     writer = prepare_output(out_dir, cases, suite.settings, ctx["commit"])
+    try:
+        _run_cases(suite, cases, writer, ctx, progress)
+    except BaseException:
+        writer.discard_if_empty()  # stopped before any row: leave no empty run behind
+        raise
+    return writer
+
+
+def _run_cases(suite: Suite, cases: list[Case], writer: ResultsWriter, ctx: dict, progress):
     common = common_fields(suite, writer, ctx)
     settings = suite.settings
     runs: dict[str, runner.CaseRun] = {}
@@ -81,7 +90,6 @@ def run_suite(
         _keep_partial(runs, settings, common, writer)
         raise
     progress.close()
-    return writer
 
 
 def _rounds(runs: dict, settings: Settings, common: dict, writer, progress) -> None:

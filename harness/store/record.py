@@ -196,6 +196,12 @@ class ResultsWriter:
                 return w
         raise UserError(f"{out_dir}: --out: no free run id for {base}")
 
+    def discard_if_empty(self) -> None:
+        """Remove the claimed files when no row was written (a run stopped before its first)."""
+        if self._created and not self.records:
+            self.csv_path.unlink(missing_ok=True)
+            self.samples_path.unlink(missing_ok=True)
+
     def add(self, record: Record, samples: list[tuple] = ()) -> None:
         self.add_many([(record, samples)])
 
