@@ -12,6 +12,26 @@ from kvbench.errors import UserError
 
 
 def cmd_run(args) -> int:
+    from kvbench.run.interrupt import Interrupted, handling
+
+    # signals are ours before the slow imports: an early Ctrl-C is a clean exit, never lost
+    with handling():
+        try:
+            return _run(args)
+        except Interrupted as e:
+            _say(f"interrupted ({e}): completed rows are kept")
+            return e.exit_code
+
+
+def _say(line: str) -> None:
+    """One line on stderr; a closed terminal (SIGHUP) must not turn it into a traceback."""
+    try:
+        print(line, file=sys.stderr)
+    except (OSError, ValueError):
+        pass
+
+
+def _run(args) -> int:
     from kvbench.run.context import set_device
     from kvbench.run.session import run_suite
     from kvbench.spec.suite import apply_filters, expand, load_suite
@@ -37,11 +57,7 @@ def cmd_run(args) -> int:
 
     from kvbench.analysis.summary import table
 
-    try:
-        writer = run_suite(suite, cases, args.out)
-    except KeyboardInterrupt:
-        print("interrupted: completed rows are kept", file=sys.stderr)
-        return 130
+    writer = run_suite(suite, cases, args.out)
     print(table(pd.read_csv(writer.csv_path)))
     print(f"\nresults: {writer.csv_path}\nsamples: {writer.samples_path}")
     return 0
@@ -64,20 +80,31 @@ def cmd_env(args) -> int:
 
 
 def _emit(text: str, out: str | None) -> None:
+    """Print, and write to `out` (atomically) when given."""
     print(text)
     if out:
-        from pathlib import Path
+        from kvbench.store.files import write_atomic
 
-        Path(out).write_text(text if text.endswith("\n") else text + "\n")
+        write_atomic(out, text if text.endswith("\n") else text + "\n")
+
+
+def _check_output(out: str | None) -> None:
+    """An -o file is checked before any work (not a directory, folder writable)."""
+    if out:
+        from kvbench.store.files import check_output_file
+
+        check_output_file(out)
 
 
 def cmd_compare(args) -> int:
     from kvbench.analysis.calibrate import load_noise
     from kvbench.analysis.compare import compare
-    from kvbench.analysis.rules import Rules
+    from kvbench.analysis.rules import Rules, check_rules
     from kvbench.store.results import load
 
     rules = Rules(args.threshold, args.alpha, args.min_samples)
+    check_rules(args.metric, rules)
+    _check_output(args.output)
     base = load(args.base, args.results, pool=args.pool)
     new = load(args.new, args.results, pool=args.pool)
     noise = load_noise(args.results)  # this host's A/A between-run noise, if calibrated
@@ -108,9 +135,11 @@ def _report(cmp, args) -> int:
 def cmd_history(args) -> int:
     from kvbench.analysis.history import history
     from kvbench.analysis.history_text import FORMATS
-    from kvbench.analysis.rules import Rules
+    from kvbench.analysis.rules import Rules, check_rules
 
     rules = Rules(args.threshold, args.alpha, args.min_samples)
+    check_rules(args.metric, rules)
+    _check_output(args.output)
     hist = history(args.dir, args.metric, rules)
     _emit(FORMATS[args.format](hist), args.output)
     return 0
@@ -126,9 +155,11 @@ def cmd_import(args) -> int:
 
 def cmd_gate(args) -> int:
     from kvbench.analysis.gate import gate
-    from kvbench.analysis.rules import Rules
+    from kvbench.analysis.rules import Rules, check_rules
 
     rules = Rules(args.threshold, args.alpha, args.min_samples)
+    check_rules(args.metric, rules)
+    _check_output(args.output)
     if args.rounds is None:
         from kvbench.analysis.gate import paired
         from kvbench.analysis.paired import Budget
@@ -197,6 +228,7 @@ def cmd_profile(args) -> int:
 def cmd_report(args) -> int:
     from kvbench.report.page import write_report
 
+    _check_output(args.output)
     path, n = write_report(
         args.results, args.output, latest=args.latest, compare=args.compare, title=args.title
     )
@@ -386,7 +418,13 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return args.func(args)
     except UserError as e:
-        print(f"kvbench: {e}", file=sys.stderr)
+        _say(f"kvbench: {e}")
+        return 2
+    except KeyboardInterrupt:
+        _say("kvbench: interrupted")
+        return 130
+    except OSError as e:  # a file kvbench reads or writes failed where no check named it
+        _say(f"kvbench: {e.filename or '-'}: {e.strerror or e}")
         return 2
 
 

@@ -69,7 +69,11 @@ def load_kv_file(path: str, shape: tuple[int, ...]) -> tuple[np.ndarray, np.ndar
                 f"need float [n_kv_heads={h}, L>={ctx}, head_dim={d}] or "
                 f"[n_seqs={b}, {h}, L>={ctx}, {d}]"
             )
-        out.append(np.ascontiguousarray(a[:, :, :ctx], dtype=np.float32))
+        a = np.ascontiguousarray(a[:, :, :ctx], dtype=np.float32)
+        if not np.isfinite(a).all():  # a NaN would surface later as a misleading ParityError
+            bad = int(a.size - np.isfinite(a).sum())
+            raise ValueError(f"{path}: array {name!r} holds {bad} NaN or inf values")
+        out.append(a)
     return out[0], out[1]
 
 

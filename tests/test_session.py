@@ -114,12 +114,12 @@ def test_ctrl_c_keeps_completed_rows(write_suite, tmp_path, monkeypatch, quiet):
 
 
 def test_run_ids_never_overwrite_an_earlier_run(tmp_path):
-    from kvbench.run.session import unique_run_id
+    from kvbench.store.record import ResultsWriter
 
-    assert unique_run_id(tmp_path, "r") == "r"
-    (tmp_path / "r.csv").write_text("x")
-    (tmp_path / "r-2.csv").write_text("x")
-    assert unique_run_id(tmp_path, "r") == "r-3"
+    assert ResultsWriter.claim(tmp_path, "r").run_id == "r"  # claims r.csv and r.samples.csv
+    (tmp_path / "r-2.samples.csv").write_text("x")  # a stray samples file holds r-2 too
+    assert ResultsWriter.claim(tmp_path, "r").run_id == "r-3"
+    assert (tmp_path / "r.csv").read_text().startswith("run_id,")
 
 
 def test_peak_memory_is_the_case_not_the_parity_check(write_suite, tmp_path, quiet):

@@ -59,6 +59,9 @@ def judge(base_x, new_x, rules: Rules) -> dict:
     nb, nn = len(base_x), len(new_x)
     out = {"base_n": nb, "new_n": nn, "ratio_ci_low": math.nan, "ratio_ci_high": math.nan}
     out["p_value"] = math.nan
+    if not nb or not nn:
+        note = "no raw samples on a side (its .samples.csv is missing or holds none for it)"
+        return {**out, "verdict": "inconclusive", "note": note}
     if nb < rules.min_samples or nn < rules.min_samples:
         return {
             **out,
@@ -226,4 +229,6 @@ def compare(
     rows += [one_side(n_by.loc[c], "new_only", metric) for c in n["case_id"] if c not in b_by.index]
     table = comparison_table(rows)
     both = b[b["case_id"].isin(n["case_id"])], n[n["case_id"].isin(b["case_id"])]
-    return Comparison(base.heading(), new.heading(), metric, rules, table, context_warnings(*both))
+    notes = list(dict.fromkeys([*base.notes, *new.notes]))  # the reader's, once each
+    warnings = context_warnings(*both) + notes
+    return Comparison(base.heading(), new.heading(), metric, rules, table, warnings)

@@ -35,6 +35,7 @@ from kvbench.analysis.paired import PAIR_COLUMNS, Budget, run_pairs, table_row
 from kvbench.analysis.rules import Rules, check_rules
 from kvbench.errors import UserError
 from kvbench.store import git
+from kvbench.store.files import read_text
 from kvbench.store.record import write_csv_atomic
 from kvbench.store.results import (
     MEASURED,
@@ -74,10 +75,12 @@ def tree_command(tree: Path) -> list[str]:
 def suite_name(path: Path) -> str:
     """The suite's name as load_suite gives it (the file stem without a name: key), read
     without load_suite, which imports mlx; the run itself validates the suite."""
+    text = read_text(path)  # capped, strict UTF-8 (harness/store/files.py)
     try:
-        raw = yaml.safe_load(path.read_text()) or {}
-    except (OSError, yaml.YAMLError) as e:
-        raise UserError(f"{path}: name: cannot read the suite's name ({e})") from None
+        raw = yaml.safe_load(text) or {}
+    except (yaml.YAMLError, RecursionError) as e:
+        why = "nested too deeply" if isinstance(e, RecursionError) else e
+        raise UserError(f"{path}: name: cannot read the suite's name ({why})") from None
     if not isinstance(raw, dict):
         raise UserError(f"{path}: (top level): must be a mapping, got {type(raw).__name__}")
     return str(raw.get("name", path.stem))
@@ -203,6 +206,7 @@ def paired(
     check_rules("median_ms", rules)
     repo = Path(git.must(Path.cwd(), "rev-parse", "--show-toplevel"))
     suite_path, results_dir = Path(suite).resolve(), Path(results).resolve()
+    suite_name(suite_path)  # a suite that cannot be read fails here, in one line
     base_sha = git.resolve_ref(base, repo)
     if base_sha is None:
         raise UserError(f"BASE={base}: not a git ref in {repo}")

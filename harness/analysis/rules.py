@@ -41,3 +41,5 @@ def check_rules(metric: str, rules: Rules) -> None:
         raise UserError(f"--threshold: {rules.threshold}: must be >= 1 (a factor, e.g. 1.1)")
     if not 0 < rules.alpha < 1:
         raise UserError(f"--alpha: {rules.alpha}: must be between 0 and 1")
+    if rules.min_samples < 1:
+        raise UserError(f"--min-samples: {rules.min_samples}: must be at least 1")

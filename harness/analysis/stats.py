@@ -89,7 +89,9 @@ def min_two_sided_p(n_base: int, n_new: int) -> float:
     sample above every base sample. If it exceeds alpha, no result can be significant."""
     if n_base == 0 or n_new == 0:
         return 1.0
-    return min(1.0, 2.0 / comb(n_base + n_new, n_base))
+    # in log space: comb(n+m, n) overflows a float beyond ~515 samples a side (2/comb -> 0.0)
+    log_comb = math.lgamma(n_base + n_new + 1) - math.lgamma(n_base + 1) - math.lgamma(n_new + 1)
+    return min(1.0, math.exp(math.log(2.0) - log_comb))
 
 
 def bootstrap_ratio_ci(

@@ -22,6 +22,7 @@ import pandas as pd
 
 from kvbench.case import label_of
 from kvbench.errors import UserError
+from kvbench.store.files import check_output_file, write_atomic
 from kvbench.store.record import COLUMNS
 from kvbench.store.results import is_results_csv, migrate, pick_rows, read_csv, read_rows
 
@@ -127,10 +128,7 @@ def write_report(
     paths, out: str | Path, latest: bool = False, compare=None, title=None
 ) -> tuple[Path, int]:
     """Write the report; returns (path, number of figures)."""
+    out = check_output_file(out)  # before the work: not a directory, folder writable
     html = build(paths, latest=latest, compare=compare, title=title)
-    out = Path(out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_name(f".{out.name}.tmp")
-    tmp.write_text(html, encoding="utf-8")
-    tmp.replace(out)
+    write_atomic(out, html)  # a unique temporary name: concurrent reports never collide
     return out, html.count('class="figure"')

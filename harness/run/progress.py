@@ -20,16 +20,18 @@ class Progress:
         eta = self.eta_s()
         eta_txt = "ETA --:--" if eta is None else f"ETA {int(eta) // 60}:{int(eta) % 60:02d}"
         line = f"[{self.done_n + 1}/{self.total}] {label}  {eta_txt}"
-        if self.tty:
-            self.stream.write("\r\033[K" + line[:150])
-        else:
-            self.stream.write(line + "\n")
-        self.stream.flush()
+        self._write("\r\033[K" + line[:150] if self.tty else line + "\n")
+
+    def _write(self, text: str) -> None:
+        try:
+            self.stream.write(text)
+            self.stream.flush()
+        except (OSError, ValueError):  # a closed terminal (SIGHUP) must not end the run
+            pass
 
     def done(self) -> None:
         self.done_n += 1
 
     def close(self) -> None:
         if self.tty:
-            self.stream.write("\n")
-            self.stream.flush()
+            self._write("\n")

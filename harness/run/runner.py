@@ -23,7 +23,7 @@ from kvbench.engines import engine_for, metrics
 from kvbench.engines.contract import State
 from kvbench.kernels.formats import get_format
 from kvbench.kernels.peers import kernel_kind
-from kvbench.run import timer
+from kvbench.run import interrupt, timer
 from kvbench.spec.suite import Settings
 from kvbench.store.record import Record, make_record
 
@@ -94,15 +94,24 @@ def measure_round(run: CaseRun, settings: Settings, round_no: int) -> None:
     mx.reset_peak_memory()
     run.reported, run.traffic = reported(run.case, state), state.traffic
     run.flops, run.bits_per_elem = state.flops, state.bits_per_elem
+    new_ms: dict[str, list[float]] = {}
     for stage, plan in plans.items():
         fn = state.stages[stage]
         timer.warm_up(fn, plan.pop("warmup_s"))
-        add_samples(
-            run, stage, round_no, timer.sample(fn, prior_ms=run.samples.get(stage, []), **plan)
-        )
+        new_ms[stage] = timer.sample(fn, prior_ms=run.samples.get(stage, []), **plan)
     mx.synchronize()
+    peak = None
     if state.baseline_bytes is not None:
         peak = mx.get_peak_memory() - state.baseline_bytes
+    with interrupt.deferred():  # a round counts whole or not at all
+        _commit(run, round_no, new_ms, peak)
+
+
+def _commit(run: CaseRun, round_no: int, new_ms: dict, peak: int | None) -> None:
+    """Add one finished round's samples (and peak memory) to the case's run."""
+    for stage, new in new_ms.items():
+        add_samples(run, stage, round_no, new)
+    if peak is not None:
         run.peak_mem_bytes = max(run.peak_mem_bytes or 0, peak)
     run.rounds_done += 1
 

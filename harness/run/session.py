@@ -3,8 +3,11 @@
 Round r visits every case still in play (build, warm up, sample, release), so slow drift of
 the machine (thermal state, other load) spreads over all cases instead of landing on the last
 ones. A case that raises becomes an error row at once and the suite goes on; a case the backend
-cannot run becomes a skipped row with the reason. Ctrl-C stops the run: every completed row is
-already on disk, and cases with samples from finished rounds are written as status=partial.
+cannot run, or whose planned memory exceeds what the device has (harness/run/memory.py), becomes
+a skipped row with the reason. The output directory is checked and the run's files claimed
+before anything is measured. SIGINT, SIGTERM or SIGHUP stop the run (harness/run/interrupt.py):
+every completed row is already on disk, and cases with samples from finished rounds are written
+as status=partial (docs/reliability.md).
 """
 
 from __future__ import annotations
@@ -16,69 +19,109 @@ import mlx.core as mx
 
 from kvbench import engines
 from kvbench.case import Case
-from kvbench.run import runner
+from kvbench.run import interrupt, memory, runner
 from kvbench.run.bandwidth import peak_read_bandwidth
 from kvbench.run.context import run_context, run_id
 from kvbench.run.progress import Progress
-from kvbench.spec.suite import Suite
+from kvbench.spec.suite import Settings, Suite
+from kvbench.store.files import check_output_dir
 from kvbench.store.record import ResultsWriter
 
-
-def unique_run_id(out_dir: str | Path, base: str) -> str:
-    """base, or base-2, base-3... if a run with that id already exists in out_dir."""
-    rid, n = base, 1
-    while (Path(out_dir) / f"{rid}.csv").exists():
-        n += 1
-        rid = f"{base}-{n}"
-    return rid
+ROW_BYTES = 4096  # a results row is ~2 KB of text: twice that, for the up-front space check
+SAMPLE_BYTES = 64  # one raw sample's line (case id, stage, round, index, ms) is ~40 bytes
 
 
-def common_fields(suite: Suite, out_dir: str | Path) -> dict:
-    ctx = run_context()
+def output_bytes(cases: list[Case], settings: Settings) -> int:
+    """The most the run's two files can take: a row per case and every sample it may keep
+    (max_samples per timed stage; step, write, attend and mask at most)."""
+    stages = 4 if settings.stages else 1
+    return len(cases) * (ROW_BYTES + stages * settings.max_samples * SAMPLE_BYTES)
+
+
+def prepare_output(
+    out_dir: str | Path, cases: list[Case], settings: Settings, commit
+) -> ResultsWriter:
+    """Check the output directory (a directory, writable, room for the files) and claim a run
+    id in it, before anything is measured."""
+    check_output_dir(out_dir, output_bytes(cases, settings))
+    return ResultsWriter.claim(out_dir, run_id(commit))
+
+
+def common_fields(suite: Suite, writer: ResultsWriter, ctx: dict) -> dict:
     return {
         **ctx,
         **peak_read_bandwidth(ctx["backend"]),
         "suite": suite.name,
-        "run_id": unique_run_id(out_dir, run_id(ctx["commit"])),
+        "run_id": writer.run_id,
     }
 
 
 def run_suite(
     suite: Suite, cases: list[Case], out_dir: str | Path, progress: Progress | None = None
 ) -> ResultsWriter:
-    common = common_fields(suite, out_dir)
-    writer = ResultsWriter(out_dir, common["run_id"])
+    ctx = run_context()
+    writer = prepare_output(out_dir, cases, suite.settings, ctx["commit"])
+    try:
+        _run_cases(suite, cases, writer, ctx, progress)
+    except BaseException:
+        writer.discard_if_empty()  # stopped before any row: leave no empty run behind
+        raise
+    return writer
+
+
+def _run_cases(suite: Suite, cases: list[Case], writer: ResultsWriter, ctx: dict, progress):
+    common = common_fields(suite, writer, ctx)
     settings = suite.settings
     runs: dict[str, runner.CaseRun] = {}
+    skipped = []
     for case in cases:
-        reason = engines.skip_reason(case, common["backend"])
+        reason = engines.skip_reason(case, common["backend"]) or memory.refusal(case)
         if reason:
-            writer.add(runner.failed(case, common, "skipped", reason))
+            skipped.append((runner.failed(case, common, "skipped", reason), []))
         else:
             runs[case.case_id] = runner.CaseRun(case)
+    with interrupt.deferred():
+        writer.add_many(skipped)
     progress = progress or Progress(len(runs) * settings.rounds, stream=sys.stderr)
     try:
-        for round_no in range(settings.rounds):
-            for cid in list(runs):
-                run = runs[cid]
-                progress.start(f"round {round_no + 1}/{settings.rounds} {run.case.label()}")
-                try:
-                    runner.measure_round(run, settings, round_no)
-                except KeyboardInterrupt:
-                    raise
-                except Exception as exc:  # one bad case must not end the suite
-                    del runs[cid]
-                    writer.add(runner.failed(run.case, common, "error", runner.error_text(exc)))
-                    mx.clear_cache()
-                progress.done()
-                if round_no == settings.rounds - 1 and cid in runs:
-                    writer.add(runner.finish(runs.pop(cid), settings, common), run.sample_rows)
+        _rounds(runs, settings, common, writer, progress)
     except KeyboardInterrupt:
-        for run in runs.values():
-            if run.rounds_done:
-                note = f"interrupted after {run.rounds_done} of {settings.rounds} rounds"
-                writer.add(runner.finish(run, settings, common, "partial", note), run.sample_rows)
         progress.close()
+        _keep_partial(runs, settings, common, writer)
         raise
     progress.close()
-    return writer
+
+
+def _rounds(runs: dict, settings: Settings, common: dict, writer, progress) -> None:
+    """Every case still in play, round by round; a finished case's row is written at once."""
+    for round_no in range(settings.rounds):
+        for cid in list(runs):
+            interrupt.check()
+            run = runs[cid]
+            progress.start(f"round {round_no + 1}/{settings.rounds} {run.case.label()}")
+            try:
+                runner.measure_round(run, settings, round_no)
+            except KeyboardInterrupt:
+                raise
+            except Exception as exc:  # one bad case must not end the suite
+                del runs[cid]
+                with interrupt.deferred():
+                    writer.add(runner.failed(run.case, common, "error", runner.error_text(exc)))
+                mx.clear_cache()
+            progress.done()
+            if round_no == settings.rounds - 1 and cid in runs:
+                with interrupt.deferred():
+                    writer.add(runner.finish(runs[cid], settings, common), run.sample_rows)
+                    del runs[cid]
+
+
+def _keep_partial(runs: dict, settings: Settings, common: dict, writer) -> None:
+    """Cases with finished rounds become partial rows, written together (samples first); a
+    second signal cuts this short and leaves the files whole (harness/run/interrupt.py)."""
+    items = []
+    for run in runs.values():
+        if run.rounds_done:
+            note = f"interrupted after {run.rounds_done} of {settings.rounds} rounds"
+            items.append((runner.finish(run, settings, common, "partial", note), run.sample_rows))
+    with interrupt.deferred():
+        writer.add_many(items)

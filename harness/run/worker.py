@@ -149,9 +149,16 @@ def main(argv: list[str]) -> int:
     if cpu is not None:  # before mlx starts its threads: they inherit the affinity
         os.sched_setaffinity(0, {int(cpu)})
     out, sys.stdout = sys.stdout, sys.stderr  # protocol on stdout, everything else on stderr
-    api = load_tree(tree)
-    api["device"](option(argv, "--device"))
-    serve(Worker(api, suite), out)
+    try:
+        api = load_tree(tree)
+        api["device"](option(argv, "--device"))
+        worker = Worker(api, suite)
+    except Exception as exc:  # the tree's code or the suite does not load: say so, then end
+        text = f"{type(exc).__name__}: {exc}".replace("\n", " ")[:500]
+        out.write(json.dumps({"error": text}) + "\n")
+        out.flush()
+        return 2
+    serve(worker, out)
     return 0
 
 

@@ -9,6 +9,9 @@ Sharded over N ranks (`--shards N --shard-by context|heads`, docs/distributed.md
 kernels/sharded.py's: by context the fullest rank holds ceil(context / N) positions of every KV
 head, by heads ceil(n_kv_heads / N) KV heads at every position; `rank_bytes` is what that rank
 holds, and `--budget` is then each device's budget: the longest context whose fullest rank fits.
+It also prints the memory guard's figures for a decode case of the shape (harness/run/memory.py:
+cache + source K/V + transient against the memory available here), the same numbers `kvbench
+run` checks before allocating; query heads come from the preset (without one, GQA 1).
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ from dataclasses import asdict, dataclass
 from kvbench.errors import UserError
 from kvbench.kernels.formats import FORMATS, get_format
 from kvbench.kernels.sharded import BY, split_bounds, split_reason
+from kvbench.run import memory
 from kvbench.spec.presets import PRESETS
 
 LAYOUTS = ("per-stream",)  # one stream per sequence; other layouts: docs/streams.md
@@ -56,6 +60,12 @@ class Plan:
     shard_by: str = "context"
     rank_bytes: int | None = None  # all layers, K and V, held by the fullest rank
     rank_bytes_per_token: int | None = None  # the fullest rank's bytes per position it holds
+    budget_bytes: int | None = None
+    # the memory guard's figures (harness/run/memory.py) for a decode case of this shape: the
+    # planned peak's parts, and the memory available here (None: unknown)
+    run_bytes: dict | None = None
+    available_bytes: int | None = None
+    available_source: str | None = None
 
 
 def parse_size(text: str) -> int:
@@ -173,7 +183,20 @@ def make_plan(
         "biases": 2 * rows * parts.get("biases", 0),
     }
     layer["total"] = sum(layer.values())
+    compute = fmt.compute_dtype.size
+    q_heads = PRESETS[shape.model].n_q_heads if shape.model in PRESETS else shape.n_kv_heads
+    run_bytes = memory.planned_bytes(
+        cache_bytes=layer["total"] * shape.n_layers,
+        layer_elems=rows * shape.head_dim,
+        compute_bytes=compute,
+        ref_elems=n_seqs * q_heads * context_len * shape.head_dim,
+        score_elems=n_seqs * q_heads * context_len,
+    )
+    available = memory.available_bytes()
     return Plan(
+        run_bytes=run_bytes,
+        available_bytes=available[0] if available else None,
+        available_source=available[1] if available else None,
         model=shape.model,
         n_layers=shape.n_layers,
         n_kv_heads=shape.n_kv_heads,
@@ -230,7 +253,24 @@ def render(plan: Plan) -> str:
             if figures[name] or name in ("k_data", "v_data"):
                 lines.append(f"  {label:<7}{_human(figures[name])}")
         lines.append(f"  {'total':<7}{_human(figures['total'])}")
-    return "\n".join(lines)
+    return "\n".join(lines + _memory_lines(plan))
+
+
+def _memory_lines(plan: Plan) -> list[str]:
+    """The memory guard's view (harness/run/memory.py): what `kvbench run` would check."""
+    r = plan.run_bytes
+    lines = [
+        "to run a decode case (the memory guard of `kvbench run`):",
+        f"  planned {_human(r['total'])}  (cache {r['cache']:,} + source K/V {r['source']:,} "
+        f"+ transient {r['transient']:,})",
+    ]
+    if plan.available_bytes is None:
+        return lines + ["  available here: unknown (no check)"]
+    verdict = "fits" if r["total"] <= plan.available_bytes else "does not fit: skipped"
+    lines.append(
+        f"  available {_human(plan.available_bytes)}  ({plan.available_source}): {verdict}"
+    )
+    return lines
 
 
 def to_json(plan: Plan) -> str:

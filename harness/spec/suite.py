@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -33,7 +34,10 @@ from kvbench.spec.validate import (
     check_streams,
     is_int,
 )
+from kvbench.store.files import read_text
 
+MAX_COMBINATIONS = 100_000  # a sweep product beyond this is a typo, not a benchmark
+SETTING_MAX = 1e9  # seconds, samples or rounds: anything larger never finishes
 TOP_KEYS = ("name", "description", "settings", "fixed", "sweep", "zip", "exclude")
 
 
@@ -102,11 +106,13 @@ def _load_settings(path: str, raw) -> Settings:
         if isinstance(default, bool):
             ok, kind = isinstance(value, bool), "a"
         elif isinstance(default, int):
-            ok = is_int(value) and value >= least
-        else:
-            ok = isinstance(value, (int, float)) and not isinstance(value, bool) and value >= least
+            ok = is_int(value) and least <= value <= SETTING_MAX
+        else:  # finite: warmup_s: .inf would warm up forever, NaN compares false everywhere
+            ok = isinstance(value, (int, float)) and not isinstance(value, bool)
+            ok = ok and math.isfinite(value) and least <= value <= SETTING_MAX
+        kind += f" {type(default).__name__}" + ("" if kind == "a" else f" <= {SETTING_MAX:g}")
         if not ok:
-            raise SuiteError(path, where, f"must be {kind} {type(default).__name__}, got {value!r}")
+            raise SuiteError(path, where, f"must be {kind}, got {value!r}")
     settings = Settings(**raw)
     if settings.min_samples > settings.max_samples:
         raise SuiteError(path, "settings.min_samples", "is larger than settings.max_samples")
@@ -150,12 +156,13 @@ def _load_exclude(path: str, raw) -> list:
 
 def load_suite(path: str | Path) -> Suite:
     path = str(path)
-    try:
-        text = Path(path).read_text()
-    except OSError as e:
-        raise SuiteError(path, "-", f"cannot read: {e.strerror}") from None
+    text = read_text(
+        path, error=SuiteError
+    )  # capped, strict UTF-8: one-line errors for binary or huge files
     try:
         raw = yaml.load(text, Loader=_StrictLoader) or {}
+    except RecursionError:
+        raise SuiteError(path, "-", "nested too deeply to be a suite") from None
     except _DuplicateKey as e:
         raise SuiteError(path, str(e.key), f"duplicate key (line {e.line})") from None
     except yaml.YAMLError as e:
@@ -166,6 +173,9 @@ def load_suite(path: str | Path) -> Suite:
     for key in raw:
         if key not in TOP_KEYS:
             raise SuiteError(path, key, f"unknown key; known: {', '.join(TOP_KEYS)}")
+    for key in ("name", "description"):
+        if key in raw and not isinstance(raw[key], (str, int, float)):
+            raise SuiteError(path, key, f"must be text, got {type(raw[key]).__name__}")
     suite = Suite(
         path=path,
         name=str(raw.get("name", Path(path).stem)),
@@ -210,6 +220,11 @@ def _combinations(suite: Suite) -> list[dict]:
     for group in suite.zip:
         n = len(next(iter(group.values())))
         dims.append([{axis: values[i] for axis, values in group.items()} for i in range(n)])
+    total = math.prod(len(d) for d in dims)  # counted before anything is built
+    if total > MAX_COMBINATIONS:
+        raise SuiteError(
+            suite.path, "sweep", f"{total:,} combinations; at most {MAX_COMBINATIONS:,}"
+        )
     combos = []
     for picks in itertools.product(*dims):
         combo = dict(suite.fixed)

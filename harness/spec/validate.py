@@ -22,6 +22,7 @@ from kvbench.kernels.workloads import ORDERS
 from kvbench.spec.presets import PRESETS
 
 PHASES = ("decode", "prefill", *MODEL_PHASES)
+SEED_MAX = 2**64 - 1  # mx.random.key takes an unsigned 64-bit seed
 LAYOUTS = LAYOUT_KINDS
 WORKLOADS = ("none", "independent", "shared-prefix")
 DECODE_ORDERS = ORDERS
@@ -128,6 +129,13 @@ def check_case(path: str, case: Case) -> None:
         fmt.nbytes(1, case.head_dim)
     except ValueError as e:
         raise SuiteError(path, "group_size", str(e)) from None
+    if case.group_size is not None and not fmt.quantized:
+        # kept, it would change the case_id of a case that runs exactly as without it
+        raise SuiteError(path, "group_size", f"{case.kv_dtype} has no scales: leave it out")
+    if case.seed > SEED_MAX:
+        raise SuiteError(
+            path, "seed", f"must be at most {SEED_MAX} (a 64-bit key), got {case.seed}"
+        )
     if case.kv_data == "file":
         if not case.kv_file:
             raise SuiteError(path, "kv_file", "kv_data=file needs kv_file (an .npz path)")

@@ -17,11 +17,14 @@ import dataclasses
 import datetime as dt
 import hashlib
 import json
+import math
 from pathlib import Path
 
 from kvbench import SCHEMA_VERSION
 from kvbench.analysis.stats import summarize
+from kvbench.axes import TABLE
 from kvbench.errors import UserError
+from kvbench.store.files import check_output_dir, read_text
 from kvbench.store.record import COLUMNS, SAMPLE_COLUMNS, make_record, write_csv_atomic
 
 CONTEXT_KEYS = ("device", "backend", "mlx_version", "kvbench_version")
@@ -29,10 +32,13 @@ STAT_KEYS = ("median", "iqr", "mean", "stddev", "rounds")
 
 
 def _load(path: Path) -> dict:
+    text = read_text(path)  # capped, strict UTF-8 (harness/store/files.py)
     try:
-        doc = json.loads(path.read_text())
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as e:
+        doc = json.loads(text)
+    except json.JSONDecodeError as e:
         raise UserError(f"{path}: cannot read JSON: {e}") from None
+    except RecursionError:
+        raise UserError(f"{path}: -: nested too deeply to be a pytest-benchmark JSON") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("benchmarks"), list):
         raise UserError(f"{path}: benchmarks: not a pytest-benchmark JSON (--benchmark-json)")
     _check(path, doc)
@@ -49,8 +55,15 @@ def _check(path: Path, doc: dict) -> None:
     def number(v) -> bool:
         return isinstance(v, (int, float)) and not isinstance(v, bool)
 
+    def timing(key: str, v) -> None:  # a time or a count: a finite number, not negative
+        need(number(v), key, f"not a number: {v!r}")
+        need(math.isfinite(v) and v >= 0, key, f"not a time (negative or not finite): {v!r}")
+
     for key in ("commit_info", "machine_info"):
         need(isinstance(doc.get(key) or {}, dict), key, "not a mapping")
+    for key in ("id", "branch"):
+        v = (doc.get("commit_info") or {}).get(key)
+        need(v is None or isinstance(v, str), f"commit_info.{key}", f"not text: {v!r}")
     stamp = doc.get("datetime")
     if stamp:
         try:
@@ -65,12 +78,30 @@ def _check(path: Path, doc: dict) -> None:
             need(isinstance(bench.get(key) or {}, dict), f"{where}.{key}", "not a mapping")
         stats = bench.get("stats") or {}
         for key in STAT_KEYS:
-            v = stats.get(key)
-            need(v is None or number(v), f"{where}.stats.{key}", f"not a number: {v!r}")
+            if stats.get(key) is not None:
+                timing(f"{where}.stats.{key}", stats[key])
         data = stats.get("data") or []
         need(isinstance(data, list), f"{where}.stats.data", "not a list")
         for j, v in enumerate(data):
-            need(number(v), f"{where}.stats.data[{j}]", f"not a number: {v!r}")
+            timing(f"{where}.stats.data[{j}]", v)
+        case = (bench.get("extra_info") or {}).get("case")
+        for axis, reason in _case_problems(case if isinstance(case, dict) else {}):
+            need(False, f"{where}.extra_info.case.{axis}", reason)
+
+
+def _case_problems(case: dict) -> list[tuple[str, str]]:
+    """Case fields whose value has the wrong type for its axis (a text context_len would be
+    written, then break every reader of the file)."""
+    kinds = {"int": int, "float": (int, float), "str": str}
+    out = []
+    for axis in TABLE:
+        v = case.get(axis.name)
+        if v is None and (axis.name not in case or "None" in axis.type):
+            continue
+        kind = kinds[axis.type.split(" | ")[0]]
+        if isinstance(v, bool) or not isinstance(v, kind):
+            out.append((axis.name, f"not {axis.type.split(' | ')[0]}: {v!r}"))
+    return out
 
 
 def context(doc: dict) -> dict:
@@ -151,7 +182,9 @@ def import_file(path: str | Path, out_dir: str | Path = "results") -> tuple[Path
     records, samples = convert(_load(Path(path)))
     if not records:
         raise UserError(f"{path}: benchmarks: empty")
+    check_output_dir(out_dir, 0)
+    # the samples first: the rows never exist on disk without them
     csv_path = Path(out_dir) / f"{records[0].run_id}.csv"
-    write_csv_atomic(csv_path, COLUMNS, [dataclasses.astuple(r) for r in records])
     write_csv_atomic(csv_path.with_name(csv_path.stem + ".samples.csv"), SAMPLE_COLUMNS, samples)
+    write_csv_atomic(csv_path, COLUMNS, [dataclasses.astuple(r) for r in records])
     return csv_path, len(records)

@@ -30,6 +30,7 @@ This module imports neither mlx nor kernels/.
 
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -43,13 +44,16 @@ from kvbench.case import label_of
 from kvbench.errors import UserError
 from kvbench.store import git
 from kvbench.store.migrate_v1 import with_v1_facts
-from kvbench.store.record import COLUMNS
+from kvbench.store.record import COLUMNS, Record
 
 # Read as text: a 12-digit commit or case id made only of digits must not become a number.
 TEXT_COLUMNS = {c: str for c in ("run_id", "case_id", "commit", "branch", "suite", "host", "label")}
 STATUS_RANK = {"ok": 0, "partial": 1}
 MEASURED = ("ok", "partial")
-PICK_KEYS = ("case_id", "device", "backend")  # one row per case per machine (module docstring)
+PICK_KEYS = ("case_id", "device", "backend")
+NUMERIC_COLUMNS = tuple(
+    f.name for f in dataclasses.fields(Record) if str(f.type).startswith(("int", "float"))
+)  # one row per case per machine (module docstring)
 
 
 def is_dirty(rows: pd.DataFrame) -> pd.Series:
@@ -82,6 +86,7 @@ class ResultSet:
     pool: bool = False  # one row per case from the samples of all its runs (docstring)
     _by_key: dict | None = field(default=None, repr=False)  # (run, case, stage) -> samples
     _pool_runs: dict | None = field(default=None, repr=False)  # case_id -> pooled run_ids
+    notes: list[str] = field(default_factory=list)  # what the reader noticed (missing samples)
 
     def pick(self) -> pd.DataFrame:
         """One row per case_id, by the ranking in the module docstring, in first-seen order;
@@ -189,14 +194,47 @@ def read_csv(path: Path) -> pd.DataFrame:
     return df
 
 
+def numeric(df: pd.DataFrame, columns, source) -> pd.DataFrame:
+    """The given columns as numbers; text that is not a number (or a number that cannot be a
+    time or a count: negative, NaN written out) is refused naming the file, column and row."""
+    for col in columns:
+        if col not in df.columns:
+            continue
+        values = pd.to_numeric(df[col], errors="coerce")
+        bad = values.isna() & df[col].notna() & df[col].astype(str).str.strip().ne("")
+        if bad.any():
+            i = int(bad.to_numpy().nonzero()[0][0])
+            raise UserError(
+                f"{source}: {col}: not a number in data row {i + 1}: {df[col].iloc[i]!r}"
+            )
+        df[col] = values
+    return df
+
+
 def read_rows(path: str | Path) -> pd.DataFrame:
-    """One results CSV's rows, migrated to today's columns (`migrate`)."""
+    """One results CSV's rows, migrated to today's columns (`migrate`), numeric columns as
+    numbers (text in one is refused, never compared as a string)."""
     path = Path(path)
     rows = read_csv(path)
     missing = {"run_id", "case_id", "status"} - set(rows.columns)
     if missing:
         raise UserError(f"{path}: not a kvbench results CSV (no {', '.join(sorted(missing))})")
-    return migrate(rows.dropna(subset=["case_id"]), str(path))
+    rows = numeric(rows.dropna(subset=["case_id"]).copy(), NUMERIC_COLUMNS, path)
+    return migrate(rows, str(path))
+
+
+def read_samples(path: Path) -> pd.DataFrame:
+    """A raw-samples file: its columns checked, `ms` finite and non-negative."""
+    df = read_csv(path)
+    missing = [c for c in ("case_id", "stage", "ms") if c not in df.columns]
+    if missing:
+        raise UserError(f"{path}: not a kvbench samples file (no {', '.join(missing)} column)")
+    df = numeric(df, ("round", "sample", "ms"), path)
+    bad = ~np.isfinite(df["ms"].to_numpy(dtype=float)) | (df["ms"] < 0).to_numpy()
+    if bad.any():
+        i = int(bad.nonzero()[0][0])
+        raise UserError(f"{path}: ms: not a time in data row {i + 1}: {df['ms'].iloc[i]!r}")
+    return df
 
 
 def samples_path(csv_path: Path) -> Path:
@@ -218,11 +256,21 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
         raise UserError(f"{path}: a raw-samples file; give the results CSV beside it")
     rows = read_rows(path)
     sp = samples_path(path)
-    samples = read_csv(sp) if sp.exists() else pd.DataFrame()
+    samples = read_samples(sp) if sp.exists() else pd.DataFrame()
     if not samples.empty:
         # the samples file has no run_id column: every sample belongs to this file's run
         samples["run_id"] = rows["run_id"].iloc[0] if len(rows) else path.stem
     return rows, samples
+
+
+def missing_samples(paths) -> list[str]:
+    """A note for each run whose raw-samples file is absent: its rows cannot be tested."""
+    return [
+        f"{samples_path(Path(p))}: missing: the rows of this run have no raw samples, so no "
+        "significance test is possible on them"
+        for p in paths
+        if not samples_path(Path(p)).exists()
+    ]
 
 
 def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
@@ -234,11 +282,13 @@ def load_dir(path: str | Path) -> ResultSet:
     path = Path(path)
     files = sorted(p for p in path.glob("*.csv") if not p.name.endswith(".samples.csv"))
     # other CSVs in the directory (a saved compare table, say) are not runs: skip them
-    loaded = [load_run(p) for p in files if is_results_csv(p)]
+    files = [p for p in files if is_results_csv(p)]
+    loaded = [load_run(p) for p in files]
     rows = _concat([r for r, _ in loaded])
     if rows.empty:
         raise UserError(f"{path}: no kvbench results in this directory")
-    return ResultSet(str(path), rows, _concat([s for _, s in loaded]))
+    samples = _concat([s for _, s in loaded])
+    return ResultSet(str(path), rows, samples, notes=missing_samples(files))
 
 
 def load_ref(ref: str, results_dir: str | Path = "results", repo: str | Path = ".") -> ResultSet:
@@ -257,7 +307,8 @@ def load_ref(ref: str, results_dir: str | Path = "results", repo: str | Path = "
     runs = set(rows["run_id"])
     s = everything.samples
     samples = s[s["run_id"].isin(runs)] if not s.empty else s
-    return ResultSet(f"{ref} ({sha[:12]})", rows, samples, prefer_clean=True)
+    notes = [n for n in everything.notes if any(f"/{r}.samples.csv:" in n for r in runs)]
+    return ResultSet(f"{ref} ({sha[:12]})", rows, samples, prefer_clean=True, notes=notes)
 
 
 def load(
@@ -272,7 +323,7 @@ def load(
         rows, samples = load_run(path)
         if rows.empty:
             raise UserError(f"{path}: no rows")
-        rs = ResultSet(str(path), rows, samples)
+        rs = ResultSet(str(path), rows, samples, notes=missing_samples([path]))
     else:
         rs = load_ref(spec, results_dir, repo)
     rs.pool = pool
@@ -285,7 +336,8 @@ def load_runs(paths, source: str, pool: bool = True) -> ResultSet:
     rows = _concat([r for r, _ in loaded])
     if rows.empty:
         raise UserError(f"{source}: no rows in {', '.join(str(p) for p in paths)}")
-    return ResultSet(source, rows, _concat([s for _, s in loaded]), pool=pool)
+    samples = _concat([s for _, s in loaded])
+    return ResultSet(source, rows, samples, pool=pool, notes=missing_samples(paths))
 
 
 def label(row) -> str:

@@ -1,0 +1,95 @@
+"""The memory guard: a case whose planned bytes exceed the device's available memory is skipped
+with the figures, before anything is allocated (a cache too big for memory segfaults or aborts
+inside MLX, taking the whole run with it).
+
+Planned bytes of a case (an estimate of its peak, from the shape alone):
+  * the cache: the format's exact bytes, all layers, K and V, n_seqs x context_len positions;
+  * the source K/V the engine fills it from: one layer's K and V in float32 plus a copy in the
+    compute dtype (kernels/data.py make_qkv, then astype);
+  * the kernel's transient: dequantize-then-attend and the float32 reference of the parity check
+    materialise one layer's K and V in float32, repeated over the query heads of each K/V head
+    (an upper bound for a kernel that dequantizes to fp16 without repeating), and the attention
+    scores and probabilities (float32, n_seqs x n_q_heads x query length x context).
+Available memory: on a GPU backend MLX's device_info (Metal: max_recommended_working_set_size;
+CUDA: free memory when reported), on the CPU backend the kernel's MemAvailable
+(/proc/meminfo). When neither is known the guard stays open and says so nowhere: no figure is
+invented. `kvbench plan` prints the same planned bytes against the same available memory.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import mlx.core as mx
+
+from kvbench.case import Case
+from kvbench.kernels.formats import get_format
+
+DEVICE_KEYS = ("max_recommended_working_set_size", "free_memory", "memory_size", "total_memory")
+MEMINFO = Path("/proc/meminfo")
+
+
+def planned_bytes(
+    cache_bytes: int, layer_elems: int, compute_bytes: int, ref_elems: int, score_elems: int
+) -> dict[str, int]:
+    """The parts of a case's planned peak (module docstring) and their total."""
+    parts = {
+        "cache": cache_bytes,
+        "source": 2 * layer_elems * (4 + compute_bytes),
+        "transient": 2 * ref_elems * 4 + 2 * score_elems * 4,
+    }
+    return {**parts, "total": sum(parts.values())}
+
+
+def case_plan(case: Case) -> dict[str, int]:
+    fmt = get_format(case.kv_dtype, case.group_size)
+    rows = case.n_seqs * case.n_kv_heads * case.context_len  # K (or V) rows of one layer
+    lq = 1 if case.phase == "decode" else case.context_len
+    return planned_bytes(
+        cache_bytes=2 * case.n_layers * fmt.nbytes(rows, case.head_dim),
+        layer_elems=rows * case.head_dim,
+        ref_elems=case.n_seqs * case.n_q_heads * case.context_len * case.head_dim,
+        compute_bytes=fmt.compute_dtype.size,
+        score_elems=case.n_seqs * case.n_q_heads * lq * case.context_len,
+    )
+
+
+def available_bytes() -> tuple[int, str] | None:
+    """(bytes, where the figure comes from) for the default device, or None when unknown."""
+    if mx.default_device().type != mx.DeviceType.cpu:
+        try:
+            info = mx.device_info()
+        except Exception:  # an MLX without device_info for this backend
+            info = {}
+        for key in DEVICE_KEYS:
+            if isinstance(info.get(key), int) and info[key] > 0:
+                return info[key], f"mx.device_info()[{key!r}]"
+    return meminfo_available()
+
+
+def meminfo_available(path: Path = MEMINFO) -> tuple[int, str] | None:
+    try:
+        for line in path.read_text().splitlines():
+            if line.startswith("MemAvailable:"):
+                return int(line.split()[1]) * 1024, "MemAvailable in /proc/meminfo"
+    except (OSError, ValueError, IndexError):
+        return None
+    return None
+
+
+def refusal(case: Case, available: tuple[int, str] | None = None) -> str | None:
+    """Why the case is too big for this device's memory (its figures), or None."""
+    return refusal_for_plan(case_plan(case), available or available_bytes())
+
+
+def refusal_for_plan(plan: dict, available: tuple[int, str] | None) -> str | None:
+    if available is None:
+        return None
+    limit, source = available
+    if plan["total"] <= limit:
+        return None
+    return (
+        f"needs ~{plan['total']:,} B (cache {plan['cache']:,} + source K/V {plan['source']:,} "
+        f"+ transient {plan['transient']:,}), more than the {limit:,} B available "
+        f"({source}); see `kvbench plan`"
+    )
