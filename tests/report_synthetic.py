@@ -99,7 +99,8 @@ def rows(run: int = 0) -> pd.DataFrame:
     bad.update(status="skipped", error="kernel metal needs the Metal backend", median_ms=None)
     err = _row(run, i + 1, kv_dtype="int4", context_len=64, gqa_ratio=1, kernel="tiled")
     err.update(status="error", error="ParityError: max abs err 0.5 > 0.01", median_ms=None)
-    return pd.DataFrame(out + [bad, err], columns=COLUMNS + LAYOUT_COLUMNS)
+    extra = tuple(c for c in LAYOUT_COLUMNS if c not in COLUMNS)
+    return pd.DataFrame(out + [bad, err], columns=COLUMNS + extra)
 
 
 def compare_rows() -> pd.DataFrame:
