@@ -192,7 +192,7 @@ def _ratios(m: pd.DataFrame) -> pd.DataFrame:
     return m.assign(verdict=[verdict(lo, hi) for lo, hi in zip(m["lo"], m["hi"])])
 
 
-def _baseline(d: pd.DataFrame, base: pd.DataFrame, by: str, loose=()) -> pd.DataFrame:
+def baseline(d: pd.DataFrame, base: pd.DataFrame, by: str, loose=()) -> pd.DataFrame:
     """_against with every axis matched; rows left unmatched retry without the `loose` axes."""
     d = d.assign(_i=range(len(d)))
     strict = _against(d, base, by, keep=())
@@ -226,7 +226,7 @@ def formats(cur: pd.DataFrame) -> list[Finding]:
     base, rest = d[d["kv_dtype"] == "fp16"], d[d["kv_dtype"] != "fp16"]
     if base.empty or rest.empty:
         return []
-    m = _baseline(rest, base, "kv_dtype", loose=("kernel", "group_size", "tile_kv"))
+    m = baseline(rest, base, "kv_dtype", loose=("kernel", "group_size", "tile_kv"))
     out = []
     for (fmt, kernel), g in m.groupby(["fmt", "kernel"], sort=True):
         mem = (g["kv_bytes"] / g["kv_bytes_b"]).median() if "kv_bytes_b" in g else math.nan
@@ -248,7 +248,7 @@ def layouts(cur: pd.DataFrame) -> list[Finding]:
         return []
     mem = "bytes_alloc" if d.get("bytes_alloc", pd.Series()).notna().any() else "kv_bytes"
     d = d.assign(mem_b=d[mem])
-    m = _baseline(d[d["layout"] == "unified"], d[d["layout"] == "per-stream"], "layout")
+    m = baseline(d[d["layout"] == "unified"], d[d["layout"] == "per-stream"], "layout")
     if m.empty:
         return []
     out = []
@@ -302,7 +302,7 @@ def peers(cur: pd.DataFrame) -> list[Finding]:
     is_peer = with_v1_facts(d)["kernel_kind"].eq("peer").to_numpy()
     if not is_peer.any() or is_peer.all():
         return []
-    m = _baseline(d[~is_peer], d[is_peer], "kernel")
+    m = baseline(d[~is_peer], d[is_peer], "kernel")
     out = []
     for kernel, g in m.groupby("kernel", sort=True):
         best = ", ".join(f"{k} ({n})" for k, n in g["kernel_b"].value_counts().items())
