@@ -161,14 +161,22 @@ def section(f: Figure) -> str:
     )
 
 
-def page(cur: pd.DataFrame, figures: list[Figure], title: str | None = None, found=()) -> str:
+def page(
+    cur: pd.DataFrame, figures: list[Figure], title: str | None = None, found=(), script_src=None
+) -> str:
+    """The page; plotly.js inlined, or loaded from `script_src` (a relative path: a site's
+    pages share one copy)."""
     if title is None:
         suites = ", ".join(sorted(map(str, cur["suite"].dropna().unique()))) or "results"
         title = f"kvbench report: {suites}"
     body = header(cur, figures, title, found) + "\n" + "\n".join(section(f) for f in figures)
+    script = (
+        f'<script src="{script_src}"></script>'
+        if script_src
+        else f'<script type="text/javascript">{get_plotlyjs()}</script>'
+    )
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f"<title>{html.escape(title)}</title>\n<style>{CSS}</style>\n"
-        f'<script type="text/javascript">{get_plotlyjs()}</script>\n'
+        f"<title>{html.escape(title)}</title>\n<style>{CSS}</style>\n{script}\n"
         f"</head>\n<body>\n{body}\n</body>\n</html>\n"
     )

@@ -140,7 +140,8 @@ def lines(d: pd.DataFrame, x: str, y: str, exclude=(), err=None, ncol_max: int =
     shown = set()
     for i, panel in enumerate(titles):
         p = d[d["_panel"] == panel]
-        for name, s in p.groupby([name_of(r, series) for r in p.to_dict("records")], sort=False):
+        names = pd.Series([name_of(r, series) for r in p.to_dict("records")], index=p.index)
+        for name, s in p.groupby(names, sort=False):
             st = line_style(s.iloc[0], series, values)
             error = None
             if err:
