@@ -284,7 +284,8 @@ def tiles(cur: pd.DataFrame) -> list[Finding]:
         if not wins:
             continue
         w = pd.DataFrame(wins, columns=["tile", "clear"])
-        t = w.groupby("tile")["clear"].agg(["size", "sum"]).sort_values("size", ascending=False)
+        t = w.groupby("tile")["clear"].agg(["size", "sum"])
+        t = t.sort_values(["size", "sum"], ascending=False, kind="stable")
         parts = [f"tile {tile} in {int(r['size'])} (clear lead in {int(r['sum'])})"
                  for tile, r in t.iterrows()]  # fmt: skip
         text = f"ctx {int(ctx)}: fastest tile over {len(w)} configurations: " + "; ".join(parts)
