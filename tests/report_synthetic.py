@@ -52,6 +52,7 @@ def _row(run: int, i: int, **case) -> dict:
         unstable=False,
         bytes_read=kv_bytes,
         bytes_written=1024,
+        flops=4 * 64 * ctx * 2 * 8,
         gbps=kv_bytes / median / 1e6,
         peak_gbps=20.0,
         peak_method="synthetic",

@@ -142,9 +142,13 @@ def roofline(cur: pd.DataFrame) -> Figure | None:
                 row=1, col=i + 1,
             )  # fmt: skip
     _roofs(fig, d)
-    fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP / byte)")
-    fig.update_yaxes(type="log", title_text="GB/s", col=1)
-    fig.update_yaxes(type="log", title_text="GFLOP/s", col=2)
+    ai = [d["ai"].min() / 1.5, d["ai"].max() * 1.5]
+    fig.update_xaxes(type="log", title_text="arithmetic intensity (FLOP / byte)", **log_ticks(ai))
+    peaks = d["peak_gbps"].dropna()
+    gb = pd.concat([d["gbps"], peaks])
+    fig.update_yaxes(type="log", title_text="GB/s", col=1, **log_ticks(gb))
+    fl = pd.concat([d["gflops"], peaks * ai[0], peaks * ai[1]])
+    fig.update_yaxes(type="log", title_text="GFLOP/s", col=2, **log_ticks(fl))
     title = "Roofline: arithmetic intensity against achieved bandwidth and compute"
     note = (
         "Intensity = flops / (bytes read + written) of the byte model; achieved = each over "
