@@ -152,6 +152,9 @@ def memory(cur: pd.DataFrame) -> Figure | None:
         vertical_spacing=row_spacing(nrow, 0.12),
     )
     kernels = sorted(d["kernel"].dropna().unique())
+    if len(kernels) > 4:  # one marker per kernel would crowd the panel: the largest peak
+        d = d.assign(kernel="largest of all kernels")
+        kernels = ["largest of all kernels"]
     stack = (("k_bytes", "K data", "#1f77b4"), ("v_bytes", "V data", "#ff7f0e"))
     stack += (("scales_bytes", "scales (K+V)", "#2ca02c"),)
     for i, panel in enumerate(panels):

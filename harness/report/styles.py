@@ -59,9 +59,19 @@ def show(axis: str, v) -> str:
     return SERIES_PART.get(axis, "{}").format(v)
 
 
+def _greedy(d: pd.DataFrame, vary: list[str]) -> tuple[list[str], list[str]]:
+    series, facets = [], []
+    for a in vary:
+        n = d.groupby(series + [a], dropna=False).ngroups if series else d[a].nunique()
+        wanted = a not in FACET_FIRST or not series
+        (series if n <= MAX_SERIES and wanted else facets).append(a)
+    return series, facets
+
+
 def split_axes(d: pd.DataFrame, exclude=()) -> tuple[list[str], list[str]]:
     """(series axes, facet axes): the varying axes, series first while their combinations
-    stay within MAX_SERIES, the rest as panels."""
+    stay within MAX_SERIES, the rest as panels. Format first or kernel first, whichever
+    leaves more series in a panel (peers: kernels are the question; quant: formats)."""
     vary = [
         a
         for a in SERIES_AXES
@@ -69,12 +79,9 @@ def split_axes(d: pd.DataFrame, exclude=()) -> tuple[list[str], list[str]]:
     ]
     vary = sorted(vary, key=lambda a: (a not in PREFERRED, PREFERRED.index(a) if a in PREFERRED
                                        else 0, a in FACET_FIRST))  # fmt: skip
-    series, facets = [], []
-    for a in vary:
-        n = d.groupby(series + [a], dropna=False).ngroups if series else d[a].nunique()
-        wanted = a not in FACET_FIRST or not series
-        (series if n <= MAX_SERIES and wanted else facets).append(a)
-    return series, facets
+    swapped = [a for a in vary if a == "kernel"] + [a for a in vary if a != "kernel"]
+    splits = [_greedy(d, vary), _greedy(d, swapped)]
+    return max(splits, key=lambda sf: d.groupby(sf[0]).ngroups if sf[0] else 0)
 
 
 def name_of(r, axes) -> str:
