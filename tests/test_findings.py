@@ -66,15 +66,16 @@ def test_formats_against_fp16_with_the_crossing_context():
                                                   kernel="dequant_sdpa", kv_bytes=280)]  # fmt: skip
     (f,) = fd.formats(frame(*rows))
     assert f.figure == "formats" and f.supported
-    assert "int4 dequant_sdpa vs fp16" in f.text and "KV bytes ×0.28" in f.text
+    assert f.text.startswith("int4 dequant_sdpa time / fp16's: ctx 256 ×2, ctx 1024 ×1, ")
+    assert "KV bytes ×0.28" in f.text
     assert "faster in 2, slower in 1, no difference measured in 1 of 4 cases" in f.text
     assert f.text.endswith("faster from ctx 4096")
 
 
 def test_formats_prefers_the_same_kernel_for_the_baseline():
     rows = [row(1.0), row(0.5, kernel="ops"), row(1.0, kv_dtype="fp32", kernel="ops")]
-    found = {f.text.split(":")[0]: f for f in fd.formats(frame(*rows))}
-    assert "×2 (slower in 1 of 1" in found["fp32 ops vs fp16"].text  # ops vs fp16 ops
+    found = {f.text.split(" time")[0]: f for f in fd.formats(frame(*rows))}
+    assert "ctx 1024 ×2 (slower in 1 of 1" in found["fp32 ops"].text  # ops vs fp16 ops
 
 
 def test_layouts_by_prefix_fraction():
@@ -118,6 +119,12 @@ def test_quality_only_when_its_columns_exist():
     df = df.assign(delta_ppl=[0.0, 0.31], kl_mean=[0.0, 0.012])
     lines = {f.text for f in fd.quality(df)}
     assert "int4: Δppl +0.31, KL 0.012" in lines
+
+
+def test_too_few_samples_give_no_interval_and_no_verdict():
+    rows = frame(row(1.0, n_samples=2), row(5.0, kernel="ops", n_samples=2))
+    (f,) = fd.fastest(rows)
+    assert not f.supported and "fewer than 5 samples: no interval" in f.text
 
 
 def test_no_finding_from_rows_without_a_comparison():

@@ -26,6 +26,7 @@ import pandas as pd
 from kvbench.analysis.rules import Rules
 
 THRESHOLD = Rules().threshold
+MIN_SAMPLES = Rules().min_samples  # fewer raw samples on a side: no interval, no verdict
 MEASURED = ("ok", "partial")
 # Axes that pick an implementation (what a user chooses); every other case axis is workload.
 CHOICE_AXES = ("kv_dtype", "group_size", "kernel", "tile_kv", "layout")
@@ -75,9 +76,22 @@ def config_of(r, axes) -> str:
 def ratio_ci(a, b) -> tuple[float, float, float]:
     """(median_a / median_b, conservative low, high) from each side's CI of its median."""
     r = a["median_ms"] / b["median_ms"]
+    if min(_n(a), _n(b)) < MIN_SAMPLES:  # a 2-sample "CI" is the two samples: no interval
+        return float(r), math.nan, math.nan
     lo = a["ci_low_ms"] / b["ci_high_ms"] if b["ci_high_ms"] > 0 else math.nan
     hi = a["ci_high_ms"] / b["ci_low_ms"] if b["ci_low_ms"] > 0 else math.nan
     return float(r), float(lo), float(hi)
+
+
+def _n(r) -> float:
+    n = r.get("n_samples")
+    return math.inf if n is None or pd.isna(n) else float(n)  # no count recorded: trust the CI
+
+
+def interval(lo: float, hi: float) -> str:
+    if math.isnan(lo) or math.isnan(hi):
+        return f"[fewer than {MIN_SAMPLES} samples: no interval]"
+    return f"[{lo:.2f}–{hi:.2f}]"
 
 
 def verdict(lo: float, hi: float, threshold: float = THRESHOLD) -> str:
@@ -159,11 +173,11 @@ def _lead(best, nxt, group: list, choices: list) -> Finding:
     head = f"{where(best, group)}: {config_of(best, choices)}"
     if clear:
         text = (f"{head} is fastest, {best['median_ms']:.3g} ms; {r:.2f}× "
-                f"[{lo:.2f}–{hi:.2f}] ahead of {config_of(nxt, choices)}")  # fmt: skip
+                f"{interval(lo, hi)} ahead of {config_of(nxt, choices)}")  # fmt: skip
     else:
         text = (f"{head} ({best['median_ms']:.3g} ms) and {config_of(nxt, choices)} "
                 f"({nxt['median_ms']:.3g} ms) lead: no difference measured "
-                f"(×{r:.2f} [{lo:.2f}–{hi:.2f}])")  # fmt: skip
+                f"(×{r:.2f} {interval(lo, hi)})")  # fmt: skip
     return Finding("fastest", text, "latency", clear)
 
 
@@ -231,9 +245,10 @@ def formats(cur: pd.DataFrame) -> list[Finding]:
     for (fmt, kernel), g in m.groupby(["fmt", "kernel"], sort=True):
         mem = (g["kv_bytes"] / g["kv_bytes_b"]).median() if "kv_bytes_b" in g else math.nan
         cross = crossing(_ctx_verdict(g)) if g["context_len"].nunique() > 1 else ""
+        by_ctx = g.groupby("context_len")["ratio"].median()  # over GQA, data, ...
+        times = ", ".join(f"ctx {int(c)} ×{v:.2g}" for c, v in by_ctx.items())
         text = (
-            f"{fmt} {kernel} vs fp16: time {_span(g['ratio'])} ({_tally(g['verdict'])} of "
-            f"{len(g)} cases)"
+            f"{fmt} {kernel} time / fp16's: {times} ({_tally(g['verdict'])} of {len(g)} cases)"
             + (f"; KV bytes ×{mem:.2g}" if pd.notna(mem) else "")
             + (f"; {cross}" if cross else "")
         )
