@@ -37,7 +37,7 @@ def test_ratio_interval_is_built_from_both_cis():
 @pytest.mark.parametrize(
     "lo, hi, want",
     [(1.12, 1.5, "slower"), (1.05, 1.5, "same"), (0.5, 0.9, "faster"), (0.5, 0.95, "same"),
-     (math.nan, 2.0, "same")],
+     (math.nan, 2.0, "few")],
 )  # fmt: skip
 def test_verdict_needs_the_whole_interval_beyond_the_threshold(lo, hi, want):
     assert fd.verdict(lo, hi, threshold=1.1) == want
@@ -124,7 +124,9 @@ def test_quality_only_when_its_columns_exist():
 def test_too_few_samples_give_no_interval_and_no_verdict():
     rows = frame(row(1.0, n_samples=2), row(5.0, kernel="ops", n_samples=2))
     (f,) = fd.fastest(rows)
-    assert not f.supported and "fewer than 5 samples: no interval" in f.text
+    assert (
+        not f.supported and "too few samples to judge (×5.00 [no interval: fewer than 5" in f.text
+    )
 
 
 def test_no_finding_from_rows_without_a_comparison():

@@ -90,14 +90,15 @@ def _n(r) -> float:
 
 def interval(lo: float, hi: float) -> str:
     if math.isnan(lo) or math.isnan(hi):
-        return f"[fewer than {MIN_SAMPLES} samples: no interval]"
+        return f"[no interval: fewer than {MIN_SAMPLES} samples]"
     return f"[{lo:.2f}–{hi:.2f}]"
 
 
 def verdict(lo: float, hi: float, threshold: float = THRESHOLD) -> str:
-    """ "faster" (a < b), "slower", or "same" (interval not wholly beyond the threshold)."""
+    """ "faster" (a < b), "slower", "same" (interval not wholly beyond the threshold), or "few"
+    (no interval: too few samples on a side)."""
     if math.isnan(lo) or math.isnan(hi):
-        return "same"
+        return "few"
     if hi < 1 / threshold:
         return "faster"
     if lo > threshold:
@@ -138,7 +139,8 @@ def _span(values) -> str:
 
 def _tally(verdicts) -> str:
     s = pd.Series(list(verdicts)).value_counts()
-    names = {"faster": "faster", "slower": "slower", "same": "no difference measured"}
+    names = {"faster": "faster", "slower": "slower", "same": "no difference measured",
+             "few": "too few samples to judge"}  # fmt: skip
     return ", ".join(f"{names[k]} in {int(s[k])}" for k in names if k in s)
 
 
@@ -175,8 +177,9 @@ def _lead(best, nxt, group: list, choices: list) -> Finding:
         text = (f"{head} is fastest, {best['median_ms']:.3g} ms; {r:.2f}× "
                 f"{interval(lo, hi)} ahead of {config_of(nxt, choices)}")  # fmt: skip
     else:
+        why = "too few samples to judge" if math.isnan(lo) else "no difference measured"
         text = (f"{head} ({best['median_ms']:.3g} ms) and {config_of(nxt, choices)} "
-                f"({nxt['median_ms']:.3g} ms) lead: no difference measured "
+                f"({nxt['median_ms']:.3g} ms) lead: {why} "
                 f"(×{r:.2f} {interval(lo, hi)})")  # fmt: skip
     return Finding("fastest", text, "latency", clear)
 
@@ -189,7 +192,8 @@ def _against(d: pd.DataFrame, base: pd.DataFrame, by: str, keep: tuple) -> pd.Da
     axes += [a for a in varying(pd.concat([d, base]), CHOICE_AXES) if a not in (by, *keep)]
     d, base = _keyed(d, axes), _keyed(base, axes)
     base = base.sort_values("median_ms").drop_duplicates("key")
-    cols = ["key", "median_ms", "ci_low_ms", "ci_high_ms", "kv_bytes", "mem_b", "kernel"]
+    cols = ["key", "median_ms", "ci_low_ms", "ci_high_ms", "n_samples", "kv_bytes", "mem_b"]
+    cols.append("kernel")
     cols.append("label_b")
     base = base.assign(label_b=[config_of(r, CHOICE_AXES) for r in base.to_dict("records")])
     return d.merge(base[[c for c in cols if c in base]], on="key", suffixes=("", "_b"))
@@ -197,7 +201,7 @@ def _against(d: pd.DataFrame, base: pd.DataFrame, by: str, keep: tuple) -> pd.Da
 
 def _ratios(m: pd.DataFrame) -> pd.DataFrame:
     """Ratio a / b of each joined row (b: the `_b` columns) with its interval and verdict."""
-    sides = ("median_ms", "ci_low_ms", "ci_high_ms")
+    sides = ("median_ms", "ci_low_ms", "ci_high_ms", "n_samples")
     rs = [
         ratio_ci(r, {c: r[f"{c}_b"] for c in sides})
         for r in m[[*sides, *(f"{c}_b" for c in sides)]].to_dict("records")
@@ -222,7 +226,7 @@ def crossing(per_ctx: pd.Series) -> str:
     v = list(per_ctx.items())
     for i in range(1, len(v)):
         tail = {x for _, x in v[i:]}
-        if len(tail) == 1 and v[i - 1][1] != v[i][1] and v[i][1] != "same":
+        if len(tail) == 1 and v[i - 1][1] != v[i][1] and v[i][1] in ("faster", "slower"):
             return f"{v[i][1]} from ctx {int(v[i][0])}"
     return ""
 
@@ -252,7 +256,11 @@ def formats(cur: pd.DataFrame) -> list[Finding]:
             + (f"; KV bytes ×{mem:.2g}" if pd.notna(mem) else "")
             + (f"; {cross}" if cross else "")
         )
-        out.append(Finding("formats vs fp16", text, "formats", (g["verdict"] != "same").any()))
+        out.append(
+            Finding(
+                "formats vs fp16", text, "formats", g["verdict"].isin(("faster", "slower")).any()
+            )
+        )
     return out
 
 
@@ -275,7 +283,12 @@ def layouts(cur: pd.DataFrame) -> list[Finding]:
             f"pairs over seqs × ctx)"
         )
         out.append(
-            Finding("unified vs per-stream", text, "layouts", (g["verdict"] != "same").any())
+            Finding(
+                "unified vs per-stream",
+                text,
+                "layouts",
+                g["verdict"].isin(("faster", "slower")).any(),
+            )
         )
     return out
 
@@ -326,7 +339,11 @@ def peers(cur: pd.DataFrame) -> list[Finding]:
             f"{kernel}: {_span(g['ratio'])} the best peer's time ({_tally(g['verdict'])} of "
             f"{len(g)} cases; best peer: {best})"
         )
-        out.append(Finding("kvbench vs peers", text, "peers", (g["verdict"] != "same").any()))
+        out.append(
+            Finding(
+                "kvbench vs peers", text, "peers", g["verdict"].isin(("faster", "slower")).any()
+            )
+        )
     return out
 
 

@@ -136,9 +136,10 @@ def header(cur: pd.DataFrame, figures: list[Figure], title: str, found=()) -> st
         t = failed[["label", "case_id", "status", "error"]].rename(
             columns={"label": "case", "error": "reason"}
         )
+        fold = "" if len(t) > OPEN_ROWS else " open"
         parts += [
             f'<h2 class="bad">Rows without a full measurement ({len(failed)})</h2>',
-            html_table(t, "failed"),
+            f"<details{fold}><summary>{len(t)} rows</summary>{html_table(t, 'failed')}</details>",
         ]
     if figures:
         links = "".join(f'<li><a href="#{f.key}">{html.escape(f.title)}</a></li>' for f in figures)

@@ -68,10 +68,11 @@ def _greedy(d: pd.DataFrame, vary: list[str]) -> tuple[list[str], list[str]]:
     return series, facets
 
 
-def split_axes(d: pd.DataFrame, exclude=()) -> tuple[list[str], list[str]]:
+def split_axes(d: pd.DataFrame, exclude=(), always=("fmt",)) -> tuple[list[str], list[str]]:
     """(series axes, facet axes): the varying axes, series first while their combinations
     stay within MAX_SERIES, the rest as panels. Format first or kernel first, whichever
-    leaves more series in a panel (peers: kernels are the question; quant: formats)."""
+    leaves more series in a panel (peers: kernels are the question; quant: formats). Axes in
+    `always` are series axes even with one value (they name the line and pick its colour)."""
     vary = [
         a
         for a in SERIES_AXES
@@ -81,7 +82,9 @@ def split_axes(d: pd.DataFrame, exclude=()) -> tuple[list[str], list[str]]:
                                        else 0, a in FACET_FIRST))  # fmt: skip
     swapped = [a for a in vary if a == "kernel"] + [a for a in vary if a != "kernel"]
     splits = [_greedy(d, vary), _greedy(d, swapped)]
-    return max(splits, key=lambda sf: d.groupby(sf[0]).ngroups if sf[0] else 0)
+    series, facets = max(splits, key=lambda sf: d.groupby(sf[0]).ngroups if sf[0] else 0)
+    # a format is named (and coloured) even when it is the only one
+    return [a for a in always if a in d and a not in series] + series, facets
 
 
 def name_of(r, axes) -> str:
