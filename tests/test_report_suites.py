@@ -24,7 +24,7 @@ WANTED = {  # figures each suite's question needs
 TOPICS = {  # findings each suite's report must open with
     "default": {"fastest", "formats vs fp16"},
     "quant": {"fastest", "formats vs fp16", "accuracy"},
-    "streams": {"unified vs per-stream"},
+    "streams": {"unified vs per-stream"},  # fastest would repeat it (layout is the only choice)
     "tiles": {"best tile", "fastest"},
     "peers": {"kvbench vs peers", "fastest"},
 }

@@ -154,7 +154,7 @@ def fastest(cur: pd.DataFrame) -> list[Finding]:
     over the next one."""
     d = measured(cur)
     choices = varying(d, CHOICE_AXES)
-    if d.empty or not choices:
+    if d.empty or not choices or choices == ["layout"]:  # layout alone: the layouts topic
         return []
     group = ["phase", "context_len", *[a for a in _workload_axes(d) if a != "context_len"]]
     group = list(dict.fromkeys(a for a in group if a in d and d[a].notna().any()))

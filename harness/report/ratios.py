@@ -104,6 +104,7 @@ def layouts(cur: pd.DataFrame) -> Figure | None:
                     marker={"color": ORDINAL[k % 8], "size": 8}, row=row + 1, col=j + 1,
                 )  # fmt: skip
     fig.add_hline(y=1.0, line_dash="dash", line_color="#444", row="all", col="all")
+    fig.update_yaxes(type="log", row=1, **log_ticks(m[["lo", "hi", "ratio"]].stack()))
     fig.update_xaxes(title_text="shared-prefix fraction", row=2)
     fig.update_yaxes(title_text="unified / per-stream time", row=1, col=1)
     fig.update_yaxes(title_text="unified / per-stream memory", row=2, col=1)

@@ -91,29 +91,47 @@ def name_of(r, axes) -> str:
     return " · ".join(show(a, r[a]) for a in axes if pd.notna(r.get(a))) or "all"
 
 
-def line_style(r, series: list[str], values: dict) -> dict:
-    """Colour by format (else layout, else kernel, else an ordinal), dash by kernel (else the
-    second series axis), for the row r of a series."""
-    if "fmt" in series:
-        color = format_color(r["fmt"])
-    elif "layout" in series:
-        color = LAYOUT_COLORS.get(r["layout"], ORDINAL[0])
-    elif "kernel" in series:
-        color = kernel_color(r["kernel"])
-    else:
-        color = ORDINAL[values["color"].index(name_of(r, series)) % len(ORDINAL)]
-    if "kernel" in series and "fmt" in series:
-        dash, symbol = KERNEL_DASH.get(r["kernel"], "solid"), KERNEL_SYMBOL.get(r["kernel"])
-    elif "layout" in series and "fmt" in series:
-        dash, symbol = ("solid", "circle") if r["layout"] == "per-stream" else ("dash", "square")
-    else:
-        dash, symbol = "solid", "circle"
-    others = [a for a in series if a not in ("fmt", "kernel", "layout")]
-    if others and ("fmt" in series or "layout" in series or "kernel" in series):
-        # a fourth visual channel: the other axes' combination picks the marker
-        marks = ("circle", "square", "diamond", "triangle-up", "x", "star", "cross", "pentagon")
-        symbol = marks[values["other"].index(name_of(r, others)) % len(marks)]
-    return {"color": color, "dash": dash, "symbol": symbol or "circle"}
+def _roles(d: pd.DataFrame, series: list[str]) -> tuple[str | None, list[str]]:
+    """(dash axis, colour axes) among the series axes that vary in d: kernel (else layout)
+    draws the dash when something else can take the colour; format takes the colour first."""
+    vary = [a for a in series if d[a].nunique() > 1]
+    dash = next((a for a in ("kernel", "layout") if a in vary), None)
+    if dash and len(vary) == 1:
+        dash = None
+    colour = [a for a in vary if a != dash]
+    return dash, (["fmt"] if "fmt" in colour else colour)
+
+
+def styler(d: pd.DataFrame, series: list[str]):
+    """A function row -> {color, dash, symbol} for the series of d (fixed colours for formats,
+    layouts and kernels, an ordinal palette for other axes)."""
+    dash_axis, colour_axes = _roles(d, series)
+    names = sorted({name_of(r, colour_axes) for r in d.to_dict("records")})
+    marks = ("circle", "square", "diamond", "triangle-up", "x", "star", "cross", "pentagon")
+    rest = [a for a in series if a not in colour_axes and a != dash_axis and d[a].nunique() > 1]
+    others = sorted({name_of(r, rest) for r in d.to_dict("records")})
+
+    def style_of(r) -> dict:
+        if colour_axes == ["fmt"]:
+            color = format_color(r["fmt"])
+        elif colour_axes == ["layout"]:
+            color = LAYOUT_COLORS.get(r["layout"], ORDINAL[0])
+        elif colour_axes == ["kernel"]:
+            color = kernel_color(r["kernel"])
+        elif not colour_axes and "fmt" in series:
+            color = format_color(r["fmt"])
+        else:
+            color = ORDINAL[names.index(name_of(r, colour_axes)) % len(ORDINAL)]
+        dash, symbol = "solid", marks[others.index(name_of(r, rest)) % len(marks)]
+        if dash_axis == "kernel":
+            dash, symbol = KERNEL_DASH.get(r["kernel"], "solid"), KERNEL_SYMBOL.get(r["kernel"])
+        elif dash_axis == "layout":
+            dash, symbol = (
+                ("solid", "circle") if r["layout"] == "per-stream" else ("dash", "square")
+            )
+        return {"color": color, "dash": dash, "symbol": symbol or "circle"}
+
+    return style_of
 
 
 def grid(n_panels: int, max_cols: int = 3) -> tuple[int, int]:
@@ -144,15 +162,13 @@ def lines(d: pd.DataFrame, x: str, y: str, exclude=(), err=None, ncol_max: int =
     titles = list(dict.fromkeys(d["_panel"]))
     fig = subplots(titles if facets else [""], ncol_max)
     ncol = grid(len(titles), ncol_max)[1]
-    others = [a for a in series if a not in ("fmt", "kernel", "layout")]
-    values = {"color": sorted({name_of(r, series) for r in d.to_dict("records")}),
-              "other": sorted({name_of(r, others) for r in d.to_dict("records")})}  # fmt: skip
+    style_of = styler(d, series)
     shown = set()
     for i, panel in enumerate(titles):
         p = d[d["_panel"] == panel]
         names = pd.Series([name_of(r, series) for r in p.to_dict("records")], index=p.index)
         for name, s in p.groupby(names, sort=False):
-            st = line_style(s.iloc[0], series, values)
+            st = style_of(s.iloc[0])
             error = None
             if err:
                 error = {"type": "data", "symmetric": False, "array": s[err[0]],
