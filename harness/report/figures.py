@@ -62,8 +62,9 @@ def latency(cur: pd.DataFrame) -> Figure | None:
     title = "Latency vs context (median; bars p10–p90 of the samples; log–log)"
     note = (
         "One timed call: a decode step over all layers (write + attend), or the whole prefill. "
-        "Points are medians of every raw sample; error bars span p10 to p90. Colour: format, "
-        "dash and marker: kernel (the same in every figure); axes that vary beyond "
+        "Points are medians of every raw sample; error bars span p10 to p90. Colour: format "
+        "(else the other varying axes), dash and marker: kernel (else layout), the same in every "
+        "figure; axes that vary beyond "
         f"{MAX_SERIES} series are panels. Every panel shares the axes."
     )
     table_df = table(d.sort_values(["phase", "gqa_ratio", "label", "context_len"]), LAT_TABLE)
