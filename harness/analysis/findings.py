@@ -237,14 +237,26 @@ def _ctx_verdict(g: pd.DataFrame) -> pd.Series:
     return one.replace("", "same").sort_index()
 
 
+def format_pairs(cur: pd.DataFrame) -> pd.DataFrame:
+    """kvbench's rows of formats other than fp16 joined to the fp16 row of the same case (same
+    kernel when fp16 ran with it, else the fastest fp16 kernel); peers' rows are left out (the
+    peers topic compares them)."""
+    from kvbench.store.migrate_v1 import with_v1_facts
+
+    d = measured(cur)
+    if d.empty:
+        return d
+    d = d[~with_v1_facts(d)["kernel_kind"].eq("peer").to_numpy()]
+    base, rest = d[d["kv_dtype"] == "fp16"], d[d["kv_dtype"] != "fp16"]
+    if base.empty or rest.empty:
+        return d.iloc[0:0]
+    return baseline(rest, base, "kv_dtype", loose=("kernel", "group_size", "tile_kv"))
+
+
 def formats(cur: pd.DataFrame) -> list[Finding]:
     """Each format (per kernel) against fp16 in the same workload: time ratio, KV bytes ratio,
     the context where the verdict turns."""
-    d = measured(cur)
-    base, rest = d[d["kv_dtype"] == "fp16"], d[d["kv_dtype"] != "fp16"]
-    if base.empty or rest.empty:
-        return []
-    m = baseline(rest, base, "kv_dtype", loose=("kernel", "group_size", "tile_kv"))
+    m = format_pairs(cur)
     out = []
     for (fmt, kernel), g in m.groupby(["fmt", "kernel"], sort=True):
         mem = (g["kv_bytes"] / g["kv_bytes_b"]).median() if "kv_bytes_b" in g else math.nan

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from kvbench.analysis.findings import baseline
+from kvbench.analysis.findings import baseline, format_pairs
 from kvbench.report.common import Figure, log_ticks, measured, style, table
 from kvbench.report.styles import (
     ORDINAL,
@@ -45,12 +45,8 @@ def _err(m: pd.DataFrame) -> pd.DataFrame:
 
 
 def formats(cur: pd.DataFrame) -> Figure | None:
-    d = measured(cur)
-    base, rest = d[d["kv_dtype"] == "fp16"], d[d["kv_dtype"] != "fp16"]
-    if base.empty or rest.empty or d["context_len"].isna().all():
-        return None
-    m = baseline(rest, base, "kv_dtype", loose=("kernel", "group_size", "tile_kv"))
-    if m.empty:
+    m = format_pairs(cur)
+    if m.empty or m["context_len"].isna().all():
         return None
     m = _err(m)
     fig, titles, nrow = lines(m, "context_len", "ratio", err=("err_plus", "err_minus"))
