@@ -228,6 +228,12 @@ def cmd_profile(args) -> int:
 def cmd_report(args) -> int:
     from kvbench.report.page import write_report
 
+    if not args.output.endswith(".html"):  # a directory: the results site
+        from kvbench.report.site import write_site
+
+        index, n = write_site(args.results, args.output)
+        print(f"report site: {index} ({n} pages)")
+        return 0
     _check_output(args.output)
     path, n = write_report(
         args.results, args.output, latest=args.latest, compare=args.compare, title=args.title
@@ -372,7 +378,12 @@ def build_parser() -> argparse.ArgumentParser:
 
     rep = sub.add_parser("report", help="one self-contained HTML page of plots from result CSVs")
     rep.add_argument("results", nargs="+", help="result CSV files or directories of them")
-    rep.add_argument("-o", "--output", default="report.html", help="HTML file to write")
+    rep.add_argument(
+        "-o",
+        "--output",
+        default="report.html",
+        help="HTML file to write, or a directory: a site (index, a page per suite, history)",
+    )
     rep.add_argument(
         "--latest",
         action="store_true",

@@ -19,6 +19,51 @@ from pathlib import Path
 
 PROBE = """<script>
 window.__kvErrors = [];
+var TEXT = ".gtitle, .xtick text, .ytick text, .legendtext, .annotation-text, " +
+  ".g-xtitle text, .g-ytitle text, .g-x2title text, .g-y2title text";
+function __kvBoxes(p) {
+  var out = [];
+  p.querySelectorAll(TEXT).forEach(function (e) {
+    var r = e.getBoundingClientRect();
+    if (e.textContent.trim() && r.width > 0 && r.height > 0) out.push({t: e.textContent, r: r});
+  });
+  return out;
+}
+function __kvOverlaps(plots) {  // pairs of text boxes of one plot overlapping by > 1 px
+  var found = [];
+  plots.forEach(function (p) {
+    var b = __kvBoxes(p);
+    for (var i = 0; i < b.length; i++) for (var j = i + 1; j < b.length; j++) {
+      var a = b[i].r, c = b[j].r;
+      var w = Math.min(a.right, c.right) - Math.max(a.left, c.left);
+      var h = Math.min(a.bottom, c.bottom) - Math.max(a.top, c.top);
+      if (w > 1 && h > 1) found.push([p.id, b[i].t, b[j].t]);
+    }
+  });
+  return found;
+}
+function __kvSeries(plots) {  // plot id -> the most series drawn in one panel (not reference lines)
+  var out = {};
+  plots.forEach(function (p) {
+    var per = {};
+    (p._fullData || []).forEach(function (t) {
+      if (t.meta === "ref" || t.visible === false) return;
+      var k = (t.xaxis || "x") + (t.yaxis || "y");
+      per[k] = (per[k] || 0) + 1;
+    });
+    out[p.id] = Math.max.apply(null, [0].concat(Object.values(per)));
+  });
+  return out;
+}
+function __kvLinks() {  // findings links whose target is not a figure section
+  var bad = [], n = 0;
+  document.querySelectorAll(".findings a[href^='#']").forEach(function (a) {
+    n++;
+    var t = document.getElementById(a.getAttribute("href").slice(1));
+    if (!t || !t.classList.contains("figure")) bad.push(a.getAttribute("href"));
+  });
+  return {n: n, bad: bad};
+}
 (function () {
   var orig = console.error;
   console.error = function () {
@@ -42,6 +87,7 @@ window.__kvErrors = [];
       var pre = document.createElement("pre");
       pre.id = "kvbench-probe";
       pre.textContent = JSON.stringify({
+        overlaps: __kvOverlaps(plots), series: __kvSeries(plots), links: __kvLinks(),
         plots: plots.length, drawn: drawn, traces: traces,
         svgs: document.querySelectorAll(".main-svg").length,
         plotly: typeof Plotly === "undefined" ? null : Plotly.version,
@@ -91,6 +137,7 @@ def probe(report: str | Path, timeout: float = 120) -> dict:
         page.write_text(text.replace("<head>", "<head>\n" + PROBE, 1), encoding="utf-8")
         res = _run(
             ["--virtual-time-budget=30000", "--enable-logging=stderr", "--v=0", "--dump-dom",
+             "--window-size=1400,1000",
              page.as_uri()],
             timeout,
         )  # fmt: skip

@@ -6,7 +6,10 @@ measurements; they exist so each figure's presence and structure can be tested.
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
+import math
+from pathlib import Path
 
 import pandas as pd
 
@@ -49,6 +52,7 @@ def _row(run: int, i: int, **case) -> dict:
         unstable=False,
         bytes_read=kv_bytes,
         bytes_written=1024,
+        flops=4 * 64 * ctx * 2 * 8,
         gbps=kv_bytes / median / 1e6,
         peak_gbps=20.0,
         peak_method="synthetic",
@@ -99,7 +103,8 @@ def rows(run: int = 0) -> pd.DataFrame:
     bad.update(status="skipped", error="kernel metal needs the Metal backend", median_ms=None)
     err = _row(run, i + 1, kv_dtype="int4", context_len=64, gqa_ratio=1, kernel="tiled")
     err.update(status="error", error="ParityError: max abs err 0.5 > 0.01", median_ms=None)
-    return pd.DataFrame(out + [bad, err], columns=COLUMNS + LAYOUT_COLUMNS)
+    extra = tuple(c for c in LAYOUT_COLUMNS if c not in COLUMNS)
+    return pd.DataFrame(out + [bad, err], columns=COLUMNS + extra)
 
 
 def compare_rows() -> pd.DataFrame:
@@ -133,3 +138,53 @@ def write(tmp_path, runs: int = 2, compare: bool = True) -> list:
         compare_rows().to_csv(p, index=False)
         paths.append(p)
     return paths
+
+
+# Suite-shaped rows: the cases a shipped suite expands to, with invented numbers (a byte-model
+# latency, made-up errors) so the report of each suite can be checked in a browser without
+# running it. Never reported as measurements.
+SUITES = ("default", "quant", "streams", "tiles", "peers")
+BITS = {"fp32": (32, 32), "fp16": (16, 16), "bf16": (16, 16), "int8": (8.5, 8), "fp4": (4.5, 4),
+        "int4": (4.5, 4), "mxfp4": (4.25, 4), "nvfp4": (4.5, 4), "affine4": (5, 4),
+        "affine8": (9, 8)}  # fmt: skip
+KERNEL_COST = {"sdpa": 1.0, "ops": 1.6, "tiled": 1.3, "dequant_sdpa": 1.8,
+               "quantized_matmul": 9, "mlx_lm": 1.1, "mlx_lm_rotating": 1.2, "torch_sdpa": 0.7,
+               "numpy_ref": 0.8}  # fmt: skip
+PEERS = ("mlx_lm", "mlx_lm_rotating", "torch_sdpa", "numpy_ref")
+GPU_ONLY = ("metal", "cuda")
+
+
+def _suite_row(case, run_id: str, suite: str) -> dict:
+    c = {f.name: getattr(case, f.name) for f in dataclasses.fields(case)}
+    bits, data_bits = BITS[case.kv_dtype]
+    ctx = case.window or case.context_len
+    held = ctx * case.n_seqs * (1 - 0.8 * case.prefix_frac * (case.layout == "unified"))
+    kv = int(2 * case.n_layers * case.n_kv_heads * held * case.head_dim * bits / 8)
+    tile = 1 + 0.15 * abs(math.log2(case.tile_kv / 128)) if case.tile_kv else 1
+    med = 0.05 + kv / 3e6 * KERNEL_COST.get(case.kernel, 1) * tile
+    med *= 1 + 0.1 * case.prefix_frac if case.layout == "unified" else 1
+    med *= ctx / 8 if case.phase == "prefill" else 1
+    flops = 4 * case.head_dim * ctx * case.n_layers * case.n_q_heads * case.n_seqs
+    row = _row(0, 0, kv_dtype="fp16", context_len=64, gqa_ratio=1, kernel="sdpa")
+    row.update(c, gqa_ratio=case.gqa_ratio, case_id=case.case_id, run_id=run_id, suite=suite,
+               median_ms=med, p10_ms=med * 0.93, p90_ms=med * 1.1, ci_low_ms=med * 0.97,
+               ci_high_ms=med * 1.03, kv_bytes=kv, bits_per_elem=bits, data_bits=data_bits,
+               alloc_bytes=kv, peak_mem_bytes=int(kv * 1.3), bytes_read=kv, gbps=kv / med / 1e6,
+               flops=flops, tflops=flops / med / 1e9, bytes_alloc=kv, bytes_used=kv,
+               rel_err=0.0 if bits == 32 else 2.0 ** -data_bits, cosine=1.0,
+               kernel_kind="peer" if case.kernel in PEERS else "kvbench",
+               schema_version=2)  # fmt: skip
+    if case.kernel in GPU_ONLY:
+        row.update(status="skipped", error=f"kernel {case.kernel} needs its GPU backend",
+                   median_ms=None)  # fmt: skip
+    return row
+
+
+def suite_rows(name: str) -> pd.DataFrame:
+    """Rows shaped like suites/<name>.yaml: every case it expands to, invented numbers."""
+    from kvbench.spec.suite import expand, load_suite
+
+    suite = load_suite(Path(__file__).resolve().parents[1] / "suites" / f"{name}.yaml")
+    run_id = f"20261123T120000Z-{name}"
+    out = [_suite_row(case, run_id, name) for case in expand(suite)]
+    return pd.DataFrame(out, columns=COLUMNS)

@@ -14,7 +14,8 @@ from kvbench.cli import main
 from kvbench.report.figures import frontier, split_memory
 from kvbench.report.page import build, current, load, write_report
 
-ALL = ["latency", "bandwidth", "memory", "accuracy", "tiles", "layouts", "history", "compare"]
+ALL = ["latency", "formats", "layouts", "tiles", "accuracy", "memory", "bandwidth", "roofline"]
+ALL += ["history", "compare"]
 
 
 class Sections(HTMLParser):
@@ -79,8 +80,8 @@ def test_figures_follow_the_data(tmp_path):
     plain = df[df["tile_kv"].isna() & (df["n_seqs"] == 1) & (df["kv_dtype"] != "int4")]
     plain.to_csv(tmp_path / "a.csv", index=False)
     ids = [s["id"] for s in parse(build([tmp_path / "a.csv"])).sections]
-    assert ids == ["latency", "bandwidth", "memory", "accuracy"]
-    one = plain[plain["kv_dtype"] == "fp16"].assign(bits_per_elem=None, gbps=None)
+    assert ids == ["latency", "formats", "accuracy", "memory", "bandwidth", "roofline"]
+    one = plain[plain["kv_dtype"] == "fp16"].assign(bits_per_elem=None, gbps=None, flops=None)
     one.to_csv(tmp_path / "b.csv", index=False)
     assert [s["id"] for s in parse(build([tmp_path / "b.csv"])).sections] == ["latency", "memory"]
 
@@ -130,7 +131,8 @@ def test_cli_report_and_compare_option(tmp_path, capsys):
     syn.compare_rows().to_csv(cmp, index=False)
     out = tmp_path / "r.html"
     assert main(["report", str(tmp_path), "-o", str(out), "--compare", str(cmp)]) == 0
-    assert "(4 figures)" in capsys.readouterr().out  # latency, bandwidth, memory, compare
+    # latency, memory, bandwidth, roofline, compare
+    assert "(5 figures)" in capsys.readouterr().out
     assert 'id="compare"' in out.read_text()
     assert main(["report", str(tmp_path / "missing"), "-o", str(out)]) == 2
     assert main(["report", str(cmp), "-o", str(out)]) == 0  # a compare table alone
@@ -152,7 +154,7 @@ def test_every_figure_renders_in_headless_chromium(full_report):
 
 def test_layout_memory_uses_cell_bytes_when_present(full_report):
     text = full_report[1]
-    assert "Memory plotted: bytes_alloc / bytes_used" in text
+    assert "Memory: bytes_alloc (cells allocated" in text
 
 
 def test_log_ticks_label_full_numbers():

@@ -11,7 +11,6 @@ fills it for older files).
 from __future__ import annotations
 
 import pandas as pd
-import plotly.express as px
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
@@ -20,8 +19,6 @@ from kvbench.report.common import (
     MIB,
     Figure,
     add_series,
-    colors,
-    gqa_facet,
     log_ticks,
     measured,
     row_spacing,
@@ -29,12 +26,14 @@ from kvbench.report.common import (
     table,
     with_fmt,
 )
+from kvbench.report.styles import MAX_SERIES, axis_titles, context_ticks, format_color, lines
 from kvbench.store.migrate_v1 import with_v1_facts
 
 PEAK_COLORS = ("#d62728", "#9467bd", "#8c564b", "#e377c2", "#17becf", "#bcbd22")
 # Axes that do not change the cache's size (memory panels ignore them).
 MEM_SAME = ("context_len", "phase", "kernel", "kv_data", "seed", "tile_kv", "n_kv_heads")
-FACETS = ("context_len", "gqa_ratio", "phase", "n_kv_heads", "n_q_heads")
+# Many-sequence axes: the layouts figure shows their memory; here one value of each is kept.
+MEM_ONE = ("n_seqs", "layout", "workload", "prefix_frac", "decode_order", "churn")
 LAT_TABLE = {
     "label": "case",
     "context_len": "context (tokens)",
@@ -51,100 +50,25 @@ LAT_TABLE = {
 }
 
 
-def _series(d: pd.DataFrame) -> pd.DataFrame:
-    """Colour = format (and other varying axes), line dash = kernel; facets = GQA (and phase)."""
-    d = add_series(d, exclude=FACETS + ("kernel",))
-    d["gqa"] = gqa_facet(d)
-    return d.sort_values(["series", "kernel", "context_len"])
-
-
-def spaced(values: list, factor: float = 1.4) -> list:
-    """Values at least `factor` apart (on a log axis, closer tick labels overlap)."""
-    out = []
-    for v in values:
-        if not out or v >= out[-1] * factor:
-            out.append(v)
-    return out
-
-
-def _line(d: pd.DataFrame, y: str, labels: dict, facet_row: str | None, **kw) -> go.Figure:
-    dash = "kernel" if d["kernel"].nunique() > 1 else None
-    fig = px.line(
-        d,
-        x="context_len",
-        y=y,
-        color="series",
-        line_dash=dash,
-        symbol=dash,
-        facet_col="gqa",
-        facet_row=facet_row,
-        markers=True,
-        log_x=True,
-        hover_name="label",
-        labels=labels,
-        color_discrete_sequence=colors(d["series"].nunique()),
-        category_orders={
-            "gqa": list(d.sort_values("gqa_ratio")["gqa"].unique()),
-            "phase": sorted(d["phase"].dropna().unique()),  # px: first one is the top row
-        },
-        **kw,
-    )
-    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
-    ctx = spaced(sorted(d["context_len"].unique()))
-    if len(ctx) <= 10:  # label the measured contexts, not log-axis minor ticks
-        fig.update_xaxes(tickvals=ctx, ticktext=[str(int(c)) for c in ctx])
-    return fig
-
-
-def match_within_rows(fig: go.Figure, n_rows: int, n_cols: int) -> None:
-    """One y scale per facet row (decode and prefill differ by orders), shared along it."""
-    for r in range(1, n_rows + 1):
-        first = fig.get_subplot(r, 1).yaxis.plotly_name.replace("axis", "")
-        for c in range(1, n_cols + 1):
-            axis = fig.get_subplot(r, c).yaxis
-            axis.update(matches=None if c == 1 else first, showticklabels=c == 1)
-
-
 def latency(cur: pd.DataFrame) -> Figure | None:
     d = measured(cur)
     if d.empty or d["context_len"].isna().all():
         return None
-    d = _series(d)
-    d["err_plus"] = d["p90_ms"] - d["median_ms"]
-    d["err_minus"] = d["median_ms"] - d["p10_ms"]
-    rows = "phase" if d["phase"].nunique() > 1 else None
-    labels = {"context_len": "context length (tokens)", "median_ms": "latency (ms)"}
-    fig = _line(
-        d,
-        "median_ms",
-        labels,
-        rows,
-        log_y=True,
-        error_y="err_plus",
-        error_y_minus="err_minus",
-        hover_data={
-            "p10_ms": ":.4g",
-            "p90_ms": ":.4g",
-            "n_samples": True,
-            "cv": ":.2f",
-            "gqa": False,
-        },
-    )
-    n_rows = d["phase"].nunique() if rows else 1
-    if rows:
-        match_within_rows(fig, n_rows, d["gqa"].nunique())
-        for r, (_, p) in enumerate(d.groupby("phase", sort=True), start=1):
-            fig.update_yaxes(**log_ticks(p[["p10_ms", "p90_ms"]].stack()), row=n_rows - r + 1)
-    else:
-        fig.update_yaxes(**log_ticks(d[["p10_ms", "p90_ms"]].stack()))
-    title = "Latency vs context per format (median; bars p10–p90 of the samples; log–log)"
+    d = d.assign(err_plus=d["p90_ms"] - d["median_ms"], err_minus=d["median_ms"] - d["p10_ms"])
+    fig, titles, nrow = lines(d, "context_len", "median_ms", err=("err_plus", "err_minus"))
+    context_ticks(fig, d["context_len"])
+    fig.update_yaxes(type="log", **log_ticks(d[["p10_ms", "p90_ms"]].stack()))
+    axis_titles(fig, nrow, "context length (tokens)", "latency (ms)")
+    title = "Latency vs context (median; bars p10–p90 of the samples; log–log)"
     note = (
         "One timed call: a decode step over all layers (write + attend), or the whole prefill. "
-        "Points are medians of every raw sample; error bars span p10 to p90. Facets: GQA ratio "
-        "(columns) and phase (rows, when both were run)."
+        "Points are medians of every raw sample; error bars span p10 to p90. Colour: format "
+        "(else the other varying axes), dash and marker: kernel (else layout), the same in every "
+        "figure; axes that vary beyond "
+        f"{MAX_SERIES} series are panels. Every panel shares the axes."
     )
-    table_df = table(d.sort_values(["phase", "gqa_ratio", "series", "context_len"]), LAT_TABLE)
-    return Figure("latency", title, style(fig, 380 + 260 * n_rows), table_df, note)
+    table_df = table(d.sort_values(["phase", "gqa_ratio", "label", "context_len"]), LAT_TABLE)
+    return Figure("latency", title, style(fig, 120 + 300 * nrow), table_df, note)
 
 
 def bandwidth(cur: pd.DataFrame) -> Figure | None:
@@ -152,34 +76,24 @@ def bandwidth(cur: pd.DataFrame) -> Figure | None:
     d = d[(d["phase"] == "decode") & d["gbps"].notna() & d["context_len"].notna()]
     if d.empty:
         return None
-    d = _series(d)
-    labels = {"context_len": "context length (tokens)", "gbps": "achieved bandwidth (GB/s)"}
-    hover = {"pct_peak_bw": ":.1f", "bytes_read": True, "bytes_written": True, "gqa": False}
-    fig = _line(d, "gbps", labels, None, hover_data=hover)
+    fig, titles, nrow = lines(d, "context_len", "gbps", exclude=("phase",))
+    context_ticks(fig, d["context_len"])
     peaks = d.dropna(subset=["peak_gbps"]).drop_duplicates(["device", "run_id"])
-    top = float(d["gbps"].max())
     for p in peaks.itertuples():  # each run measured its own peak: one line per run
-        top = max(top, float(p.peak_gbps))
-        fig.add_hline(y=float(p.peak_gbps), line_dash="dash", line_color="#444")
-    if len(peaks):
-        text = ", ".join(
-            f"{p.peak_gbps:.3g}" + (f" ({p.suite})" if len(peaks) > 1 else "")
-            for p in peaks.itertuples()
-        )
-        devices = ", ".join(peaks["device"].astype(str).unique())
-        fig.add_annotation(
-            xref="x domain", yref="y", x=0, y=float(peaks["peak_gbps"].max()), showarrow=False,
-            xanchor="left", yanchor="bottom", text=f"measured peak {text} GB/s ({devices})",
-        )  # fmt: skip
-    fig.update_yaxes(range=[0, top * 1.15], rangemode="tozero")
-    title = "Decode bandwidth vs the measured roofline (GB/s, 1 GB = 1e9 B)"
+        fig.add_hline(y=float(p.peak_gbps), line_dash="dash", line_color="#444", row="all",
+                      col="all")  # fmt: skip
+    top = max(float(d["gbps"].max()), float(peaks["peak_gbps"].max()) if len(peaks) else 0)
+    fig.update_yaxes(range=[0, top * 1.15])
+    axis_titles(fig, nrow, "context length (tokens)", "achieved GB/s")
+    title = "Decode bandwidth vs the measured peak (GB/s, 1 GB = 1e9 B)"
+    peak_text = ", ".join(f"{v:.3g}" for v in peaks["peak_gbps"].unique())
     note = (
         "Achieved GB/s = (bytes read + bytes written by the byte model, "
-        "harness/engines/metrics.py) / median time. The dashed line is the streaming-read "
-        "peak kvbench measured on the same "
-        "device in the same run (peak_method in the header). Decode rows only: prefill is not "
-        "bandwidth-bound. % of peak is in the hover and the table. A point above the line means "
-        "the traffic was served from CPU caches, or the peak measurement was disturbed."
+        "harness/engines/metrics.py) / median time. Dashed line: the streaming-read peak "
+        f"kvbench measured on the same device in the same run ({peak_text or 'none'} GB/s; "
+        "peak_method in the header). Decode rows only: prefill is not bandwidth-bound. % of "
+        "peak is in the table. A point above the line means the traffic was served from CPU "
+        "caches, or the peak measurement was disturbed."
     )
     cols = {
         "label": "case",
@@ -191,7 +105,7 @@ def bandwidth(cur: pd.DataFrame) -> Figure | None:
         "peak_gbps": "measured peak (GB/s)",
         "pct_peak_bw": "% of peak",
     }
-    return Figure("bandwidth", title, style(fig), table(d, cols), note)
+    return Figure("bandwidth", title, style(fig, 120 + 300 * nrow), table(d, cols), note)
 
 
 def split_memory(d: pd.DataFrame) -> pd.DataFrame:
@@ -219,7 +133,12 @@ def memory(cur: pd.DataFrame) -> Figure | None:
     d = _memory_rows(cur)
     if d.empty:
         return None
-    d = add_series(d, exclude=MEM_SAME, always=("fmt",))
+    kept = []
+    for a in MEM_ONE:
+        if a in d and d[a].nunique() > 1:
+            first = sorted(d[a].dropna().unique(), key=str)[0]
+            d, kept = d[d[a] == first], [*kept, f"{a} {first}"]
+    d = add_series(d, exclude=MEM_SAME + MEM_ONE, always=("fmt",))
     d["panel"] = d["series"]
     d = split_memory(d)
     order = d.sort_values(["bits_per_elem", "gqa_ratio", "panel"], ascending=[False, True, True])
@@ -234,6 +153,9 @@ def memory(cur: pd.DataFrame) -> Figure | None:
         vertical_spacing=row_spacing(nrow, 0.12),
     )
     kernels = sorted(d["kernel"].dropna().unique())
+    if len(kernels) > 4:  # one marker per kernel would crowd the panel: the largest peak
+        d = d.assign(kernel="largest of all kernels")
+        kernels = ["largest of all kernels"]
     stack = (("k_bytes", "K data", "#1f77b4"), ("v_bytes", "V data", "#ff7f0e"))
     stack += (("scales_bytes", "scales (K+V)", "#2ca02c"),)
     for i, panel in enumerate(panels):
@@ -275,6 +197,8 @@ def memory(cur: pd.DataFrame) -> Figure | None:
         "during the case (peak_mem_bytes), per kernel. "
         + ("Decode rows." if (d["phase"] == "decode").all() else "")
     )
+    if kept:
+        note += f" Many-sequence rows: only {', '.join(kept)} (the layouts figure has the rest)."
     unknown = sorted(set(d.loc[~d["split_known"], "fmt"]))
     if unknown:
         note += f" Scales not separated (element width unknown) for: {', '.join(unknown)}."
@@ -331,21 +255,20 @@ def accuracy(cur: pd.DataFrame) -> Figure | None:
     g["y"] = g["rel_err"].clip(lower=floor)
     g["name"] = g["fmt"] + " · " + g["kernel"] + " · " + g["kv_data"].astype(str)
     fig = go.Figure()
-    palette = colors(g["fmt"].nunique())
-    for i, (f, p) in enumerate(g.groupby("fmt", sort=False)):
+    for f, p in g.groupby("fmt", sort=False):
         fig.add_scatter(
             x=p["bits_per_elem"], y=p["y"], mode="markers", name=f, hovertext=p["name"],
             error_y={"type": "data", "symmetric": False,
                      "array": p["rel_err_max"].clip(lower=floor) - p["y"],
                      "arrayminus": p["y"] - p["rel_err_min"].clip(lower=floor)},
-            marker={"size": 11, "color": palette[i % len(palette)],
+            marker={"size": 11, "color": format_color(f),
                     "symbol": ["circle" if e > 0 else "x" for e in p["rel_err"]]},
             hovertemplate="%{hovertext}<br>%{x:.4g} bits/elem<br>rel_err %{y:.3g}<extra></extra>",
         )  # fmt: skip
     for data, p in g.groupby("kv_data", dropna=False):
         f = frontier(p.assign(rel_err=p["y"]))
         fig.add_scatter(
-            x=f["bits_per_elem"], y=f["y"], mode="lines", name=f"frontier ({data})",
+            x=f["bits_per_elem"], y=f["y"], mode="lines", name=f"frontier ({data})", meta="ref",
             line={"dash": "dot", "color": "#555"}, hoverinfo="skip",
         )  # fmt: skip
     fig.update_xaxes(title_text="stored bits per K/V element (scales included; bytes = bits / 8)")
@@ -375,10 +298,11 @@ def accuracy(cur: pd.DataFrame) -> Figure | None:
 
 
 def all_figures(cur, history, compare_rows, order) -> list[Figure]:
-    """Every figure the data supports, in page order."""
-    from kvbench.report.views import compare, history_fig, layouts, peers, tiles
+    """Every figure the data supports, in page order (the questions first)."""
+    from kvbench.report.ratios import formats, layouts, quality, roofline
+    from kvbench.report.views import compare, history_fig, peers, tiles
 
-    figs = [latency(cur), bandwidth(cur), memory(cur), accuracy(cur), tiles(cur), layouts(cur)]
-    figs += [peers(cur)]
+    figs = [latency(cur), formats(cur), layouts(cur), tiles(cur), peers(cur), quality(cur)]
+    figs += [accuracy(cur), memory(cur), bandwidth(cur), roofline(cur)]
     figs += [history_fig(history, order), compare(compare_rows)]
     return [f for f in figs if f is not None]

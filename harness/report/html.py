@@ -15,6 +15,7 @@ import pandas as pd
 import plotly.io as pio
 from plotly.offline import get_plotlyjs
 
+from kvbench.analysis.findings import Finding
 from kvbench.report.common import Figure
 
 STATUSES = ("ok", "error", "skipped", "partial")
@@ -30,7 +31,10 @@ th { background: #f4f4f4; } td.text, th.text { text-align: left; }
 .note { color: #555; font-size: 14px; max-width: 1100px; }
 .bad { color: #b00; } details { margin: 6px 0 20px; } summary { cursor: pointer; }
 .meta td { text-align: left; }
+.findings li { margin: 3px 0; font-size: 15px; } .findings .topic { color: #555; }
+.findings .none { color: #777; } .findings a { white-space: nowrap; }
 """
+SHOWN_FINDINGS = 8  # per topic; the rest fold under a click
 
 
 def cell(v) -> str:
@@ -86,13 +90,44 @@ def _runs(cur: pd.DataFrame) -> pd.DataFrame:
     return pd.DataFrame(out)
 
 
-def header(cur: pd.DataFrame, figures: list[Figure], title: str) -> str:
+def _finding(f: Finding, titles: dict) -> str:
+    cls = "finding" if f.supported else "finding none"
+    link = f'<a href="#{f.figure}" title="{html.escape(titles[f.figure])}">→ figure</a>'
+    return f'<li class="{cls}">{html.escape(f.text)} {link}</li>'
+
+
+def findings_html(found: list[Finding], figures: list[Figure]) -> str:
+    """The findings, grouped by topic, each line linking to its figure (first thing shown)."""
+    titles = {f.key: f.title for f in figures}
+    found = [f for f in found if f.figure in titles]  # a finding is shown beside its figure
+    if not found:
+        return '<p class="note">No finding: the rows hold no comparison a finding needs.</p>'
+    parts = ['<h2 id="findings">Findings</h2><ul class="findings">']
+    for topic in dict.fromkeys(f.topic for f in found):
+        lines = [_finding(f, titles) for f in found if f.topic == topic]
+        more = ""
+        if len(lines) > SHOWN_FINDINGS:
+            more = (f"<details><summary>{len(lines) - SHOWN_FINDINGS} more</summary><ul>"
+                    f"{''.join(lines[SHOWN_FINDINGS:])}</ul></details>")  # fmt: skip
+        parts.append(f'<li><span class="topic">{html.escape(topic)}</span><ul>'
+                     f"{''.join(lines[:SHOWN_FINDINGS])}</ul>{more}</li>")  # fmt: skip
+    parts.append("</ul>")
+    parts.append(
+        '<p class="note">A difference is stated only when the interval of the ratio of medians '
+        "(from both sides' 95% CIs of the median) lies wholly beyond 1.1×; otherwise the line "
+        "says no difference measured (harness/analysis/findings.py).</p>"
+    )
+    return "".join(parts)
+
+
+def header(cur: pd.DataFrame, figures: list[Figure], title: str, found=()) -> str:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     counts = cur["status"].value_counts()
     status = ", ".join(f"{s}: {int(counts.get(s, 0))}" for s in STATUSES)
     parts = [
         f"<h1>{html.escape(title)}</h1>",
         f'<p class="note">Generated {now} by kvbench report. {len(cur)} rows ({status}).</p>',
+        findings_html(list(found), figures),
     ]
     if len(cur):
         parts += ["<h2>Runs</h2>", html_table(_runs(cur), "meta")]
@@ -101,9 +136,10 @@ def header(cur: pd.DataFrame, figures: list[Figure], title: str) -> str:
         t = failed[["label", "case_id", "status", "error"]].rename(
             columns={"label": "case", "error": "reason"}
         )
+        fold = "" if len(t) > OPEN_ROWS else " open"
         parts += [
             f'<h2 class="bad">Rows without a full measurement ({len(failed)})</h2>',
-            html_table(t, "failed"),
+            f"<details{fold}><summary>{len(t)} rows</summary>{html_table(t, 'failed')}</details>",
         ]
     if figures:
         links = "".join(f'<li><a href="#{f.key}">{html.escape(f.title)}</a></li>' for f in figures)
@@ -126,14 +162,22 @@ def section(f: Figure) -> str:
     )
 
 
-def page(cur: pd.DataFrame, figures: list[Figure], title: str | None = None) -> str:
+def page(
+    cur: pd.DataFrame, figures: list[Figure], title: str | None = None, found=(), script_src=None
+) -> str:
+    """The page; plotly.js inlined, or loaded from `script_src` (a relative path: a site's
+    pages share one copy)."""
     if title is None:
         suites = ", ".join(sorted(map(str, cur["suite"].dropna().unique()))) or "results"
         title = f"kvbench report: {suites}"
-    body = header(cur, figures, title) + "\n" + "\n".join(section(f) for f in figures)
+    body = header(cur, figures, title, found) + "\n" + "\n".join(section(f) for f in figures)
+    script = (
+        f'<script src="{script_src}"></script>'
+        if script_src
+        else f'<script type="text/javascript">{get_plotlyjs()}</script>'
+    )
     return (
         '<!DOCTYPE html>\n<html lang="en">\n<head>\n<meta charset="utf-8">\n'
-        f"<title>{html.escape(title)}</title>\n<style>{CSS}</style>\n"
-        f'<script type="text/javascript">{get_plotlyjs()}</script>\n'
+        f"<title>{html.escape(title)}</title>\n<style>{CSS}</style>\n{script}\n"
         f"</head>\n<body>\n{body}\n</body>\n</html>\n"
     )

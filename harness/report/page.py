@@ -109,6 +109,7 @@ def current(rows: pd.DataFrame, latest: bool = False) -> pd.DataFrame:
 
 def build(paths, latest: bool = False, compare: str | Path | None = None, title=None) -> str:
     """The report page's HTML for result paths (files or directories)."""
+    from kvbench.analysis.findings import findings
     from kvbench.report.figures import all_figures
     from kvbench.report.html import page
 
@@ -121,7 +122,7 @@ def build(paths, latest: bool = False, compare: str | Path | None = None, title=
     cur = current(rows, latest)
     history = rows[rows["case_id"].isin(cur["case_id"])] if len(cur) else rows
     figures = all_figures(cur, history, compare_rows, run_order(rows))
-    return page(cur, figures, title=title)
+    return page(cur, figures, title=title, found=findings(cur) if len(cur) else [])
 
 
 def write_report(

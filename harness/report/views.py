@@ -14,7 +14,6 @@ import plotly.express as px
 from plotly.subplots import make_subplots
 
 from kvbench.report.common import (
-    MIB,
     Figure,
     add_series,
     colors,
@@ -24,6 +23,7 @@ from kvbench.report.common import (
     style,
     table,
 )
+from kvbench.report.styles import MAX_SERIES, axis_titles, kernel_color
 
 VERDICT_COLORS = {
     "faster": "#2ca02c",
@@ -50,7 +50,7 @@ def tiles(cur: pd.DataFrame) -> Figure | None:
     panels = sorted(d["series"].unique())
     ncol = min(len(panels), 2)
     nrow = -(-len(panels) // ncol)
-    fig = make_subplots(nrow, ncol, subplot_titles=panels, vertical_spacing=row_spacing(nrow, 0.15))
+    fig = make_subplots(nrow, ncol, subplot_titles=panels, vertical_spacing=row_spacing(nrow, 0.2))
     for i, panel in enumerate(panels):
         p = d[d["series"] == panel]
         rel = p.pivot_table(index="tile_kv", columns="context_len", values="rel")
@@ -69,8 +69,10 @@ def tiles(cur: pd.DataFrame) -> Figure | None:
             "colorbar": {"title": {"text": "× best"}},
         }
     )
-    fig.update_xaxes(type="category", title_text="context length (tokens)")
-    fig.update_yaxes(type="category", title_text="tile_kv (KV positions per tile)")
+    fig.update_xaxes(type="category")
+    fig.update_yaxes(type="category")
+    fig.update_annotations(font_size=12)
+    axis_titles(fig, nrow, "context length (tokens)", "tile_kv")
     title = "Tile size × context: time relative to the best tile at each context (text: ms)"
     note = (
         "Colour: median latency divided by the fastest tile's median at the same context and "
@@ -86,69 +88,6 @@ def tiles(cur: pd.DataFrame) -> Figure | None:
         "best": "best tile",
     }
     return Figure("tiles", title, style(fig, 180 + 320 * nrow), table(d, cols), note)
-
-
-def _layout_memory(d: pd.DataFrame) -> tuple[pd.Series, pd.Series | None, str]:
-    """(allocated bytes, used bytes or None, what they are) per row, best source first."""
-    if "bytes_alloc" in d and d["bytes_alloc"].notna().any():
-        used = d["bytes_used"] if "bytes_used" in d and d["bytes_used"].notna().any() else None
-        return d["bytes_alloc"], used, "bytes_alloc / bytes_used (cells allocated / used)"
-    return d["kv_bytes"], None, "kv_bytes (format formula at the context length)"
-
-
-def layouts(cur: pd.DataFrame) -> Figure | None:
-    d = measured(cur)
-    d = d[d["layout"].notna()]
-    if d.empty or d["layout"].nunique() < 2:
-        return None
-    d = add_series(d, exclude=("layout",), always=("context_len", "n_seqs"))
-    d = d[d.groupby("series")["layout"].transform("nunique") > 1]  # only pairs that differ
-    if d.empty:
-        return None
-    d = d.sort_values(["context_len", "n_seqs", "series"])
-    alloc, used, source = _layout_memory(d)
-    fig = make_subplots(1, 2, subplot_titles=("latency (median, bars p10–p90)", "KV memory"))
-    palette = colors(d["layout"].nunique())
-    for i, (lay, p) in enumerate(d.groupby("layout", sort=True)):
-        c = palette[i % len(palette)]
-        fig.add_bar(
-            x=p["series"], y=p["median_ms"], name=lay, marker_color=c, legendgroup=lay,
-            offsetgroup=lay, hovertext=p["label"],
-            error_y={"type": "data", "symmetric": False, "array": p["p90_ms"] - p["median_ms"],
-                     "arrayminus": p["median_ms"] - p["p10_ms"]}, row=1, col=1,
-        )  # fmt: skip
-        fig.add_bar(
-            x=p["series"], y=alloc[p.index] / MIB, name=f"{lay} allocated", marker_color=c,
-            offsetgroup=f"{lay}-a", legendgroup=lay, showlegend=False, hovertext=p["label"],
-            row=1, col=2,
-        )  # fmt: skip
-        if used is not None:
-            fig.add_bar(
-                x=p["series"], y=used[p.index] / MIB, name=f"{lay} used", marker_color=c,
-                marker_pattern_shape="/", opacity=0.6, offsetgroup=f"{lay}-u",
-                legendgroup=lay, hovertext=p["label"], row=1, col=2,
-            )  # fmt: skip
-    fig.update_layout(barmode="group")
-    fig.update_yaxes(title_text="latency (ms)", row=1, col=1)
-    fig.update_yaxes(title_text="memory (MiB)", row=1, col=2)
-    fig.update_xaxes(title_text="configuration")
-    title = "Unified vs per-stream layout: latency and memory"
-    note = f"Pairs of bars share every axis but the layout. Memory plotted: {source}."
-    cols = {
-        "label": "case",
-        "layout": "layout",
-        "median_ms": "median (ms)",
-        "p10_ms": "p10 (ms)",
-        "p90_ms": "p90 (ms)",
-        "mask_ms": "mask (ms)",
-        "kv_bytes": "kv_bytes (B)",
-        "alloc_bytes": "alloc (B)",
-        "peak_mem_bytes": "peak (B)",
-    }
-    for c in ("cells_alloc", "cells_used", "bytes_alloc", "bytes_used", "kv_util"):
-        cols[c] = c + (" (B)" if c.startswith("bytes") else "")
-    cols.update({"bytes_touched": "bytes touched (B)", "bytes_needed": "bytes needed (B)"})
-    return Figure("layouts", title, style(fig, 520), table(d, cols), note)
 
 
 def _run_names(d: pd.DataFrame, order: list) -> dict:
@@ -184,14 +123,21 @@ def history_fig(history: pd.DataFrame, order: list) -> Figure | None:
         ci_high_ms=("ci_high_ms", "median"),
     )
     g = g.sort_values(["label", "pos"])
+    labels = list(dict.fromkeys(g["label"]))  # at most MAX_SERIES cases per panel
+    g["panel"] = g["label"].map({c: f"cases {i // MAX_SERIES * MAX_SERIES + 1}–"
+                                 f"{min(len(labels), (i // MAX_SERIES + 1) * MAX_SERIES)}"
+                                 for i, c in enumerate(labels)})  # fmt: skip
+    n_panels = g["panel"].nunique()
     fig = px.line(
         g, x="run", y="median_ms", color="label", markers=True, log_y=True, hover_name="label",
+        facet_row="panel" if n_panels > 1 else None,
         error_y=g["ci_high_ms"] - g["median_ms"], error_y_minus=g["median_ms"] - g["ci_low_ms"],
         category_orders={"run": [names[r] for r in order if r in names]},
         labels={"run": "run (commit, date; oldest left)", "median_ms": "latency (ms)"},
         color_discrete_sequence=colors(g["label"].nunique()),
     )  # fmt: skip
     fig.update_yaxes(**log_ticks(g[["ci_low_ms", "ci_high_ms", "median_ms"]].stack()))
+    fig.for_each_annotation(lambda a: a.update(text=a.text.split("=")[-1]))
     title = "History across commits: median latency per case (bars: 95% CI; log y)"
     note = (
         "One point per run that measured the case, runs ordered by timestamp; with results "
@@ -201,7 +147,7 @@ def history_fig(history: pd.DataFrame, order: list) -> Figure | None:
     wide.columns = [names[order[int(p)]].replace("<br>", " ") + " (ms)" for p in wide.columns]
     wide = wide.reset_index().rename(columns={"label": "case"})
     wide["last / first"] = wide.iloc[:, -1] / wide.iloc[:, 1]
-    return Figure("history", title, style(fig, 520), wide, note)
+    return Figure("history", title, style(fig, 200 + 320 * n_panels), wide, note)
 
 
 def compare(cmp: pd.DataFrame | None) -> Figure | None:
@@ -250,10 +196,12 @@ def peers(cur: pd.DataFrame) -> Figure | None:
     if r.empty:
         return None
     r["case"] = [
-        f"{m} ctx{int(c)} {f}" for m, c, f in zip(r["model"], r["context_len"], r["kv_dtype"])
+        f"ctx {int(c)} {f}" + (f" win {int(w)}" if pd.notna(w) else "")
+        for c, f, w in zip(r["context_len"], r["kv_dtype"], r["window"])
     ]
     fig = px.bar(
         r, x="ratio", y="case", color="kernel", barmode="group", orientation="h", log_x=True,
+        color_discrete_map={k: kernel_color(k) for k in r["kernel"].unique()},
         hover_data={"median_ms": ":.4g", "best_peer": True, "best_peer_ms": ":.4g"},
         labels={"ratio": "kvbench median / best peer median (log; < 1: kvbench faster)"},
     )  # fmt: skip

@@ -1,0 +1,151 @@
+"""Findings: the ratio's interval, the threshold, and each topic's line on hand-made rows."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+import pytest
+
+from kvbench.analysis import findings as fd
+from kvbench.store.record import COLUMNS
+
+
+def row(ms: float, half: float = 0.02, **case) -> dict:
+    """A measured row: median ms, CI ms*(1 -/+ half)."""
+    r = dict.fromkeys(COLUMNS)
+    r.update(status="ok", model="tiny", n_layers=2, n_q_heads=8, n_kv_heads=2, gqa_ratio=4,
+             head_dim=64, phase="decode", context_len=1024, kv_dtype="fp16", kernel="sdpa",
+             n_seqs=1, layout="per-stream", prefix_frac=0.0, kv_data="gaussian", seed=0,
+             median_ms=ms, ci_low_ms=ms * (1 - half), ci_high_ms=ms * (1 + half),
+             kv_bytes=1000, kernel_kind="kvbench")  # fmt: skip
+    r.update(case)
+    return r
+
+
+def frame(*rows) -> pd.DataFrame:
+    return pd.DataFrame(list(rows), columns=COLUMNS)
+
+
+def test_ratio_interval_is_built_from_both_cis():
+    a = {"median_ms": 2.0, "ci_low_ms": 1.8, "ci_high_ms": 2.4}
+    b = {"median_ms": 1.0, "ci_low_ms": 0.9, "ci_high_ms": 1.2}
+    r, lo, hi = fd.ratio_ci(a, b)
+    assert (r, lo, hi) == pytest.approx((2.0, 1.8 / 1.2, 2.4 / 0.9))
+
+
+@pytest.mark.parametrize(
+    "lo, hi, want",
+    [(1.12, 1.5, "slower"), (1.05, 1.5, "same"), (0.5, 0.9, "faster"), (0.5, 0.95, "same"),
+     (math.nan, 2.0, "few")],
+)  # fmt: skip
+def test_verdict_needs_the_whole_interval_beyond_the_threshold(lo, hi, want):
+    assert fd.verdict(lo, hi, threshold=1.1) == want
+
+
+def test_fastest_states_a_clear_lead_and_a_tie_as_no_difference():
+    clear = fd.fastest(frame(row(1.0), row(2.0, kernel="ops")))
+    assert len(clear) == 1 and clear[0].supported and clear[0].figure == "latency"
+    assert "fp16 sdpa" not in clear[0].text or "is fastest" in clear[0].text
+    assert "sdpa is fastest, 1 ms; 2.00×" in clear[0].text
+    tie = fd.fastest(frame(row(1.0, half=0.1), row(1.05, half=0.1, kernel="ops")))
+    assert not tie[0].supported and "no difference measured" in tie[0].text
+
+
+def test_fastest_is_per_context():
+    rows = [row(1.0, context_len=c) for c in (256, 1024)]
+    rows += [row(3.0, kernel="ops", context_len=c) for c in (256, 1024)]
+    found = fd.fastest(frame(*rows))
+    assert [f.text.split(":")[0] for f in found] == ["decode · ctx 256", "decode · ctx 1024"]
+
+
+def test_formats_against_fp16_with_the_crossing_context():
+    rows = []
+    for ctx, int4_ms in ((256, 2.0), (1024, 1.0), (4096, 0.4), (16384, 0.3)):
+        rows += [row(1.0, context_len=ctx), row(int4_ms, context_len=ctx, kv_dtype="int4",
+                                                  kernel="dequant_sdpa", kv_bytes=280)]  # fmt: skip
+    (f,) = fd.formats(frame(*rows))
+    assert f.figure == "formats" and f.supported
+    assert f.text.startswith("int4 dequant_sdpa time / fp16's: ctx 256 ×2, ctx 1024 ×1, ")
+    assert "KV bytes ×0.28" in f.text
+    assert "faster in 2, slower in 1, no difference measured in 1 of 4 cases" in f.text
+    assert f.text.endswith("faster from ctx 4096")
+
+
+def test_formats_prefers_the_same_kernel_for_the_baseline():
+    rows = [row(1.0), row(0.5, kernel="ops"), row(1.0, kv_dtype="fp32", kernel="ops")]
+    found = {f.text.split(" time")[0]: f for f in fd.formats(frame(*rows))}
+    assert "ctx 1024 ×2 (slower in 1 of 1" in found["fp32 ops"].text  # ops vs fp16 ops
+
+
+def test_layouts_by_prefix_fraction():
+    rows = []
+    for frac, uni_ms, mem in ((0.0, 1.0, 1000), (0.9, 1.5, 300)):
+        for n in (2, 4):
+            rows.append(row(1.0, n_seqs=n, prefix_frac=frac, bytes_alloc=1000))
+            rows.append(row(uni_ms, n_seqs=n, prefix_frac=frac, layout="unified",
+                            bytes_alloc=mem))  # fmt: skip
+    found = fd.layouts(frame(*rows))
+    assert [f.figure for f in found] == ["layouts", "layouts"]
+    assert "shared prefix 0: unified holds ×1 the KV memory" in found[0].text
+    assert "no difference measured in 2 of 2 pairs" in found[0].text and not found[0].supported
+    assert "shared prefix 0.9: unified holds ×0.3" in found[1].text
+    assert "latency ×1.5 (slower in 2 of 2 pairs" in found[1].text
+
+
+def test_tiles_counts_the_best_tile_per_context():
+    rows = [row(ms, kernel="tiled", tile_kv=t) for t, ms in ((32, 2.0), (64, 1.0), (128, 1.05))]
+    rows += [row(ms, kernel="tiled", tile_kv=t, kv_dtype="int4")
+             for t, ms in ((32, 3.0), (64, 2.0), (128, 1.0))]  # fmt: skip
+    (f,) = fd.tiles(frame(*rows))
+    assert f.text == (
+        "ctx 1024: fastest tile over 2 configurations: tile 128 in 1 (clear lead in 1); "
+        "tile 64 in 1 (clear lead in 0)"
+    )
+
+
+def test_peers_against_the_fastest_peer():
+    rows = [row(1.0), row(3.0, kernel="ops"), row(2.0, kernel="torch_sdpa", kernel_kind="peer"),
+            row(0.8, kernel="numpy_ref", kernel_kind="peer")]  # fmt: skip
+    found = {f.text.split(":")[0]: f for f in fd.peers(frame(*rows))}
+    assert found["sdpa"].text.startswith("sdpa: ×1.2 the best peer's time")
+    assert "best peer: numpy_ref (1)" in found["sdpa"].text
+    assert "×3.8 the best peer's time (slower in 1 of 1" in found["ops"].text
+
+
+def test_quality_only_when_its_columns_exist():
+    df = frame(row(1.0), row(1.0, kv_dtype="int4"))
+    assert fd.quality(df) == []
+    df = df.assign(delta_ppl=[0.0, 0.31], kl_mean=[0.0, 0.012])
+    lines = {f.text for f in fd.quality(df)}
+    assert "int4: Δppl +0.31, KL 0.012" in lines
+
+
+def test_too_few_samples_give_no_interval_and_no_verdict():
+    rows = frame(row(1.0, n_samples=2), row(5.0, kernel="ops", n_samples=2))
+    (f,) = fd.fastest(rows)
+    assert (
+        not f.supported and "too few samples to judge (×5.00 [no interval: fewer than 5" in f.text
+    )
+
+
+def test_no_finding_from_rows_without_a_comparison():
+    assert fd.findings(frame(row(1.0))) == []
+
+
+def test_quality_rows_carry_no_time_and_each_cache_configuration_is_its_own_line():
+    import pandas as pd
+
+    from kvbench.analysis.findings import quality
+
+    rows = pd.DataFrame(
+        [
+            dict(status="ok", kv_dtype="int8", phase="quality", kl_mean=8e-4, delta_ppl=0.1),
+            dict(status="ok", kv_dtype="int8", v_dtype="int4", phase="quality", kl_mean=0.02,
+                 delta_ppl=0.5),
+            dict(status="error", kv_dtype="int4", phase="quality", kl_mean=None),
+        ]
+    )  # fmt: skip
+    lines = [f.text for f in quality(rows)]
+    assert len(lines) == 2 and "V int4" in lines[1] and "KL 0.02" in lines[1]
+    assert "KL 0.0008" in lines[0] and "V int4" not in lines[0]
