@@ -97,7 +97,13 @@ TABLE: tuple[Axis, ...] = (
     Axis("kv_file", "str | None", None, "optional_string",
          doc=".npz of captured K/V, only for kv_data=file (kernels/data.py)"),
     Axis("window", "int | None", None, "optional_positive_int", label="win{}", column="win",
-         doc="attention window (mlx_lm_rotating's max_size); empty: the whole context"),
+         doc="attention window: the last `window` positions (layout window); empty: all"),
+    Axis("sink_tokens", "int", 0, "non_negative_int", label="sink{}", column="sinks",
+         hide_default=True, doc="first positions a windowed cache always keeps (sinks)"),
+    Axis("page_size", "int | None", None, "page_size", label="page{}", column="page",
+         hide_default=True, doc="slots per page of layout paged (8-256; docs/layouts.md)"),
+    Axis("page_read", "str", "gather", "choice:page_reads", label="{}", column="read",
+         hide_default=True, doc="paged: gather pages into a dense copy, or read via the table"),
 )
 # fmt: on
 

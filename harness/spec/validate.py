@@ -11,12 +11,14 @@ from kvbench.kernels.attention import KERNELS
 from kvbench.kernels.data import KV_DATA, load_kv_file
 from kvbench.kernels.formats import FORMATS, get_format
 from kvbench.kernels.layouts import LAYOUT_KINDS
+from kvbench.kernels.paged import PAGE_SIZES
 from kvbench.kernels.peers import PEERS
 from kvbench.kernels.workloads import ORDERS
 from kvbench.spec.presets import PRESETS
 
 PHASES = ("decode", "prefill")
-LAYOUTS = LAYOUT_KINDS
+LAYOUTS = (*LAYOUT_KINDS, "paged", "window")  # paged, window: docs/layouts.md
+PAGE_READS = ("gather", "table")
 WORKLOADS = ("none", "independent", "shared-prefix")
 DECODE_ORDERS = ORDERS
 
@@ -49,6 +51,12 @@ def optional_string(v) -> str | None:
     return None if v is None or (isinstance(v, str) and v) else f"must be a path, got {v!r}"
 
 
+def page_size(v) -> str | None:
+    lo, hi = PAGE_SIZES
+    ok = v is None or (is_int(v) and lo <= v <= hi)
+    return None if ok else f"must be an integer from {lo} to {hi}, got {v!r}"
+
+
 def one_of(choices) -> callable:
     def check(v) -> str | None:
         return None if v in choices else f"unknown value {v!r}; known: {', '.join(choices)}"
@@ -66,6 +74,7 @@ CHOICES = {
     "kv_data": tuple(KV_DATA),
     "workloads": WORKLOADS,
     "decode_orders": DECODE_ORDERS,
+    "page_reads": PAGE_READS,
 }
 NAMED_CHECKS = {
     "positive_int": positive_int,
@@ -73,6 +82,7 @@ NAMED_CHECKS = {
     "non_negative_int": non_negative_int,
     "fraction": fraction,
     "optional_string": optional_string,
+    "page_size": page_size,
 }
 
 
@@ -121,8 +131,11 @@ def check_case(path: str, case: Case) -> None:
 def check_streams(path: str, case: Case) -> None:
     """Combinations of the many-sequence axes that cannot run (docs/streams.md)."""
     streams = case.workload != "none"
-    if case.layout == "unified" and not streams:
-        raise SuiteError(path, "layout", "unified needs workload: independent or shared-prefix")
+    check_paged(path, case)
+    check_window(path, case)
+    if case.layout in ("unified", "paged") and not streams:
+        why = "needs workload: independent or shared-prefix"
+        raise SuiteError(path, "layout", f"{case.layout} {why}")
     off = [a for a in ("prefix_frac", "churn") if getattr(case, a)]
     off += ["decode_order"] if case.decode_order != "interleaved" else []
     if off and not streams:
@@ -146,3 +159,30 @@ def check_streams(path: str, case: Case) -> None:
         raise SuiteError(path, "churn", f"{case.churn} is more than n_seqs={case.n_seqs}")
     if case.churn and gen < 4:
         raise SuiteError(path, "churn", f"needs >= 4 generated tokens per sequence, got {gen}")
+
+
+def check_paged(path: str, case: Case) -> None:
+    """page_size and page_read belong to layout paged; reading via the table needs tiled."""
+    paged = case.layout == "paged"
+    if paged and case.page_size is None:
+        raise SuiteError(path, "page_size", "layout paged needs page_size (slots per page)")
+    if not paged and case.page_size is not None:
+        raise SuiteError(path, "page_size", f"only for layout paged, not {case.layout}")
+    if case.page_read != "gather" and not paged:
+        raise SuiteError(path, "page_read", f"only for layout paged, not {case.layout}")
+    if case.page_read == "table" and case.kernel not in ("tiled", "metal", "cuda"):
+        why = "reading through the block table is implemented in kernel tiled"
+        raise SuiteError(path, "page_read", f"{why}; {case.kernel} runs with page_read: gather")
+
+
+def check_window(path: str, case: Case) -> None:
+    """layout window: one decode step over a ring of sinks + window (docs/layouts.md)."""
+    if case.sink_tokens and case.window is None:
+        raise SuiteError(path, "sink_tokens", "sinks need a window (window: N)")
+    if case.layout != "window":
+        return
+    if case.window is None:
+        raise SuiteError(path, "window", "layout window needs window (positions attended)")
+    if case.workload != "none" or case.phase != "decode":
+        key = "workload" if case.workload != "none" else "phase"
+        raise SuiteError(path, key, "layout window runs the plain decode case (workload none)")
