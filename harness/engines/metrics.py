@@ -8,8 +8,8 @@ would move it:
   attention reads the cache once, reads the queries and writes the output.
 FLOPs count the two matmuls (QK^T and PV, 2 FLOP per multiply-add); softmax is not counted.
 A decode step does 4*Hq*L*D FLOP per layer and sequence; causal prefill does 2*Hq*D*L*(L+1)
-(query i attends to i+1 keys). A decode case with an attention window W (a sliding-window cache)
-reads and attends over min(W, L) positions instead of L.
+(query i attends to i+1 keys). A decode case with an attention window W and S
+sinks (a sliding-window cache) reads and attends over min(W + S, L) positions instead of L.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from kvbench.case import Case
 
 
 def attended(case: Case) -> int:
-    """Positions a decode query attends over: the window, or the whole context."""
-    return min(case.window or case.context_len, case.context_len)
+    """Positions a decode query attends over: the window and the sinks, or the whole context."""
+    if case.window is None:
+        return case.context_len
+    return min(case.window + case.sink_tokens, case.context_len)
 
 
 def traffic_bytes(case: Case, fmt) -> tuple[int, int]:
