@@ -54,8 +54,9 @@ def claims(case: Case) -> bool:
 def skip_reason(case: Case, backend: str) -> str | None:
     """The cache engine's kernels, asked about the paged calls' shapes (the gathered copy is a
     dense cache of n_blocks * page_size positions)."""
-    if case.page_read == "table" and case.kernel in ("metal", "cuda"):
-        return f"kernel {case.kernel} has no block-table input yet (page_read: gather runs it)"
+    if case.kernel in ("metal", "cuda"):
+        why = "has no block-table input yet" if case.page_read == "table" else "takes no mask"
+        return f"kernel {case.kernel} {why}: paged runs with kernel sdpa or tiled"
     return streams.skip_reason(case, backend)
 
 
