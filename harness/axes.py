@@ -104,6 +104,10 @@ TABLE: tuple[Axis, ...] = (
          hide_default=True, doc="slots per page of layout paged (8-256; docs/layouts.md)"),
     Axis("page_read", "str", "gather", "choice:page_reads", label="{}", column="read",
          hide_default=True, doc="paged: gather pages into a dense copy, or read via the table"),
+    Axis("kv_edit", "str", "none", "choice:kv_edits", label="{}", column="edit",
+         hide_default=True, doc="unified: a timed shift, self-extend or defrag (docs/layouts.md)"),
+    Axis("rope_theta", "float", 10000.0, "positive_number", series="theta {:g}",
+         doc="RoPE base of the keys a kv_edit re-rotates"),
 )
 # fmt: on
 

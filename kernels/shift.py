@@ -51,54 +51,82 @@ def rerotate(store: LayoutStore, cells: np.ndarray, delta: np.ndarray, theta: fl
     return store.arrays()
 
 
-def _own(cells: Cells, seq: int) -> np.ndarray:
+def _unshared(cells: Cells, sel: np.ndarray) -> None:
+    if (cells.seq[sel].sum(axis=1) > 1).any():
+        raise ValueError("these cells are shared: a position edit would move them for all")
+
+
+def plan_shift(cells: Cells, seq: int, keep: int, n: int) -> tuple[np.ndarray, np.ndarray]:
+    """Metadata of a shift: evict positions [keep, keep + n) of seq, move later ones back by n.
+    Returns (cells whose key must be re-rotated, their deltas)."""
     held = cells.seq[:, seq]
-    shared = held & (cells.seq.sum(axis=1) > 1)
-    if shared.any():
-        raise ValueError(f"sequence {seq} shares cells: a position edit would move them for all")
-    return held
-
-
-def shift(cells: Cells, store: LayoutStore, seq: int, keep: int, n: int, theta: float) -> int:
-    """Evict positions [keep, keep + n) of seq, move later positions back by n, re-rotate their
-    keys by -n. Returns the re-rotated keys (cells)."""
-    held = _own(cells, seq)
     evict = held & (cells.pos >= keep) & (cells.pos < keep + n)
+    moved = np.flatnonzero(held & (cells.pos >= keep + n))
+    _unshared(cells, evict | np.isin(np.arange(cells.size), moved))
     cells.seq[evict, seq] = False
     cells.pos[evict], cells.token[evict] = -1, -1
     cells.used -= int(evict.sum())
-    moved = np.flatnonzero(held & (cells.pos >= keep + n))
     cells.pos[moved] -= n
-    rerotate(store, moved, np.full(len(moved), -n), theta)
+    return moved, np.full(len(moved), -n)
+
+
+def plan_self_extend(cells: Cells, seq: int, p0: int, p1: int, g: int):
+    """Metadata of self-extend (llama.cpp's seq_div then seq_add): positions p in [p0, p1)
+    become p0 + (p - p0) // g, later ones move back by (p1 - p0) - (p1 - p0) // g. Returns
+    (cells whose key must be re-rotated, their deltas)."""
+    held = cells.seq[:, seq]
+    sel = np.flatnonzero(held & (cells.pos >= p0))
+    _unshared(cells, np.isin(np.arange(cells.size), sel))
+    old = cells.pos[sel]
+    inside = old < p1
+    new = np.where(inside, p0 + (old - p0) // g, old - ((p1 - p0) - (p1 - p0) // g))
+    cells.pos[sel] = new
+    keep = new != old
+    return sel[keep], (new - old)[keep]
+
+
+def shift(cells: Cells, store: LayoutStore, seq: int, keep: int, n: int, theta: float) -> int:
+    """A shift applied (metadata and keys); returns the keys re-rotated."""
+    moved, delta = plan_shift(cells, seq, keep, n)
+    rerotate(store, moved, delta, theta)
     return len(moved)
 
 
 def self_extend(cells: Cells, store: LayoutStore, seq: int, p0: int, p1: int, g: int, theta):
-    """Positions p in [p0, p1) of seq become p0 + (p - p0) // g (llama.cpp's seq_div on the
-    window), keys re-rotated by the change. Returns the re-rotated keys."""
-    held = _own(cells, seq)
-    sel = np.flatnonzero(held & (cells.pos >= p0) & (cells.pos < p1))
-    new = p0 + (cells.pos[sel] - p0) // g
-    delta = new - cells.pos[sel]
-    cells.pos[sel] = new
-    rerotate(store, sel, delta, theta)
-    return len(sel)
+    """Self-extend applied (metadata and keys); returns the keys re-rotated."""
+    moved, delta = plan_self_extend(cells, seq, p0, p1, g)
+    rerotate(store, moved, delta, theta)
+    return len(moved)
 
 
-def defrag(cells: Cells, store: LayoutStore) -> int:
-    """Move the occupied cells (stream 0) to the front in cell order; returns the cells moved."""
+def plan_defrag(cells: Cells) -> tuple[np.ndarray, np.ndarray]:
+    """Metadata of a defrag: the occupied cells move to the front in cell order. Returns the
+    (source, destination) cells of the moves."""
     src = np.flatnonzero(cells.pos >= 0)
     dst = np.arange(len(src))
     move = src != dst
-    if not move.any():
-        return 0
-    s, d = mx.array(src[move]), mx.array(dst[move])
+    s, d = src[move], dst[move]
+    for arr, empty in ((cells.pos, -1), (cells.token, -1), (cells.seq, False)):
+        arr[d] = arr[s]
+        arr[s[s >= len(src)]] = empty
+    cells.head = len(src)
+    return s, d
+
+
+def move_cells(store: LayoutStore, src: np.ndarray, dst: np.ndarray) -> list:
+    """Copy K/V rows of cells src to cells dst (stream 0), every layer (the defrag stage)."""
+    if not len(src):
+        return []
+    s, d = mx.array(src), mx.array(dst)
     for layer in range(store.n_layers):
         for stored in (store.keys[layer], store.values[layer]):
             for name, a in stored.items():
                 stored[name][0:1, ALL, d] = mx.take(a, s, axis=2)
-    for arr, empty in ((cells.pos, -1), (cells.token, -1), (cells.seq, False)):
-        arr[dst[move]] = arr[src[move]]
-        arr[src[move][src[move] >= len(src)]] = empty
-    cells.head = len(src)
-    return int(move.sum())
+    return store.arrays()
+
+
+def defrag(cells: Cells, store: LayoutStore) -> int:
+    """A defrag applied (metadata and K/V); returns the cells moved."""
+    src, dst = plan_defrag(cells)
+    move_cells(store, src, dst)
+    return len(src)

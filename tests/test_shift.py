@@ -99,11 +99,12 @@ def test_self_extend_divides_the_window_positions():
     lay, store, k_tab, v_tab = filled(24)
     n = self_extend(lay.streams[0], store, 0, p0=4, p1=20, g=4, theta=THETA)
     tokens, pos = own(lay, 0)
-    assert n == 16
-    # 0..3 stay; 4..19 -> 4 + (p - 4) // 4 = 4,4,4,4,5,...,7; 20..23 stay
-    assert pos.tolist() == [0, 1, 2, 3, *np.repeat([4, 5, 6, 7], 4), 20, 21, 22, 23]
-    want = fresh(k_tab, v_tab, tokens, pos, QRAW, 23)
-    np.testing.assert_allclose(attend(lay, store, 0, QRAW, 23), want, atol=2e-5)
+    # 0..3 stay; 4..19 -> 4 + (p - 4) // 4 = 4,4,4,4,5,...,7 (all but position 4 move);
+    # 20..23 move back by 16 - 4 = 12 to 8..11
+    assert pos.tolist() == [0, 1, 2, 3, *np.repeat([4, 5, 6, 7], 4), 8, 9, 10, 11]
+    assert n == 15 + 4  # every key of [5, 20) changes position, and 20..23
+    want = fresh(k_tab, v_tab, tokens, pos, QRAW, 11)
+    np.testing.assert_allclose(attend(lay, store, 0, QRAW, 11), want, atol=2e-5)
 
 
 def test_defrag_compacts_and_keeps_every_sequences_attention():
@@ -122,5 +123,5 @@ def test_a_shared_cell_refuses_a_position_edit():
     lay = Layout("unified", 2, 8)
     lay.add([((0, 1), 0, 0)])
     store = LayoutStore(lay, get_format("fp32"), 1, HKV, D)
-    with pytest.raises(ValueError, match="shares cells"):
+    with pytest.raises(ValueError, match="shared"):
         shift(lay.streams[0], store, 0, keep=0, n=1, theta=THETA)

@@ -45,7 +45,9 @@ def traffic_bytes(case: Case, fmt) -> tuple[int, int]:
     return case.n_layers * read, case.n_layers * written
 
 
-def flops(case: Case) -> int:
+def flops(case: Case) -> int | None:
+    if case.kv_edit != "none":
+        return None  # a cache edit (kv_edit) does no attention matmuls
     b, hq, d, ctx = case.n_seqs, case.n_q_heads, case.head_dim, case.context_len
     per_head = 4 * d * attended(case) if case.phase == "decode" else 2 * d * ctx * (ctx + 1)
     return case.n_layers * b * hq * per_head
@@ -58,8 +60,10 @@ def kv_bytes(case: Case, fmt) -> int:
     return 2 * case.n_layers * fmt.nbytes(case.n_seqs * case.n_kv_heads * held, case.head_dim)
 
 
-def tokens(case: Case) -> int:
-    """Tokens produced (decode) or processed (prefill) by one timed call."""
+def tokens(case: Case) -> int | None:
+    """Tokens produced (decode) or processed (prefill) by one timed call (none for an edit)."""
+    if case.kv_edit != "none":
+        return None
     return case.n_seqs * (1 if case.phase == "decode" else case.context_len)
 
 
@@ -81,6 +85,6 @@ def rates(
         "gbps": gbps,
         "pct_peak_bw": 100 * gbps / peak_gbps if peak_gbps else None,
         "flops": fl,
-        "tflops": fl / seconds / 1e12,
-        "tokens_per_s": tokens(case) / seconds,
+        "tflops": None if fl is None else fl / seconds / 1e12,
+        "tokens_per_s": None if tokens(case) is None else tokens(case) / seconds,
     }

@@ -19,6 +19,7 @@ from kvbench.spec.presets import PRESETS
 PHASES = ("decode", "prefill")
 LAYOUTS = (*LAYOUT_KINDS, "paged", "window")  # paged, window: docs/layouts.md
 PAGE_READS = ("gather", "table")
+KV_EDITS = ("none", "shift", "self-extend", "defrag")
 WORKLOADS = ("none", "independent", "shared-prefix")
 DECODE_ORDERS = ORDERS
 
@@ -51,6 +52,11 @@ def optional_string(v) -> str | None:
     return None if v is None or (isinstance(v, str) and v) else f"must be a path, got {v!r}"
 
 
+def positive_number(v) -> str | None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+    return None if ok else f"must be a positive number, got {v!r}"
+
+
 def page_size(v) -> str | None:
     lo, hi = PAGE_SIZES
     ok = v is None or (is_int(v) and lo <= v <= hi)
@@ -75,6 +81,7 @@ CHOICES = {
     "workloads": WORKLOADS,
     "decode_orders": DECODE_ORDERS,
     "page_reads": PAGE_READS,
+    "kv_edits": KV_EDITS,
 }
 NAMED_CHECKS = {
     "positive_int": positive_int,
@@ -83,6 +90,7 @@ NAMED_CHECKS = {
     "fraction": fraction,
     "optional_string": optional_string,
     "page_size": page_size,
+    "positive_number": positive_number,
 }
 
 
@@ -133,6 +141,7 @@ def check_streams(path: str, case: Case) -> None:
     streams = case.workload != "none"
     check_paged(path, case)
     check_window(path, case)
+    check_edit(path, case)
     if case.layout in ("unified", "paged") and not streams:
         why = "needs workload: independent or shared-prefix"
         raise SuiteError(path, "layout", f"{case.layout} {why}")
@@ -186,3 +195,15 @@ def check_window(path: str, case: Case) -> None:
     if case.workload != "none" or case.phase != "decode":
         key = "workload" if case.workload != "none" else "phase"
         raise SuiteError(path, key, "layout window runs the plain decode case (workload none)")
+
+
+def check_edit(path: str, case: Case) -> None:
+    """kv_edit: on a unified workload; shift / self-extend need room, defrag holes (churn)."""
+    if case.kv_edit == "none":
+        return
+    if case.layout != "unified" or case.workload == "none":
+        raise SuiteError(path, "kv_edit", "edits run on layout unified with a workload")
+    if case.kv_edit == "defrag" and not case.churn:
+        raise SuiteError(path, "kv_edit", "defrag needs holes: churn >= 1")
+    if case.kv_edit != "defrag" and case.context_len - case.prefix_len < 16:
+        raise SuiteError(path, "kv_edit", f"{case.kv_edit} needs 16 tokens past the prefix")

@@ -82,6 +82,7 @@ class _Measured:
     pages_cow: int | None = None  # pages copied on write (a partly shared last page)
     page_frag: float | None = None  # internal fragmentation: empty slots / slots of used pages
     block_table_bytes: int | None = None  # int32 block tables, n_seqs x the longest table
+    edit_units: int | None = None  # kv_edit: keys re-rotated or cells moved by one edit
     # accuracy vs the float32 reference on the un-quantized K/V
     max_abs_err: float | None = None
     rel_err: float | None = None
