@@ -133,7 +133,13 @@ def test_every_kernel_and_read_matches_each_sequences_own_kv(kernel, read, dtype
 
 
 @pytest.mark.parametrize(
-    "kernel,read,dtype", [("tiled", "table", "int4"), ("dequant_sdpa", "gather", "int4")]
+    "kernel,read,dtype",
+    [
+        ("tiled", "table", "int4"),
+        ("dequant_sdpa", "gather", "int4"),
+        ("quantized_matmul", "gather", "affine4"),
+        ("tiled", "table", "mxfp4"),
+    ],
 )
 def test_quantized_pools_pass_the_parity_gate(kernel, read, dtype):
     c = case(kernel=kernel, page_read=read, kv_dtype=dtype)

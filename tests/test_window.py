@@ -106,6 +106,13 @@ def test_engine_matches_the_materialised_window_at_each_wrap(ctx, kernel):
     assert ring.next == ctx - 1 and ring.held() == min(ctx - 1, 10)
 
 
+@pytest.mark.parametrize("kernel,dtype", [("dequant_sdpa", "int4"), ("tiled", "affine4")])
+def test_quantized_rings_pass_the_parity_gate(kernel, dtype):
+    c = case(context_len=45, sink_tokens=2, kernel=kernel, kv_dtype=dtype)
+    state = engine_for(c).build(c)
+    assert state.check()["cosine"] > 0.95  # the gate raises on a mismatch in the format
+
+
 def test_counts_by_hand():
     # tiny: 2 layers, 2 KV heads, D 64, fp32: one cell of one sequence, K and V, all layers =
     # 2 x 2 x 2 x 64 x 4 = 2048 B. 2 sequences x (4 sinks + 64) cells = 136 cells = 278528 B
