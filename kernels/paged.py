@@ -98,9 +98,13 @@ class PagedLayout:
         return page
 
     def _append(self, seqs: tuple[int, ...], pos: int, tok: int) -> tuple[int, int]:
-        for s in seqs:
-            if self.length[s] != pos or self.tables[s] != self.tables[seqs[0]]:
+        first = self.tables[seqs[0]]
+        for s in seqs[1:]:  # O(1) per holder: same length and same last page
+            table = self.tables[s]
+            if len(table) != len(first) or (table and table[-1] != first[-1]):
                 raise ValueError(f"token at {pos}: sequences {seqs} are not at one shared table")
+        if any(self.length[s] != pos for s in seqs):
+            raise ValueError(f"token at {pos}: not the next position of every one of {seqs}")
         page, slot = self._page_for(seqs, pos), pos % self.page_size
         assert self.token[page, slot] < 0, "write into an occupied slot"
         self.token[page, slot] = tok
