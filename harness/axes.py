@@ -97,7 +97,7 @@ TABLE: tuple[Axis, ...] = (
     Axis("kv_file", "str | None", None, "optional_string",
          doc=".npz of captured K/V, only for kv_data=file (kernels/data.py)"),
     Axis("window", "int | None", None, "optional_positive_int", label="win{}", column="win",
-         doc="attention window (mlx_lm_rotating's max_size); empty: the whole context"),
+         doc="attention window: the last `window` positions (layout window); empty: all"),
     Axis("shards", "int", 1, "positive_int", label="{}-rank", column="shards", hide_default=True,
          series="{} ranks", doc="ranks the cache is sharded over (docs/distributed.md)"),
     Axis("shard_by", "str", "context", "choice:shard_by", label="by-{}", column="by",
@@ -110,13 +110,22 @@ TABLE: tuple[Axis, ...] = (
     Axis("k_axis", "str", "token", "choice:k_axes", label="k{}", column="k-axis",
          hide_default=True, doc="key scales per token (a row) or per channel (KIVI)"),
     Axis("sink_tokens", "int", 0, "non_negative_int", label="sink{}", column="sinks",
-         hide_default=True, doc="the first positions, kept in fp16 (attention sinks)"),
+         hide_default=True, doc="the first positions always kept: a window's sinks, or kept "
+         "in fp16 by a real model's quantized cache"),
     Axis("recent_tokens", "int", 0, "non_negative_int", label="recent{}", column="recent",
          hide_default=True, doc="the newest positions, kept in fp16 and flushed in groups"),
     Axis("text", "str", "default", "nonempty_string", label="text:{}", series="text {}",
          doc="quality phases: the text (a file path; default: docs/quality.md says which)"),
     Axis("chunks", "int", 1, "positive_int", label="chunks{}", series="{} chunks",
          doc="quality phase: chunks of context_len tokens scored (as llama-perplexity)"),
+    Axis("page_size", "int | None", None, "page_size", label="page{}", column="page",
+         hide_default=True, doc="slots per page of layout paged (8-256; docs/layouts.md)"),
+    Axis("page_read", "str", "gather", "choice:page_reads", label="{}", column="read",
+         hide_default=True, doc="paged: gather pages into a dense copy, or read via the table"),
+    Axis("kv_edit", "str", "none", "choice:kv_edits", label="{}", column="edit",
+         hide_default=True, doc="unified: a timed shift, self-extend or defrag (docs/layouts.md)"),
+    Axis("rope_theta", "float", 10000.0, "positive_number", series="theta {:g}",
+         doc="RoPE base of the keys a kv_edit re-rotates"),
 )
 # fmt: on
 

@@ -253,12 +253,13 @@ def cmd_model_fetch(args) -> int:
 
 
 def cmd_plan(args) -> int:
-    from kvbench.spec.plan import make_plan, parse_size, render, resolve_shape, to_json
+    from kvbench.spec.plan import LayoutArgs, make_plan, parse_size, render, resolve_shape, to_json
 
     shape = resolve_shape(args.model, args.n_layers, args.n_kv_heads, args.head_dim)
     budget = parse_size(args.budget) if args.budget is not None else None
+    la = LayoutArgs(args.page_size, args.window, args.sinks, args.prefix)
     plan = make_plan(
-        shape, args.format, args.group_size, args.n_seqs, args.context, budget, args.layout,
+        shape, args.format, args.group_size, args.n_seqs, args.context, budget, args.layout, la,
         args.shards, args.shard_by,
     )  # fmt: skip
     print(to_json(plan) if args.json else render(plan))
@@ -413,7 +414,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--format", default="fp16", help="kv_dtype (default fp16)")
     plan.add_argument("--group-size", type=int, help="scale group size (default: per row/mode)")
     plan.add_argument("--n-seqs", type=int, default=1, help="sequences (default 1)")
-    plan.add_argument("--layout", default="per-stream", help="cache layout (per-stream)")
+    plan.add_argument("--layout", default="per-stream", help="per-stream, unified, paged or window")
+    plan.add_argument("--page-size", type=int, help="paged: slots per page (8-256)")
+    plan.add_argument("--window", type=int, help="window: positions attended")
+    plan.add_argument("--sinks", type=int, default=0, help="window: sink tokens kept")
+    plan.add_argument("--prefix", type=int, default=0, help="unified/paged: shared prompt tokens")
     plan.add_argument("--budget", help="memory budget, e.g. 8GiB: the longest context that fits")
     plan.add_argument("--shards", type=int, default=1, help="ranks the cache is split over")
     plan.add_argument(

@@ -176,6 +176,17 @@ class Layout:
         return sum(c.peak_used for c in self.streams)
 
 
+def cells_from_tokens(tokens: np.ndarray, tab: mx.array) -> mx.array:
+    """[S, Hkv, L, D]: the K (or V) rows of table tab [1, Hkv, n_tokens, D] for token ids
+    tokens [S, L] (-1: an empty cell, zeros)."""
+    n_stream, size = tokens.shape
+    idx = mx.array(np.where(tokens >= 0, tokens, tab.shape[2]).reshape(-1))
+    zero = mx.zeros((*tab.shape[:2], 1, tab.shape[3]), dtype=tab.dtype)
+    cells = mx.take(mx.concatenate([tab, zero], axis=2), idx, axis=2)
+    cells = cells.reshape(tab.shape[1], n_stream, size, tab.shape[3])  # [Hkv, S, L, D]
+    return cells.transpose(1, 0, 2, 3)  # [S, Hkv, L, D]
+
+
 class LayoutStore(KVStore):
     """Per layer K and V stores [n_stream, n_kv_heads, size, ...] for a Layout, in fmt."""
 
@@ -187,14 +198,7 @@ class LayoutStore(KVStore):
         """Write every occupied cell's token from tables [1, Hkv, n_tokens, D] into every layer
         (empty cells hold zeros)."""
         tokens = np.stack([c.token for c in self.layout.streams])  # [n_stream, size]
-        n_stream, size = tokens.shape
-        idx = mx.array(np.where(tokens >= 0, tokens, k_tab.shape[2]).reshape(-1))
-        full = []
-        for tab in (k_tab, v_tab):
-            zero = mx.zeros((*tab.shape[:2], 1, tab.shape[3]), dtype=tab.dtype)
-            cells = mx.take(mx.concatenate([tab, zero], axis=2), idx, axis=2)
-            cells = cells.reshape(tab.shape[1], n_stream, size, tab.shape[3])  # [Hkv, S, L, D]
-            full.append(cells.transpose(1, 0, 2, 3))  # [S, Hkv, L, D]
+        full = [cells_from_tokens(tokens, tab) for tab in (k_tab, v_tab)]
         self.put_every_layer((ALL, ALL, ALL), *full)
 
     def write(self, layer: int, streams: mx.array, cells: mx.array, k, v) -> None:

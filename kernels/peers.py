@@ -41,7 +41,8 @@ class DecodeData:
     kv_dtype: str
     scale: float
     group_size: int | None = None  # mlx_lm_quant: None = mlx-lm's default (64)
-    window: int | None = None  # mlx_lm_rotating: max_size; None = the whole context
+    window: int | None = None  # mlx_lm_rotating: the last `window` positions; None = all
+    sinks: int = 0  # mlx_lm_rotating: first positions kept (keep); max_size = window + sinks
     device: str = "cpu"  # torch: "cpu" or "cuda"
 
     @property
@@ -129,7 +130,7 @@ class MlxLm(DecodePeer):
             c.update_and_fetch(k[:, :, : ctx - 1], v[:, :, : ctx - 1])
             mx.eval(self.cache_arrays(c))
         mx.eval([c.update_and_fetch(self.k_new, self.v_new) for c in self.caches])  # priming
-        self.span = min(data.window or ctx, ctx)
+        self.span = min(data.window + data.sinks, ctx) if data.window else ctx
 
     @staticmethod
     def cache_arrays(c) -> list:
@@ -186,14 +187,19 @@ class MlxLmQuant(MlxLm):
 class MlxLmRotating(MlxLm):
     def __init__(self, data: DecodeData):
         RotatingKVCache = mlx_lm_models()[0].RotatingKVCache
-        size = data.window or data.context_len
-        super().__init__(data, lambda: RotatingKVCache(max_size=size), MX_DTYPES[data.kv_dtype])
+        size, keep = (data.window or data.context_len) + data.sinks, data.sinks
+        make = lambda: RotatingKVCache(max_size=size, keep=keep)  # noqa: E731
+        super().__init__(data, make, MX_DTYPES[data.kv_dtype])
 
     def stored(self, layer: int):
         c = self.caches[layer]
         k, v = c.keys_and_values()
-        if c.offset > c.max_size:  # wrapped: slot _idx holds the oldest position
-            k, v = (mx.concatenate([x[:, :, c._idx :], x[:, :, : c._idx]], axis=2) for x in (k, v))
+        if c.offset > c.max_size:  # wrapped: the sinks, then slot _idx holds the oldest position
+            keep, i = c.keep, c._idx
+            k, v = (
+                mx.concatenate([x[:, :, :keep], x[:, :, i:], x[:, :, keep:i]], axis=2)
+                for x in (k, v)
+            )
         return k.astype(mx.float32), v.astype(mx.float32)
 
 

@@ -35,6 +35,28 @@ def folded_mask(mask, b: int, hkv: int, group: int, lq: int, lk: int, t0: int, t
     return part.reshape(b, hkv, group * lq, t1 - t0)
 
 
+def init_state(b: int, hkv: int, rows: int, d: int) -> tuple:
+    """Running max m, running sum l [B, Hkv, rows, 1] and accumulator [B, Hkv, rows, D]."""
+    m = mx.full((b, hkv, rows, 1), -mx.inf, dtype=mx.float32)
+    return m, mx.zeros((b, hkv, rows, 1), dtype=mx.float32), mx.zeros((b, hkv, rows, d), mx.float32)
+
+
+def fold_tile(state: tuple, qg, kt, vt, vis, act) -> tuple:
+    """Fold one tile (kt, vt [B, Hkv, n, D]; vis [B, Hkv, rows, n] or None) into the running
+    softmax: the exact online-softmax combine."""
+    m, l, acc = state
+    s = (qg @ kt.swapaxes(-1, -2)).astype(mx.float32)  # [B, Hkv, rows, n]
+    if vis is not None:
+        s = mx.where(vis, s, -mx.inf)
+    m_new = mx.maximum(m, mx.max(s, axis=-1, keepdims=True))
+    m_safe = mx.where(m_new == -mx.inf, 0.0, m_new)  # rows that have seen nothing yet
+    p = mx.exp(s - m_safe)  # masked -> 0
+    alpha = mx.exp(m - m_safe)  # 0 while m is -inf
+    l = alpha * l + mx.sum(p, axis=-1, keepdims=True)
+    acc = alpha * acc + (p.astype(act) @ vt).astype(mx.float32)
+    return m_new, l, acc
+
+
 def tiled(q, k, v, fmt, *, mask=None, scale: float, tile_kv: int | None = None) -> mx.array:
     """Online-softmax attention over KV tiles of `tile_kv` positions (any stored format)."""
     tile = tile_kv or DEFAULT_TILE_KV
@@ -44,23 +66,13 @@ def tiled(q, k, v, fmt, *, mask=None, scale: float, tile_kv: int | None = None) 
     group = hq // hkv
     act = fmt.compute_dtype
     qg = (q * scale).astype(act).reshape(b, hkv, group * lq, d)  # [B, Hkv, G*Lq, D]
-    m = mx.full((b, hkv, group * lq, 1), -mx.inf, dtype=mx.float32)
-    l = mx.zeros((b, hkv, group * lq, 1), dtype=mx.float32)
-    acc = mx.zeros((b, hkv, group * lq, d), dtype=mx.float32)
+    state = init_state(b, hkv, group * lq, d)
     for t0 in range(0, lk, tile):
         t1 = min(t0 + tile, lk)
         kt = fmt.decode(tile_view(k, t0, t1), act)  # [B, Hkv, n, D], this tile only
         vt = fmt.decode(tile_view(v, t0, t1), act)
-        s = (qg @ kt.swapaxes(-1, -2)).astype(mx.float32)  # [B, Hkv, G*Lq, n]
         vis = folded_mask(mask, b, hkv, group, lq, lk, t0, t1)
-        if vis is not None:
-            s = mx.where(vis, s, -mx.inf)
-        m_new = mx.maximum(m, mx.max(s, axis=-1, keepdims=True))
-        m_safe = mx.where(m_new == -mx.inf, 0.0, m_new)  # rows that have seen nothing yet
-        p = mx.exp(s - m_safe)  # masked -> 0
-        alpha = mx.exp(m - m_safe)  # 0 while m is -inf
-        l = alpha * l + mx.sum(p, axis=-1, keepdims=True)
-        acc = alpha * acc + (p.astype(act) @ vt).astype(mx.float32)
-        m = m_new
+        state = fold_tile(state, qg, kt, vt, vis, act)
+    m, l, acc = state
     out = acc / l  # [B, Hkv, G*Lq, D]
     return out.reshape(b, hq, lq, d).astype(q.dtype)

@@ -22,6 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .layouts import Layout, pad_to
+from .paged import PagedLayout, blocks_for
 
 ORDERS = ("interleaved", "sequential")
 
@@ -71,7 +72,7 @@ class Replay:
     freed: int = 0  # cells freed by churn
 
 
-def replay(w: Workload, layout: Layout) -> Replay:
+def replay(w: Workload, layout: Layout | PagedLayout) -> Replay:
     """Apply the workload's batches to `layout` (metadata only), then the timed step's batch."""
     counter = iter(range(1 << 62))
     prefix = [next(counter) for _ in range(w.prefix_len)]
@@ -130,4 +131,15 @@ def stream_size(w: Workload, kind: str, pad: int) -> int:
 
 def build_layout(w: Workload, kind: str, pad: int) -> tuple[Layout, Replay]:
     layout = Layout(kind, w.n_seqs, stream_size(w, kind, pad), pad)
+    return layout, replay(w, layout)
+
+
+def build_paged(w: Workload, page_size: int) -> tuple[PagedLayout, Replay]:
+    """A page pool of the most pages the workload ever holds at once (found by a dry run on a
+    pool large enough for anything: the smallest pool that runs it, as unified is sized), and
+    the workload replayed into it."""
+    roomy = 2 * w.n_seqs * (blocks_for(w.context_len, page_size) + 1)
+    dry = PagedLayout(w.n_seqs, page_size, roomy)
+    replay(w, dry)
+    layout = PagedLayout(w.n_seqs, page_size, dry.peak_pages)
     return layout, replay(w, layout)

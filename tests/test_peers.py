@@ -149,8 +149,8 @@ def test_absent_packages_are_skipped_rows_in_a_run(monkeypatch, tmp_path):
         (case("torch_sdpa"), "metal", "runs on cpu/cuda, not metal"),
         (case("mlx_lm_quant", "fp16"), "cpu", "runs kv_dtype affine4/affine8, not fp16"),
         (case("mlx_lm", phase="prefill"), "cpu", "decode phase only"),
-        (case("mlx_lm", window=64), "cpu", "mlx_lm_rotating peer only"),
-        (case("sdpa", window=64), "cpu", "mlx_lm_rotating peer only"),
+        (case("mlx_lm", window=64), "cpu", "layout: window"),
+        (case("sdpa", window=64), "cpu", "layout: window"),
     ],
 )
 def test_unsupported_combinations_are_skipped_with_a_reason(c, backend, expect):

@@ -6,8 +6,10 @@ import pytest
 from test_quant import HAND
 
 from kvbench.cli import main
+from kvbench.engines import engine_for
 from kvbench.errors import UserError
-from kvbench.spec.plan import make_plan, parse_size, resolve_shape
+from kvbench.spec.plan import LayoutArgs, make_plan, parse_size, resolve_shape
+from kvbench.spec.suite import resolve
 
 
 @pytest.mark.parametrize("model, ctx, seqs, name, group, want", HAND)
@@ -69,7 +71,13 @@ def test_explicit_shape_and_sizes():
         ["--model", "tiny", "--context", "8", "--budget", "1GiB"],
         ["--model", "tiny", "--budget", "lots"],
         ["--model", "tiny", "--budget", "10B"],
-        ["--model", "tiny", "--context", "8", "--layout", "unified"],
+        ["--model", "tiny", "--context", "8", "--layout", "paged"],
+        ["--model", "tiny", "--context", "8", "--layout", "paged", "--page-size", "4"],
+        ["--model", "tiny", "--context", "8", "--layout", "window"],
+        ["--model", "tiny", "--context", "8", "--layout", "ring"],
+        ["--model", "tiny", "--context", "8", "--sinks", "4"],
+        ["--model", "tiny", "--context", "8", "--prefix", "4"],
+        ["--model", "tiny", "--context", "8", "--layout", "unified", "--prefix", "8"],
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, capsys):
@@ -81,3 +89,62 @@ def test_bad_input_is_one_line_exit_2(args, capsys):
 def test_user_error_type():
     with pytest.raises(UserError):
         parse_size("-3GiB")
+
+
+TINY = resolve_shape("tiny", None, None, None)  # 2 layers, 2 KV heads, D 64
+
+
+def test_layout_bytes_by_hand():
+    # fp16 tiny: one cell (one position of one sequence), K and V, all layers = 2*2*2*64*2 B
+    cell = 1024
+    paged = make_plan(
+        TINY, "fp16", None, 4, 100, None, "paged", LayoutArgs(page_size=16, prefix=30)
+    )
+    # one full prefix page + 4 x ceil(84 / 16) = 25 pages; tables 4 x ceil(100 / 16) x 4 B
+    assert (paged.pages, paged.cells, paged.block_table_bytes) == (25, 400, 112)
+    assert paged.model_bytes["total"] == 400 * cell and paged.total_bytes == 400 * cell + 112
+    uni = make_plan(TINY, "fp16", None, 4, 100, None, "unified", LayoutArgs(prefix=30))
+    assert uni.cells == 512  # 30 + 4 x 70 = 310, padded to 256
+    win = make_plan(TINY, "fp16", None, 2, 10**6, None, "window", LayoutArgs(window=64, sinks=4))
+    assert win.cells == 136 and win.model_bytes["total"] == 136 * cell
+
+
+def test_budget_search_by_layout():
+    la = LayoutArgs(page_size=16)
+    plan = make_plan(TINY, "fp16", None, 2, None, 100 * 1024 + 64, "paged", la)
+    # 2 sequences: 50 cells each = ceil(ctx / 16) pages; 3 pages (48) fit with 2 x 3 x 4 B of
+    # tables: 96 cells x 1024 + 24 <= budget; 4 pages would need 128 cells
+    assert plan.context_len == 48 and plan.total_bytes <= 100 * 1024 + 64
+    ring = make_plan(TINY, "fp16", None, 1, None, 2**20, "window", LayoutArgs(window=8))
+    assert ring.context_len is None  # the ring fits, whatever the context
+    with pytest.raises(UserError, match="smallest cache"):
+        make_plan(TINY, "fp16", None, 1, None, 1000, "unified")
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "int4"])
+@pytest.mark.parametrize(
+    "axes,layout,la",
+    [
+        ({"page_size": 16}, "paged", LayoutArgs(page_size=16, prefix=30)),
+        ({"page_size": 8}, "paged", LayoutArgs(page_size=8, prefix=30)),
+        ({}, "unified", LayoutArgs(prefix=30)),
+    ],
+)
+def test_plan_bytes_equal_the_measured_allocation(dtype, axes, layout, la):
+    base = {"model": "tiny", "n_seqs": 4, "context_len": 100, "kv_dtype": dtype}
+    c = resolve(
+        "t", base | {"layout": layout, "workload": "shared-prefix", "prefix_frac": 0.3} | axes
+    )
+    state = engine_for(c).build(c)
+    plan = make_plan(TINY, dtype, None, 4, 100, None, layout, la)
+    assert state.alloc_bytes == plan.model_bytes["total"]
+    assert state.extra.get("block_table_bytes", 0) == plan.block_table_bytes
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "int4"])
+def test_window_plan_equals_the_measured_allocation(dtype):
+    base = {"model": "tiny", "n_seqs": 2, "context_len": 300, "kv_dtype": dtype}
+    c = resolve("t", base | {"layout": "window", "window": 64, "sink_tokens": 4})
+    state = engine_for(c).build(c)
+    plan = make_plan(TINY, dtype, None, 2, 300, None, "window", LayoutArgs(window=64, sinks=4))
+    assert state.alloc_bytes == plan.model_bytes["total"]

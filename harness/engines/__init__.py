@@ -7,12 +7,15 @@ an engine = a module with `claims`, `skip_reason` and `build`, and one line here
 from __future__ import annotations
 
 from kvbench.case import Case
-from kvbench.engines import cache, model, peers, sharded, streams
+from kvbench.engines import cache, edits, model, paged, peers, sharded, streams, window
 from kvbench.engines.contract import Engine
 
 ENGINES: dict[str, Engine] = {
     "model": Engine(model.claims, model.skip_reason, model.build),
     "peers": Engine(peers.claims, peers.skip_reason, peers.build),
+    "edits": Engine(edits.claims, edits.skip_reason, edits.build),
+    "paged": Engine(paged.claims, paged.skip_reason, paged.build),
+    "window": Engine(window.claims, window.skip_reason, window.build),
     "streams": Engine(streams.claims, streams.skip_reason, streams.build),
     "sharded": Engine(sharded.claims, sharded.skip_reason, sharded.build),
     "cache": Engine(cache.claims, cache.skip_reason, cache.build),

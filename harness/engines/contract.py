@@ -64,7 +64,7 @@ def window_reason(case: Case) -> str | None:
     """Engines without a sliding-window cache refuse a case with a window."""
     if case.window is None:
         return None
-    return "window is implemented by the mlx_lm_rotating peer only"
+    return "a window runs with layout: window (or the mlx_lm_rotating peer)"
 
 
 def memory_baseline() -> int:

@@ -8,8 +8,8 @@ would move it:
   attention reads the cache once, reads the queries and writes the output.
 FLOPs count the two matmuls (QK^T and PV, 2 FLOP per multiply-add); softmax is not counted.
 A decode step does 4*Hq*L*D FLOP per layer and sequence; causal prefill does 2*Hq*D*L*(L+1)
-(query i attends to i+1 keys). A decode case with an attention window W (a sliding-window cache)
-reads and attends over min(W, L) positions instead of L.
+(query i attends to i+1 keys). A decode case with an attention window W and S
+sinks (a sliding-window cache) reads and attends over min(W + S, L) positions instead of L.
 """
 
 from __future__ import annotations
@@ -18,8 +18,10 @@ from kvbench.case import Case
 
 
 def attended(case: Case) -> int:
-    """Positions a decode query attends over: the window, or the whole context."""
-    return min(case.window or case.context_len, case.context_len)
+    """Positions a decode query attends over: the window and the sinks, or the whole context."""
+    if case.window is None:
+        return case.context_len
+    return min(case.window + case.sink_tokens, case.context_len)
 
 
 def traffic_bytes(case: Case, fmt) -> tuple[int, int]:
@@ -43,7 +45,9 @@ def traffic_bytes(case: Case, fmt) -> tuple[int, int]:
     return case.n_layers * read, case.n_layers * written
 
 
-def flops(case: Case) -> int:
+def flops(case: Case) -> int | None:
+    if case.kv_edit != "none":
+        return None  # a cache edit (kv_edit) does no attention matmuls
     b, hq, d, ctx = case.n_seqs, case.n_q_heads, case.head_dim, case.context_len
     per_head = 4 * d * attended(case) if case.phase == "decode" else 2 * d * ctx * (ctx + 1)
     return case.n_layers * b * hq * per_head
@@ -59,8 +63,10 @@ def kv_bytes(case: Case, fmt) -> int:
 ONE_TOKEN = ("decode", "model_decode")  # phases whose timed call produces one token a sequence
 
 
-def tokens(case: Case) -> int:
-    """Tokens produced (decode) or processed (prefill) by one timed call."""
+def tokens(case: Case) -> int | None:
+    """Tokens produced (decode) or processed (prefill) by one timed call (none for an edit)."""
+    if case.kv_edit != "none":
+        return None
     return case.n_seqs * (1 if case.phase in ONE_TOKEN else case.context_len)
 
 
@@ -86,6 +92,6 @@ def rates(
         "gbps": gbps,
         "pct_peak_bw": 100 * gbps / peak_gbps if peak_gbps else None,
         "flops": fl,
-        "tflops": fl / seconds / 1e12,
-        "tokens_per_s": tokens(case) / seconds,
+        "tflops": None if fl is None else fl / seconds / 1e12,
+        "tokens_per_s": None if tokens(case) is None else tokens(case) / seconds,
     }

@@ -18,6 +18,7 @@ driven through the same case as kvbench's own kernels.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import mlx.core as mx
@@ -46,8 +47,11 @@ def skip_reason(case: Case, backend: str) -> str | None:
     peer = PEERS[case.kernel]
     if case.phase != "decode":
         return f"kernel {case.kernel} runs the decode phase only"
-    if case.layout != "per-stream" or case.workload != "none":
-        return f"kernel {case.kernel} runs one plain decode case (per-stream, workload none)"
+    layouts = ("per-stream", "window") if peer.windowed else ("per-stream",)
+    if case.layout not in layouts or case.workload != "none":
+        return (
+            f"kernel {case.kernel} runs one plain decode case ({', '.join(layouts)}, no workload)"
+        )
     if not peer.windowed and window_reason(case):
         return window_reason(case)
     try:
@@ -77,6 +81,7 @@ def build(case: Case) -> State:
     data = DecodeData(
         q32, k32, v32, case.n_layers, case.kv_dtype, scale, case.group_size, case.window, device
     )
+    data = dataclasses.replace(data, sinks=case.sink_tokens)
     baseline = memory_baseline() if peer.uses_mlx else None
     impl = peer.make(data)
 
@@ -87,8 +92,10 @@ def build(case: Case) -> State:
         dense = get_format("fp32")
         ref = reference(q32, {"data": k}, {"data": v}, dense, scale=scale)
         parity_gate(case.kernel, out, ref, fmt.compute_dtype)
-        first = case.context_len - impl.span  # the attended positions of the original data
-        k0, v0 = k32[:, :, first:], v32[:, :, first:]
+        # the attended positions of the original data: the sinks, then the most recent ones
+        sinks = min(case.sink_tokens, impl.span)
+        idx = [*range(sinks), *range(case.context_len - impl.span + sinks, case.context_len)]
+        k0, v0 = (mx.take(x, mx.array(idx), axis=2) for x in (k32, v32))
         exact = reference(q32, {"data": k0}, {"data": v0}, dense, scale=scale)
         return {**compare_outputs(out, exact), "kv_recon_err": recon_err((k, v), (k0, v0))}
 

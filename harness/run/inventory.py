@@ -33,7 +33,7 @@ def inventory() -> str:
         where = None if backend in peer.backends else f"(runs on {'/'.join(peer.backends)})"
         lines.append(f"  {name:<16} {where or missing_reason(name) or ok}")
     lines.append(f"kv data: {', '.join(KV_DATA)}")
-    lines.append(f"layouts: {', '.join(LAYOUTS)}  (docs/streams.md)")
+    lines.append(f"layouts: {', '.join(LAYOUTS)}  (docs/streams.md, docs/layouts.md)")
     lines.append(f"workloads: {', '.join(WORKLOADS)}; decode orders: {', '.join(DECODE_ORDERS)}")
     return "\n".join(lines)
 

@@ -2,13 +2,25 @@
 
 Nothing is allocated or measured: the figures come from each format's exact bytes formula
 (kernels/formats.py), split into K data, V data, scales and biases, per layer and for the model.
-Per-stream layout: every sequence has its own buffer sized for the full context, so
-bytes = 2 (K, V) x n_layers x n_seqs x n_kv_heads x context x bytes_per_row(head_dim).
-`--budget` inverts that: the longest context whose cache fits in the budget.
-Sharded over N ranks (`--shards N --shard-by context|heads`, docs/distributed.md), the split is
-kernels/sharded.py's: by context the fullest rank holds ceil(context / N) positions of every KV
-head, by heads ceil(n_kv_heads / N) KV heads at every position; `rank_bytes` is what that rank
-holds, and `--budget` is then each device's budget: the longest context whose fullest rank fits.
+Cells (positions x sequences of one layer's K) by layout, as kvbench's engines allocate them
+(docs/streams.md, docs/layouts.md), for n_seqs sequences of `context` tokens, of which `prefix`
+are one prompt shared by all:
+* per-stream: n_seqs x context (one buffer per sequence, the cache engine's);
+* unified: round_up(prefix + n_seqs x (context - prefix), 256) (one buffer, prefix once);
+* paged: pages x page_size with pages = F + n_seqs x ceil((context - F x page_size) / page_size)
+  and F = prefix // page_size full prefix pages stored once (a partly filled last prefix page is
+  copied on write by every sequence but its last holder); block tables: n_seqs x
+  ceil(context / page_size) int32, counted apart and in the total;
+* window: n_seqs x (sinks + window), whatever the context.
+bytes = 2 (K, V) x n_layers x cells x n_kv_heads x bytes_per_row(head_dim).
+`--budget` inverts that: the longest context whose cache (block tables included) fits, found by
+search over the context (every layout's bytes grow monotonically with it); a window's bytes do
+not grow, so a ring that fits fits any context.
+Sharded over N ranks (`--shards N --shard-by context|heads`, docs/distributed.md; per-stream
+only), the split is kernels/sharded.py's: by context the fullest rank holds ceil(context / N)
+positions of every KV head, by heads ceil(n_kv_heads / N) KV heads at every position;
+`rank_bytes` is what that rank holds, and `--budget` is then each device's budget: the longest
+context whose fullest rank fits.
 It also prints the memory guard's figures for a decode case of the shape (harness/run/memory.py:
 cache + source K/V + transient against the memory available here), the same numbers `kvbench
 run` checks before allocating; query heads come from the preset (without one, GQA 1).
@@ -22,11 +34,14 @@ from dataclasses import asdict, dataclass
 
 from kvbench.errors import UserError
 from kvbench.kernels.formats import FORMATS, get_format
+from kvbench.kernels.layouts import KV_PAD, pad_to
+from kvbench.kernels.paged import PAGE_SIZES, TABLE_ENTRY_BYTES, blocks_for
 from kvbench.kernels.sharded import BY, split_bounds, split_reason
 from kvbench.run import memory
 from kvbench.spec.presets import PRESETS
 
-LAYOUTS = ("per-stream",)  # one stream per sequence; other layouts: docs/streams.md
+LAYOUTS = ("per-stream", "unified", "paged", "window")
+MAX_CONTEXT = 2**40  # the budget search stops here: a layout that still fits fits any context
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
 
@@ -40,6 +55,14 @@ class KVShape:
 
 
 @dataclass(frozen=True)
+class LayoutArgs:
+    page_size: int | None = None  # paged: slots per page
+    window: int | None = None  # window: positions attended (the latest)
+    sinks: int = 0  # window: first positions always kept
+    prefix: int = 0  # unified, paged: tokens of one prompt every sequence shares
+
+
+@dataclass(frozen=True)
 class Plan:
     model: str
     n_layers: int
@@ -50,17 +73,21 @@ class Plan:
     scales: str  # scale granularity in words
     n_seqs: int
     layout: str
-    context_len: int
+    context_len: int | None  # None: the budget holds any context (a window's ring)
     bits_per_elem: float
     bytes_per_token: int  # all layers, K and V, all sequences, per position
     layer: dict  # k_data, v_data, scales, biases, total (bytes, one layer)
     model_bytes: dict  # the same for all layers
-    budget_bytes: int | None = None  # sharded: per device
+    budget_bytes: int | None = None
+    cells: int = 0  # positions x sequences of one layer's K (padding and copies included)
+    pages: int | None = None  # paged: pages in the pool
+    block_table_bytes: int = 0  # paged: int32 block tables, once for all layers
+    total_bytes: int = 0  # model_bytes total + block tables
+    layout_args: dict | None = None
     shards: int = 1
     shard_by: str = "context"
     rank_bytes: int | None = None  # all layers, K and V, held by the fullest rank
     rank_bytes_per_token: int | None = None  # the fullest rank's bytes per position it holds
-    budget_bytes: int | None = None
     # the memory guard's figures (harness/run/memory.py) for a decode case of this shape: the
     # planned peak's parts, and the memory available here (None: unknown)
     run_bytes: dict | None = None
@@ -116,6 +143,63 @@ def row_parts(fmt, head_dim: int) -> dict:
     return parts
 
 
+def check_layout(layout: str, la: LayoutArgs) -> None:
+    """The layout's own arguments, and no others."""
+    if layout not in LAYOUTS:
+        raise UserError(f"--layout: unknown {layout!r}; known: {', '.join(LAYOUTS)}")
+    lo, hi = PAGE_SIZES
+    if (layout == "paged") != (la.page_size is not None):
+        raise UserError("--page-size: needed with --layout paged, and only there")
+    if layout == "paged" and not lo <= la.page_size <= hi:
+        raise UserError(f"--page-size: must be from {lo} to {hi}, got {la.page_size}")
+    if (layout == "window") != (la.window is not None):
+        raise UserError("--window: needed with --layout window, and only there")
+    if la.window is not None and la.window <= 0 or la.sinks < 0:
+        raise UserError("--window / --sinks: must be positive / non-negative")
+    if la.sinks and layout != "window":
+        raise UserError("--sinks: only with --layout window")
+    if la.prefix < 0 or (la.prefix and layout not in ("unified", "paged")):
+        raise UserError("--prefix: a non-negative token count, with --layout unified or paged")
+
+
+def layout_counts(layout: str, n_seqs: int, ctx: int, la: LayoutArgs) -> dict:
+    """cells (one layer's K), pages and block-table bytes of n_seqs sequences of ctx tokens."""
+    if layout == "per-stream":
+        return {"cells": n_seqs * ctx}
+    if layout == "unified":
+        return {"cells": pad_to(la.prefix + n_seqs * (ctx - la.prefix), KV_PAD)}
+    if layout == "window":
+        return {"cells": n_seqs * (la.sinks + la.window)}
+    p = la.page_size
+    full = la.prefix // p  # prefix pages stored once; a partial last one is copied on write
+    pages = full + n_seqs * blocks_for(ctx - full * p, p)
+    table = n_seqs * blocks_for(ctx, p) * TABLE_ENTRY_BYTES
+    return {"cells": pages * p, "pages": pages, "block_table_bytes": table}
+
+
+def total_bytes(shape: KVShape, fmt, layout: str, n_seqs: int, ctx: int, la: LayoutArgs) -> int:
+    counts = layout_counts(layout, n_seqs, ctx, la)
+    kv = 2 * shape.n_layers * fmt.nbytes(counts["cells"] * shape.n_kv_heads, shape.head_dim)
+    return kv + counts.get("block_table_bytes", 0)
+
+
+def longest_fitting(bytes_at, lo: int, budget: int) -> int | None:
+    """The largest context >= lo with bytes_at(context) <= budget (bytes grow with the context);
+    None when MAX_CONTEXT still fits."""
+    if bytes_at(lo) > budget:
+        raise UserError(f"--budget: {budget} B is under the smallest cache ({bytes_at(lo)} B)")
+    good = lo
+    while bytes_at(min(2 * good, MAX_CONTEXT)) <= budget:
+        if good >= MAX_CONTEXT:
+            return None
+        good = min(2 * good, MAX_CONTEXT)
+    bad = 2 * good
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if bytes_at(mid) <= budget else (good, mid)
+    return good
+
+
 def _check_shards(shards: int, shard_by: str, n_kv_heads: int) -> None:
     if shards <= 0:
         raise UserError(f"--shards: must be positive, got {shards}")
@@ -159,22 +243,37 @@ def make_plan(
     context_len: int | None = None,
     budget_bytes: int | None = None,
     layout: str = "per-stream",
+    layout_args: LayoutArgs | None = None,
     shards: int = 1,
     shard_by: str = "context",
 ) -> Plan:
     """Bytes at `context_len`, or at the longest context that fits `budget_bytes` (per device
     when sharded over `shards` ranks)."""
-    if layout not in LAYOUTS:
-        raise UserError(f"--layout: {layout!r} is not supported yet; known: {', '.join(LAYOUTS)}")
+    la = layout_args or LayoutArgs()
+    check_layout(layout, la)
     if n_seqs <= 0:
         raise UserError(f"--n-seqs: must be positive, got {n_seqs}")
     _check_shards(shards, shard_by, shape.n_kv_heads)
+    if shards > 1 and layout != "per-stream":
+        raise UserError(f"--shards: sharding is planned for layout per-stream, not {layout}")
     fmt = _format(kv_dtype, group_size, shape.head_dim)
     per_token = 2 * shape.n_layers * n_seqs * fmt.nbytes(shape.n_kv_heads, shape.head_dim)
     rank_per_token = rank_token_bytes(shape, fmt, n_seqs, shards, shard_by)
-    context_len = _context(context_len, budget_bytes, rank_per_token, shards, shard_by)
-    held = split_bounds(context_len, shards)[0][1] if shard_by == "context" else context_len
-    rows = n_seqs * shape.n_kv_heads * context_len  # rows of K (or of V) in one layer
+    if shards > 1:
+        context_len = _context(context_len, budget_bytes, rank_per_token, shards, shard_by)
+    if context_len is not None and budget_bytes is not None and shards == 1:
+        raise UserError("--budget: give --context or --budget, not both")
+    if context_len is None:
+        if budget_bytes is None:
+            raise UserError("--context: give --context or --budget")
+        bytes_at = lambda c: total_bytes(shape, fmt, layout, n_seqs, c, la)  # noqa: E731
+        context_len = longest_fitting(bytes_at, la.prefix + 1, budget_bytes)
+    elif context_len <= la.prefix:
+        raise UserError(f"--context: must be more than the prefix ({la.prefix}), got {context_len}")
+    # the bytes shown for an unbounded window: its ring at any context (here: one window)
+    ctx = context_len if context_len is not None else la.sinks + la.window
+    counts = layout_counts(layout, n_seqs, ctx, la)
+    rows = counts["cells"] * shape.n_kv_heads  # rows of K (or of V) in one layer
     parts = row_parts(fmt, shape.head_dim)
     layer = {
         "k_data": rows * parts["data"],
@@ -183,20 +282,19 @@ def make_plan(
         "biases": 2 * rows * parts.get("biases", 0),
     }
     layer["total"] = sum(layer.values())
-    compute = fmt.compute_dtype.size
+    model_bytes = {k: v * shape.n_layers for k, v in layer.items()}
+    table = counts.get("block_table_bytes", 0)
+    held = split_bounds(ctx, shards)[0][1] if shard_by == "context" else ctx
     q_heads = PRESETS[shape.model].n_q_heads if shape.model in PRESETS else shape.n_kv_heads
     run_bytes = memory.planned_bytes(
-        cache_bytes=layer["total"] * shape.n_layers,
+        cache_bytes=model_bytes["total"],
         layer_elems=rows * shape.head_dim,
-        compute_bytes=compute,
-        ref_elems=n_seqs * q_heads * context_len * shape.head_dim,
-        score_elems=n_seqs * q_heads * context_len,
+        compute_bytes=fmt.compute_dtype.size,
+        ref_elems=n_seqs * q_heads * ctx * shape.head_dim,
+        score_elems=n_seqs * q_heads * ctx,
     )
     available = memory.available_bytes()
     return Plan(
-        run_bytes=run_bytes,
-        available_bytes=available[0] if available else None,
-        available_source=available[1] if available else None,
         model=shape.model,
         n_layers=shape.n_layers,
         n_kv_heads=shape.n_kv_heads,
@@ -210,13 +308,41 @@ def make_plan(
         bits_per_elem=fmt.bits_per_elem(shape.head_dim),
         bytes_per_token=per_token,
         layer=layer,
-        model_bytes={k: v * shape.n_layers for k, v in layer.items()},
+        model_bytes=model_bytes,
         budget_bytes=budget_bytes,
+        cells=counts["cells"],
+        pages=counts.get("pages"),
+        block_table_bytes=table,
+        total_bytes=model_bytes["total"] + table,
+        layout_args={k: v for k, v in asdict(la).items() if v},
         shards=shards,
         shard_by=shard_by,
         rank_bytes=held * rank_per_token,
         rank_bytes_per_token=rank_per_token,
+        run_bytes=run_bytes,
+        available_bytes=available[0] if available else None,
+        available_source=available[1] if available else None,
     )
+
+
+def layout_line(plan: Plan) -> str | None:
+    """What the layout holds, in words (None for per-stream)."""
+    la = plan.layout_args or {}
+    if plan.layout == "unified":
+        prefix = la.get("prefix", 0)
+        return f"unified: one buffer of {plan.cells:,} cells (padded to {KV_PAD}), prefix {prefix}"
+    if plan.layout == "paged":
+        return (
+            f"paged: {plan.pages:,} pages of {la['page_size']} ({plan.cells:,} slots a layer), "
+            f"block tables {plan.block_table_bytes:,} B (int32, once for all layers)"
+        )
+    if plan.layout == "window":
+        ring = la.get("sinks", 0) + la["window"]
+        return (
+            f"window: {la.get('sinks', 0)} sinks + {la['window']} = {ring} cells per sequence; "
+            "bytes do not grow with the context"
+        )
+    return None
 
 
 def _human(n: int) -> str:
@@ -227,20 +353,29 @@ def render(plan: Plan) -> str:
     lines = [
         f"{plan.model}: {plan.n_layers} layers x {plan.n_kv_heads} kv heads x head_dim "
         f"{plan.head_dim}; {plan.kv_dtype} ({plan.scales}, {plan.bits_per_elem:g} bits/elem); "
-        f"{plan.n_seqs} seq(s), {plan.layout}, context {plan.context_len:,}",
+        f"{plan.n_seqs} seq(s), {plan.layout}, context "
+        + ("any" if plan.context_len is None else f"{plan.context_len:,}"),
     ]
+    if layout_line(plan):
+        lines.append(layout_line(plan))
     if plan.shards > 1:
         lines.append(
             f"{plan.shards} ranks by {plan.shard_by}: the fullest rank holds "
             f"{plan.rank_bytes:,} B ({plan.rank_bytes / 2**30:.3f} GiB; "
             f"{plan.rank_bytes_per_token:,} B per position it holds)"
         )
-    if plan.budget_bytes is not None:
+    if plan.budget_bytes is not None and plan.context_len is None:
+        lines.append(f"budget {plan.budget_bytes:,} B: the ring fits, so any context does")
+    elif plan.budget_bytes is not None:
         each = " per device" if plan.shards > 1 else ""
         lines.append(
             f"budget {plan.budget_bytes:,} B{each} ({plan.budget_bytes / 2**30:.3f} GiB): longest "
-            f"context that fits = {plan.context_len:,} tokens "
-            f"({plan.bytes_per_token:,} B per token, all layers and sequences)"
+            f"context that fits = {plan.context_len:,} tokens"
+            + (
+                f" ({plan.bytes_per_token:,} B per token, all layers and sequences)"
+                if plan.layout == "per-stream"
+                else ""
+            )
         )
     for title, figures in (("per layer", plan.layer), ("model", plan.model_bytes)):
         lines.append(f"{title}:")
@@ -253,6 +388,9 @@ def render(plan: Plan) -> str:
             if figures[name] or name in ("k_data", "v_data"):
                 lines.append(f"  {label:<7}{_human(figures[name])}")
         lines.append(f"  {'total':<7}{_human(figures['total'])}")
+    if plan.block_table_bytes:
+        lines.append(f"  {'tables':<7}{_human(plan.block_table_bytes)}")
+        lines.append(f"  {'all':<7}{_human(plan.total_bytes)}")
     return "\n".join(lines + _memory_lines(plan))
 
 

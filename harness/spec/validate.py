@@ -16,6 +16,7 @@ from kvbench.kernels.formats import FORMATS, get_format
 from kvbench.kernels.kv_store import AXES as K_AXES
 from kvbench.kernels.layouts import LAYOUT_KINDS
 from kvbench.kernels.model_fetch import MODELS
+from kvbench.kernels.paged import PAGE_SIZES
 from kvbench.kernels.peers import PEERS
 from kvbench.kernels.sharded import BY, COMBINES, split_reason
 from kvbench.kernels.workloads import ORDERS
@@ -23,7 +24,9 @@ from kvbench.spec.presets import PRESETS
 
 PHASES = ("decode", "prefill", *MODEL_PHASES)
 SEED_MAX = 2**64 - 1  # mx.random.key takes an unsigned 64-bit seed
-LAYOUTS = LAYOUT_KINDS
+LAYOUTS = (*LAYOUT_KINDS, "paged", "window")  # paged, window: docs/layouts.md
+PAGE_READS = ("gather", "table")
+KV_EDITS = ("none", "shift", "self-extend", "defrag")
 WORKLOADS = ("none", "independent", "shared-prefix")
 DECODE_ORDERS = ORDERS
 
@@ -64,6 +67,17 @@ def optional_format(v) -> str | None:
     return None if v is None else one_of(tuple(FORMATS))(v)
 
 
+def positive_number(v) -> str | None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and v > 0
+    return None if ok else f"must be a positive number, got {v!r}"
+
+
+def page_size(v) -> str | None:
+    lo, hi = PAGE_SIZES
+    ok = v is None or (is_int(v) and lo <= v <= hi)
+    return None if ok else f"must be an integer from {lo} to {hi}, got {v!r}"
+
+
 def one_of(choices) -> callable:
     def check(v) -> str | None:
         return None if v in choices else f"unknown value {v!r}; known: {', '.join(choices)}"
@@ -84,6 +98,8 @@ CHOICES = {
     "shard_by": BY,
     "combines": COMBINES,
     "k_axes": K_AXES,
+    "page_reads": PAGE_READS,
+    "kv_edits": KV_EDITS,
 }
 NAMED_CHECKS = {
     "positive_int": positive_int,
@@ -93,6 +109,8 @@ NAMED_CHECKS = {
     "optional_string": optional_string,
     "nonempty_string": nonempty_string,
     "optional_format": optional_format,
+    "page_size": page_size,
+    "positive_number": positive_number,
 }
 
 
@@ -156,6 +174,8 @@ def check_model(path: str, case: Case) -> None:
         known = ", ".join(MODELS)
         raise SuiteError(path, "kv_data", f"model captures a real model's K/V: model: {known}")
     off = [a for a in MODEL_AXES if getattr(case, a) != AXIS_DEFAULTS[a]]
+    if case.layout == "window":  # a window keeps its sinks too (check_window)
+        off = [a for a in off if a != "sink_tokens"]
     if case.phase not in MODEL_PHASES:
         if off:
             raise SuiteError(path, off[0], "only the model phases (quality, model_decode) use it")
@@ -176,8 +196,12 @@ def check_model(path: str, case: Case) -> None:
 def check_streams(path: str, case: Case) -> None:
     """Combinations of the many-sequence axes that cannot run (docs/streams.md)."""
     streams = case.workload != "none"
-    if case.layout == "unified" and not streams:
-        raise SuiteError(path, "layout", "unified needs workload: independent or shared-prefix")
+    check_paged(path, case)
+    check_window(path, case)
+    check_edit(path, case)
+    if case.layout in ("unified", "paged") and not streams:
+        why = "needs workload: independent or shared-prefix"
+        raise SuiteError(path, "layout", f"{case.layout} {why}")
     off = [a for a in ("prefix_frac", "churn") if getattr(case, a)]
     off += ["decode_order"] if case.decode_order != "interleaved" else []
     if off and not streams:
@@ -221,3 +245,42 @@ def check_shards(path: str, case: Case) -> None:
     reason = split_reason(case.shard_by, case.shards, case.context_len, case.n_kv_heads)
     if reason:
         raise SuiteError(path, "shards", reason)
+
+
+def check_paged(path: str, case: Case) -> None:
+    """page_size and page_read belong to layout paged; reading via the table needs tiled."""
+    paged = case.layout == "paged"
+    if paged and case.page_size is None:
+        raise SuiteError(path, "page_size", "layout paged needs page_size (slots per page)")
+    if not paged and case.page_size is not None:
+        raise SuiteError(path, "page_size", f"only for layout paged, not {case.layout}")
+    if case.page_read != "gather" and not paged:
+        raise SuiteError(path, "page_read", f"only for layout paged, not {case.layout}")
+    if case.page_read == "table" and case.kernel not in ("tiled", "metal", "cuda"):
+        why = "reading through the block table is implemented in kernel tiled"
+        raise SuiteError(path, "page_read", f"{why}; {case.kernel} runs with page_read: gather")
+
+
+def check_window(path: str, case: Case) -> None:
+    """layout window: one decode step over a ring of sinks + window (docs/layouts.md)."""
+    if case.sink_tokens and case.window is None and case.phase not in MODEL_PHASES:
+        raise SuiteError(path, "sink_tokens", "sinks need a window (window: N)")
+    if case.layout != "window":
+        return
+    if case.window is None:
+        raise SuiteError(path, "window", "layout window needs window (positions attended)")
+    if case.workload != "none" or case.phase != "decode":
+        key = "workload" if case.workload != "none" else "phase"
+        raise SuiteError(path, key, "layout window runs the plain decode case (workload none)")
+
+
+def check_edit(path: str, case: Case) -> None:
+    """kv_edit: on a unified workload; shift / self-extend need room, defrag holes (churn)."""
+    if case.kv_edit == "none":
+        return
+    if case.layout != "unified" or case.workload == "none":
+        raise SuiteError(path, "kv_edit", "edits run on layout unified with a workload")
+    if case.kv_edit == "defrag" and not case.churn:
+        raise SuiteError(path, "kv_edit", "defrag needs holes: churn >= 1")
+    if case.kv_edit != "defrag" and case.context_len - case.prefix_len < 16:
+        raise SuiteError(path, "kv_edit", f"{case.kv_edit} needs 16 tokens past the prefix")

@@ -94,6 +94,13 @@ class _Measured:
     kv_util: float | None = None  # cells_used / cells_alloc
     bytes_touched: int | None = None  # K/V bytes the step's attention covers (n_kv per seq)
     bytes_needed: int | None = None  # K/V bytes of each sequence's own cells only
+    # paged layout (docs/layouts.md): pages per layer; the block table once for all layers
+    pages_alloc: int | None = None  # pages in the pool
+    pages_used: int | None = None  # pages held by some sequence at the timed step
+    pages_cow: int | None = None  # pages copied on write (a partly shared last page)
+    page_frag: float | None = None  # internal fragmentation: empty slots / slots of used pages
+    block_table_bytes: int | None = None  # int32 block tables, n_seqs x the longest table
+    edit_units: int | None = None  # kv_edit: keys re-rotated or cells moved by one edit
     # accuracy vs the float32 reference on the un-quantized K/V
     max_abs_err: float | None = None
     rel_err: float | None = None
