@@ -194,12 +194,15 @@ def parse_bench_json(text: str) -> list[dict]:
     return [bench_result(t) for t in tests]
 
 
-def run_bench(model: Path, timeout_s: float = 600, **kwargs) -> list[dict]:
-    """Run llama-bench (bench_command's keyword arguments) and parse its JSON."""
+def run_bench(model: Path, timeout_s: float = 600, save_to: Path | None = None, **kwargs):
+    """Run llama-bench (bench_command's keyword arguments) and parse its JSON (list[dict]);
+    save_to keeps the raw JSON."""
     binary = llamacpp_bin("llama-bench")
     if binary is None:
         raise LlamaCppError(missing_reason("llama-bench"))
     stdout, _ = run_tool(bench_command(binary, model, **kwargs), timeout_s)
+    if save_to is not None:
+        Path(save_to).write_text(stdout)
     return parse_bench_json(stdout)
 
 
@@ -293,12 +296,15 @@ def parse_kl(text: str) -> dict:
     return {**setup_info(text), **out}
 
 
-def run_perplexity(model: Path, timeout_s: float = 1800, **kwargs) -> dict:
-    """Run llama-perplexity (perplexity_command's keyword arguments) and parse what it printed:
-    parse_kl for a --kl-divergence run, parse_perplexity otherwise."""
+def run_perplexity(model: Path, timeout_s: float = 1800, save_to: Path | None = None, **kwargs):
+    """Run llama-perplexity (perplexity_command's keyword arguments) and parse what it printed
+    (dict): parse_kl for a --kl-divergence run, parse_perplexity otherwise; save_to keeps the
+    raw output (stdout, then stderr)."""
     binary = llamacpp_bin("llama-perplexity")
     if binary is None:
         raise LlamaCppError(missing_reason("llama-perplexity"))
     stdout, stderr = run_tool(perplexity_command(binary, model, **kwargs), timeout_s)
     text = stdout + "\n" + stderr
+    if save_to is not None:
+        Path(save_to).write_text(text)
     return parse_kl(text) if kwargs.get("kl") else parse_perplexity(text)

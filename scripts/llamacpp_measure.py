@@ -23,7 +23,7 @@ from pathlib import Path
 
 from kernels import llamacpp as lc
 
-PAIRS = [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "q4_0"), ("f16", "q4_0")]
+PAIRS = [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "q4_0"), ("q4_1", "q4_1")]
 
 
 def _prose(block: str) -> str:
@@ -58,7 +58,8 @@ def speed(args, model: Path) -> list[dict]:
     rows = []
     for k, v in PAIRS:
         kw = dict(depth=args.depth, n_gen=args.n_gen, type_k=k, type_v=v, flash_attn=True)
-        (res,) = lc.run_bench(model, threads=args.threads, reps=args.reps, **kw)
+        raw = args.raw / f"bench-d{args.depth}-n{args.n_gen}-{k}-{v}.json"
+        (res,) = lc.run_bench(model, threads=args.threads, reps=args.reps, save_to=raw, **kw)
         rows.append(res)
         ts = res["samples_ts"]
         print(
@@ -70,21 +71,26 @@ def speed(args, model: Path) -> list[dict]:
 
 
 def quality(args, model: Path, text: Path) -> list[dict]:
-    base = lc.cache_root() / "llamacpp" / f"kl-base-c{args.ctx}-n{args.chunks}.bin"
+    """f16 run saving the reference log-probabilities, then one --kl-divergence run per pair
+    (it reports the pair's own PPL beside the KL figures)."""
+    tag = f"c{args.ctx}-n{args.chunks}"
+    base = lc.cache_root() / "llamacpp" / f"kl-base-{tag}.bin"
     common = dict(ctx=args.ctx, chunks=args.chunks, threads=args.threads, flash_attn=True)
-    ref = lc.run_perplexity(model, text_path=text, kl_base=base, **common)
+    raw = args.raw / f"perplexity-{tag}-f16.txt"
+    ref = lc.run_perplexity(model, text_path=text, kl_base=base, save_to=raw, **common)
     print(f"| f16 | f16 | {ref['ppl']:.4f} ± {ref['ppl_err']:.4f} | – | – | – |", flush=True)
     rows = [ref]
     for k, v in PAIRS[1:]:
-        ppl = lc.run_perplexity(model, text_path=text, type_k=k, type_v=v, **common)
-        kl = lc.run_perplexity(model, kl_base=base, kl=True, type_k=k, type_v=v, **common)
+        raw = args.raw / f"kl-{tag}-{k}-{v}.txt"
+        kw = dict(kl_base=base, kl=True, type_k=k, type_v=v, save_to=raw)
+        kl = lc.run_perplexity(model, **kw, **common)
         print(
-            f"| {k} | {v} | {ppl['ppl']:.4f} ± {ppl['ppl_err']:.4f} "
+            f"| {k} | {v} | {kl['ppl']:.4f} ± {kl['ppl_err']:.4f} "
             f"| {kl['kl_mean']:.6f} ± {kl['kl_mean_err']:.6f} | {kl['kl_p99']:.6f} "
             f"| {100 * kl['same_top_p']:.2f} % |",
             flush=True,
         )
-        rows += [ppl, kl]
+        rows.append(kl)
     return rows
 
 
@@ -99,13 +105,15 @@ def main() -> int:
     p.add_argument("--chars", type=int, default=40000)
     p.add_argument("--skip", choices=("speed", "quality"), default=None)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--raw", type=Path, default=Path("."), help="where raw outputs are kept")
     args = p.parse_args()
     model = lc.model_path()
     for name in ("llama-bench", "llama-perplexity"):
         if lc.llamacpp_bin(name) is None:
             print(lc.missing_reason(name), file=sys.stderr)
             return 2
-    out = {"build": lc.build_info(), "args": vars(args) | {"json": None}}
+    args.raw.mkdir(parents=True, exist_ok=True)
+    out = {"build": lc.build_info(), "args": {k: str(v) for k, v in vars(args).items()}}
     if args.skip != "speed":
         print(f"\n| K | V | tg{args.n_gen} @ d{args.depth} t/s (median) | range | reps |")
         print("| --- | --- | --- | --- | --- |")
