@@ -287,7 +287,7 @@ def parse_kl(text: str) -> dict:
         key = KL_LABELS.get(" ".join(m.group("label").split()))
         if key is None:
             continue
-        scale = 0.01 if m.group(5) == "%" else 1.0
+        scale = 0.01 if m.group(4) == "%" else 1.0
         out[key] = float(m.group(2)) * scale
         if m.group(3) is not None:
             out[key + "_err"] = float(m.group(3)) * scale
@@ -307,4 +307,8 @@ def run_perplexity(model: Path, timeout_s: float = 1800, save_to: Path | None = 
     text = stdout + "\n" + stderr
     if save_to is not None:
         Path(save_to).write_text(text)
-    return parse_kl(text) if kwargs.get("kl") else parse_perplexity(text)
+    res = parse_kl(text) if kwargs.get("kl") else parse_perplexity(text)
+    # b11434 logs the cache's types only when verbose: else record the types it was given
+    res.setdefault("type_k", kwargs.get("type_k", "f16"))
+    res.setdefault("type_v", kwargs.get("type_v", "f16"))
+    return res

@@ -105,6 +105,7 @@ def main() -> int:
     p.add_argument("--chars", type=int, default=40000)
     p.add_argument("--skip", choices=("speed", "quality"), default=None)
     p.add_argument("--json", type=Path, default=None)
+    p.add_argument("--pairs", default=None, help="K/V,K/V,... (default: PAIRS; f16/f16 first)")
     p.add_argument("--raw", type=Path, default=Path("."), help="where raw outputs are kept")
     args = p.parse_args()
     model = lc.model_path()
@@ -113,6 +114,8 @@ def main() -> int:
             print(lc.missing_reason(name), file=sys.stderr)
             return 2
     args.raw.mkdir(parents=True, exist_ok=True)
+    if args.pairs:
+        PAIRS[:] = [tuple(pair.split("/")) for pair in args.pairs.split(",")]
     out = {"build": lc.build_info(), "args": {k: str(v) for k, v in vars(args).items()}}
     if args.skip != "speed":
         print(f"\n| K | V | tg{args.n_gen} @ d{args.depth} t/s (median) | range | reps |")

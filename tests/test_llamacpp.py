@@ -155,8 +155,8 @@ def test_extract_source_keeps_only_llama_cpp(tmp_path):
 
 
 def test_parse_bench_json_real():
-    (res,) = lc.parse_bench_json((DATA / "bench-d512-n16-q8_0-q4_0.json").read_text())
-    assert (res["type_k"], res["type_v"], res["flash_attn"]) == ("q8_0", "q4_0", True)
+    (res,) = lc.parse_bench_json((DATA / "bench-d512-n16-f16-f16.json").read_text())
+    assert (res["type_k"], res["type_v"], res["flash_attn"]) == ("f16", "f16", True)
     assert (res["n_depth"], res["n_gen"], res["n_prompt"], res["n_threads"]) == (512, 16, 0, 2)
     assert len(res["samples_ns"]) == len(res["samples_ts"]) == len(res["step_ms_samples"]) == 3
     for ns, ts, ms in zip(res["samples_ns"], res["samples_ts"], res["step_ms_samples"]):
@@ -175,20 +175,21 @@ def test_parse_bench_json_errors():
 
 def test_parse_perplexity_real():
     res = lc.parse_perplexity((DATA / "perplexity-c512-n4-f16.txt").read_text())
-    assert (res["n_chunks"], res["n_ctx"], res["type_k"], res["type_v"]) == (4, 512, "f16", "f16")
+    assert (res["n_chunks"], res["n_ctx"], res["n_batch"], res["n_seq"]) == (4, 512, 2048, 4)
     assert len(res["running_ppl"]) == 4
     # the final estimate is exp(mean nll) over all chunks: the last running value
     assert res["ppl"] == pytest.approx(res["running_ppl"][-1], abs=1e-4)
     assert 0 < res["ppl_err"] < res["ppl"]
-    # 4 streams x 512 cells x 30 layers x (K + V) x 3 kv heads x 64 x 2 bytes (f16)
-    assert res["kv_cache_mib"] == pytest.approx(4 * 512 * 30 * 2 * 3 * 64 * 2 / 2**20, abs=0.01)
+    assert "type_k" not in res  # b11434 prints no KV cache line at its default verbosity
 
 
 def test_parse_kl_real():
     base = lc.parse_perplexity((DATA / "perplexity-c512-n4-f16.txt").read_text())
     res = lc.parse_kl((DATA / "kl-c512-n4-q4_0-q4_0.txt").read_text())
-    assert (res["type_k"], res["type_v"]) == ("q4_0", "q4_0")
-    assert res["ppl_base"] == pytest.approx(base["ppl"], rel=1e-4)  # the saved f16 run
+    # PPL(base) is recomputed from the saved f16 log-probabilities, which the file keeps as
+    # 16-bit values: 17.2781 here against the f16 run's own 17.2877 (0.06 %)
+    assert res["ppl_base"] == pytest.approx(base["ppl"], rel=2e-3)
+    assert res["ppl_base"] != base["ppl"]
     assert 0 < res["kl_median"] <= res["kl_p99"] <= res["kl_p999"] <= res["kl_max"]
     assert res["kl_mean_err"] > 0 and 0 < res["same_top_p"] <= 1 and res["same_top_p_err"] > 0
     assert res["ppl_delta"] == pytest.approx(res["ppl"] - res["ppl_base"], abs=2e-3)
