@@ -8,7 +8,7 @@ Text: CPython's pydoc topics prose, built exactly as issue 13's kernels/quality.
 characters, written to the cache for llama-perplexity.
 
 Run (after `make llamacpp`):
-  .venv/bin/python scripts/llamacpp_measure.py [--threads 2] [--depth 512] [--n-gen 16]
+  .venv/bin/python scripts/llamacpp_measure.py [--threads 1] [--depth 512] [--n-gen 16]
 Prints markdown tables; --json FILE also keeps every parsed result.
 """
 
@@ -96,7 +96,7 @@ def quality(args, model: Path, text: Path) -> list[dict]:
 
 def main() -> int:
     p = argparse.ArgumentParser()
-    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--threads", type=int, default=1)  # 2 threads collapse on a busy 2-core box
     p.add_argument("--depth", type=int, default=512)
     p.add_argument("--n-gen", type=int, default=16)
     p.add_argument("--reps", type=int, default=5)
