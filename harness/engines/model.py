@@ -43,6 +43,7 @@ def spec_of(case: Case) -> kv_store.CacheSpec:
         k_dtype=case.kv_dtype,
         v_dtype=case.v_dtype,
         k_group=case.group_size,
+        v_group=case.group_size if case.v_dtype else None,  # group_size: K's and V's
         k_axis=case.k_axis,
         sink_tokens=case.sink_tokens,
         recent_tokens=case.recent_tokens,

@@ -17,7 +17,7 @@ from kvbench.kernels.kv_store import AXES as K_AXES
 from kvbench.kernels.layouts import LAYOUT_KINDS
 from kvbench.kernels.model_fetch import MODELS
 from kvbench.kernels.paged import PAGE_SIZES
-from kvbench.kernels.peers import PEERS
+from kvbench.kernels.peers import EXTERNAL_PEERS, PEERS
 from kvbench.kernels.sharded import BY, COMBINES, split_reason
 from kvbench.kernels.workloads import ORDERS
 from kvbench.spec.presets import PRESETS
@@ -91,7 +91,7 @@ CHOICES = {
     "phases": PHASES,
     "formats": tuple(FORMATS),
     "layouts": LAYOUTS,
-    "kernels": (*KERNELS, *PEERS),
+    "kernels": (*KERNELS, *PEERS, *EXTERNAL_PEERS),
     "kv_data": tuple(KV_DATA),
     "workloads": WORKLOADS,
     "decode_orders": DECODE_ORDERS,

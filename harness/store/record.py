@@ -128,6 +128,8 @@ class _Measured:
     kvbench_version: str | None = None
     schema_version: int | None = None
     peer_version: str | None = None  # peer kernels: their package and version ("mlx-lm 0.32.2")
+    peer_kv_types: str | None = None  # llama.cpp rows: the K/V cache types it ran ("q8_0/q4_0")
+    peer_threads: int | None = None  # llama.cpp rows: threads
     # "kvbench" (kvbench's own kernel) or "peer" (kernels/peers.py), recorded at run time so
     # that analysis needs no copy of the peer registry; store/migrate_v1.py for older rows
     kernel_kind: str | None = None

@@ -1,0 +1,148 @@
+"""The llama.cpp engine: llama.cpp itself (kernels/llamacpp.py; `make llamacpp` builds it) on
+the same GGUF as kvbench's model engine, so its rows sit beside the `model_decode` and `quality`
+rows of the same model, depth, text and K/V types (docs/peers.md).
+
+* model_decode: `llama-bench -p 0 -n N -d context_len-1 -ctk K -ctv V -fa 1 -t T -r R`: a cached
+  prompt of context_len - 1 tokens (untimed), then N decode steps; one sample per repetition =
+  that repetition's time per token (llama-bench's samples_ns / N). Depth context_len - 1, as the
+  model engine's step decodes the context_len-th token.
+* quality: `llama-perplexity -c context_len --chunks C` over the same text file, first with an
+  f16 cache saving its log-probabilities (--kl-divergence-base, once per text, context and
+  chunks), then with the case's K/V types against them (--kl-divergence): ppl, ppl_ref (the f16
+  cache's), delta_ppl, kl_mean, kl_p99, top1_agree. llama-perplexity scores the second half of
+  each chunk, as the model engine does; its reference is an f16 cache and the logits of its base
+  run are saved in 16 bits, where kvbench's reference is a float32 cache.
+K/V types: kv_dtype (and v_dtype) mapped by kernels/llamacpp.py cache_type (fp16 -> f16, int8/g32
+-> q8_0, int4/g32 -> q4_0, affine4/g32 -> q4_1, ...); a format llama.cpp lacks is a skip.
+Threads: KVBENCH_LLAMACPP_THREADS (default 1: two threads on a loaded 2-core machine measured
+under 1 token/s, docs/peers.md). The byte and FLOP model is the model engine's.
+"""
+
+from __future__ import annotations
+
+import os
+from functools import lru_cache
+from pathlib import Path
+
+from kvbench.case import Case
+from kvbench.engines import model as model_engine
+from kvbench.engines.contract import JobResult, State
+from kvbench.kernels import llamacpp
+from kvbench.kernels.model_fetch import require_model
+from kvbench.kernels.quality import default_text, text_file
+
+KERNEL = "llama.cpp"
+N_GEN = 16  # decode steps per llama-bench repetition
+MAX_REPS = 20
+
+
+def claims(case: Case) -> bool:
+    return case.kernel == KERNEL
+
+
+def types_of(case: Case) -> tuple[str | None, str | None]:
+    v = case.v_dtype or case.kv_dtype
+    return llamacpp.cache_type(case.kv_dtype, case.group_size), llamacpp.cache_type(
+        v, case.group_size
+    )
+
+
+def skip_reason(case: Case, backend: str) -> str | None:
+    if case.phase not in model_engine.MODEL_PHASES:
+        return f"kernel {KERNEL} runs the phases {', '.join(model_engine.MODEL_PHASES)}"
+    if case.k_axis != "token" or case.sink_tokens or case.recent_tokens:
+        return "llama.cpp's cache has per-token blocks only (no channel keys, sinks or window)"
+    for name in (case.kv_dtype, case.v_dtype or case.kv_dtype):
+        reason = llamacpp.cache_type_reason(name, case.group_size)
+        if reason:
+            return reason
+    tool = "llama-bench" if case.phase == "model_decode" else "llama-perplexity"
+    return llamacpp.missing_reason(tool)
+
+
+def threads() -> int:
+    return int(os.environ.get("KVBENCH_LLAMACPP_THREADS", "1"))
+
+
+@lru_cache(maxsize=4)
+def text_path(text: str) -> Path:
+    """The case's text as a file llama-perplexity reads (the default text written once)."""
+    if text != "default":
+        text_file(text)  # the same checks as the model engine's
+        return Path(text)
+    path = llamacpp.cache_root() / "texts" / "default.txt"
+    body = default_text()
+    if not path.is_file() or path.read_text(encoding="utf-8") != body:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(body, encoding="utf-8")
+    return path
+
+
+def decode_job(case: Case, gguf: Path):
+    type_k, type_v = types_of(case)
+
+    def job(plans: dict, first: bool) -> JobResult:
+        step = plans.get("step", {})
+        reps = max(1, min(MAX_REPS, step.get("max_samples", 5)))
+        [res] = llamacpp.run_bench(
+            gguf, depth=case.context_len - 1, n_gen=N_GEN, type_k=type_k, type_v=type_v,
+            flash_attn=True, threads=threads(), reps=reps,
+        )  # fmt: skip
+        extra = {"peer_kv_types": f"{res.get('type_k')}/{res.get('type_v')}"}
+        return JobResult({"step": res["step_ms_samples"]}, {}, extra=extra)
+
+    return job
+
+
+@lru_cache(maxsize=8)
+def base_logits(gguf: Path, text: str, ctx: int, chunks: int) -> tuple[Path, dict]:
+    """The f16-cache run that saves the log-probabilities KL is measured against."""
+    base = llamacpp.cache_root() / "kl" / f"{gguf.stem}-{text_path(text).stem}-{ctx}x{chunks}.kld"
+    base.parent.mkdir(parents=True, exist_ok=True)
+    common = dict(ctx=ctx, chunks=chunks, flash_attn=True, threads=threads())
+    ref = llamacpp.run_perplexity(gguf, text_path=text_path(text), kl_base=base, **common)
+    return base, ref
+
+
+def quality_job(case: Case, gguf: Path):
+    type_k, type_v = types_of(case)
+
+    def job(plans: dict, first: bool) -> JobResult:
+        if not first:
+            return JobResult({}, {})
+        base, ref = base_logits(gguf, case.text, case.context_len, case.chunks)
+        got = llamacpp.run_perplexity(
+            gguf, text_path=text_path(case.text), kl_base=base, kl=True, ctx=case.context_len,
+            chunks=case.chunks, type_k=type_k, type_v=type_v, flash_attn=True, threads=threads(),
+        )  # fmt: skip
+        ppl_ref = got.get("ppl_base", ref["ppl"])
+        accuracy = {
+            "ppl": got["ppl"], "ppl_ref": ppl_ref, "delta_ppl": got["ppl"] - ppl_ref,
+            "kl_mean": got["kl_mean"], "kl_p99": got.get("kl_p99"),
+            "top1_agree": got.get("same_top_p"),
+            "n_scored": case.chunks * (case.context_len // 2 - 1),  # second half, less one
+        }  # fmt: skip
+        return JobResult({}, accuracy, extra={"peer_kv_types": f"{type_k}/{type_v}"})
+
+    return job
+
+
+def build(case: Case) -> State:
+    gguf = require_model(case.model)
+    model, _ = model_engine.model_of(case.model)
+    info = llamacpp.build_info()
+    extra = {"peer_version": f"llama.cpp {info.get('tag', info.get('version', '?'))}",
+             "peer_threads": threads()}  # fmt: skip
+    decode = case.phase == "model_decode"
+    job = decode_job(case, gguf) if decode else quality_job(case, gguf)
+    return State(
+        {"step": lambda: None} if decode else {},
+        lambda: {},
+        traffic=model_engine.decode_traffic(case, model) if decode else (0, 0),
+        flops=model_engine.decode_flops(case, model) if decode else None,
+        kv_bytes=model_engine.kv_bytes(case),
+        bits_per_elem=model_engine.bits_per_elem(case),
+        baseline_bytes=None,  # llama.cpp's memory is not MLX's
+        extra=extra,
+        job=job,
+    )

