@@ -213,3 +213,30 @@ def test_history_keeps_one_line_per_device(tmp_path):
     same, _ = load([tmp_path / "a.csv", tmp_path / "c.csv"])
     fig = history_fig(same, list(dict.fromkeys(same["run_id"])))
     assert fig is not None and not any("@" in c for c in fig.table["case"])
+
+
+def test_quality_points_keep_kvbench_and_llama_cpp_apart_with_their_pareto_frontier():
+    from kvbench.report.common import pareto
+    from kvbench.report.ratios import quality, quality_points
+
+    def q(kernel, fmt, bits, kl):
+        return dict(status="ok", phase="quality", group_size=32.0, kernel=kernel, kv_dtype=fmt,
+                    bits_per_elem=bits, kl_mean=kl, delta_ppl=kl, tokens_per_s=None)  # fmt: skip
+
+    rows = pd.DataFrame(
+        [
+            q("reference", "int8", 8.5, 4e-4),
+            q("reference", "int4", 4.5, 0.16),
+            q("llama.cpp", "int4", 4.5, 0.05),
+            q("reference", "affine4", 5.0, 0.2),
+            dict(status="ok", phase="model_decode", kernel="llama.cpp", kv_dtype="int4",
+                 group_size=32.0, tokens_per_s=55.0),
+        ]
+    )  # fmt: skip
+    pts = quality_points(rows)
+    assert sorted(pts["source"].unique()) == ["kvbench", "llama.cpp"]
+    kv = pts[pts["source"] == "kvbench"]
+    # affine4 (5.0 bits, KL 0.2) is beaten by int4 (4.5 bits, KL 0.16): off the frontier
+    assert list(pareto(kv, "bits_per_elem", "kl_mean")["kl_mean"]) == [0.16, 4e-4]
+    assert pts.loc[pts["source"] == "llama.cpp", "tokens_per_s"].iloc[0] == 55.0
+    assert quality(rows) is not None

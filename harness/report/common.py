@@ -110,6 +110,17 @@ def table(df: pd.DataFrame, columns: dict) -> pd.DataFrame:
     return df[cols].rename(columns=columns).reset_index(drop=True)
 
 
+def pareto(d: pd.DataFrame, x: str, y: str) -> pd.DataFrame:
+    """The points no other point beats on both x and y (fewer-or-equal bits, lower error)."""
+    d = d.sort_values([x, y])
+    keep, best = [], float("inf")
+    for i, r in d.iterrows():
+        if r[y] < best:
+            keep.append(i)
+            best = r[y]
+    return d.loc[keep]
+
+
 def log_ticks(values) -> dict:
     """Tick values and full-number labels for a log axis over `values` (1-2-5 steps, finer under
     a decade, powers of ten over four); {} leaves it to plotly (a range under 2x). Plotly's own

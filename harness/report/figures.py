@@ -21,6 +21,7 @@ from kvbench.report.common import (
     add_series,
     log_ticks,
     measured,
+    pareto,
     row_spacing,
     style,
     table,
@@ -225,12 +226,7 @@ def memory(cur: pd.DataFrame) -> Figure | None:
 
 def frontier(points: pd.DataFrame) -> pd.DataFrame:
     """Pareto-optimal points: no other point has fewer-or-equal bits and lower error."""
-    best, keep = float("inf"), []
-    for r in points.sort_values(["bits_per_elem", "rel_err"]).itertuples():
-        if r.rel_err < best:
-            best = r.rel_err
-            keep.append(r.Index)
-    return points.loc[keep]
+    return pareto(points, "bits_per_elem", "rel_err")
 
 
 def accuracy(cur: pd.DataFrame) -> Figure | None:

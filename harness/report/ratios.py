@@ -14,14 +14,13 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from kvbench.analysis.findings import baseline, format_pairs
-from kvbench.report.common import Figure, log_ticks, measured, style, table
+from kvbench.analysis.findings import baseline, cache_config, format_pairs
+from kvbench.report.common import Figure, log_ticks, measured, pareto, style, table
 from kvbench.report.styles import (
     ORDINAL,
     axis_titles,
     context_ticks,
     format_color,
-    grid,
     lines,
     panel_pos,
     subplots,
@@ -169,19 +168,74 @@ def _roofs(fig: go.Figure, d: pd.DataFrame) -> None:
                         hoverinfo="skip", row=1, col=2)  # fmt: skip
 
 
+SOURCE_COLOR = {"kvbench": "#1f77b4", "llama.cpp": "#d62728"}
+
+
+def source_of(row: dict) -> str:
+    """Whose cache a real-model row measured: llama.cpp's tools, or kvbench's model engine."""
+    return "llama.cpp" if row.get("kernel") == "llama.cpp" else "kvbench"
+
+
+def quality_points(cur: pd.DataFrame) -> pd.DataFrame:
+    """One point per (source, cache configuration): median quality, bits, decode tokens/s."""
+    q = cur[cur["status"].eq("ok") & cur["kl_mean"].notna()] if "kl_mean" in cur else cur[:0]
+    if q.empty:
+        return q
+    rows = q.to_dict("records")
+    q = q.assign(config=[cache_config(r) for r in rows], source=[source_of(r) for r in rows])
+    g = q.groupby(["source", "config"], sort=False)
+    cols = [c for c in ("bits_per_elem", "kl_mean", "delta_ppl") if c in q]
+    out = g[cols].median().reset_index()
+    dec = cur[cur["phase"].eq("model_decode") & cur["tokens_per_s"].notna()]
+    if not dec.empty:
+        recs = dec.to_dict("records")
+        dec = dec.assign(
+            config=[cache_config(r) for r in recs], source=[source_of(r) for r in recs]
+        )
+        tps = dec.groupby(["source", "config"])["tokens_per_s"].max().rename("tokens_per_s")
+        out = out.join(tps, on=["source", "config"])
+    return out
+
+
 def quality(cur: pd.DataFrame) -> Figure | None:
-    """Δ perplexity and KL divergence per format, from quality columns when a run has them."""
-    cols = [c for c in ("delta_ppl", "kl_mean") if c in cur and cur[c].notna().any()]
-    if not cols:
+    """Quality cost against stored bits per element (KL log scale, and Δppl), kvbench's model
+    engine and llama.cpp side by side, the Pareto frontier of each, and decode tokens/s."""
+    d = quality_points(cur)
+    if d.empty:
         return None
-    d = cur.dropna(subset=cols, how="all").copy()
-    d["fmt"] = [f"{r['kv_dtype']}" for r in d.to_dict("records")]
-    g = d.groupby("fmt")[cols].median().reset_index()
-    fig = subplots(cols, ncol_max=2, shared_y=False)
-    for i, c in enumerate(cols):
-        fig.add_bar(x=g["fmt"], y=g[c], marker_color=[format_color(f) for f in g["fmt"]],
-                    showlegend=False, **panel_pos(i, grid(len(cols), 2)[1]))  # fmt: skip
-    title = "Quality per format: Δ perplexity and KL divergence against a float32 cache"
-    note = "Median over the quality rows of each format (lower is better)."
-    return Figure("quality", title, style(fig, 420), table(g, {"fmt": "format", **{
-        c: c for c in cols}}), note)  # fmt: skip
+    panels = ["KL divergence vs bits/elem", "Δ perplexity vs bits/elem", "decode tokens/s"]
+    fig = subplots(panels, ncol_max=3, shared_y=False)
+    for src, g in d.groupby("source", sort=False):
+        color = SOURCE_COLOR[src]
+        kl = g[g["kl_mean"] > 0]
+        for i, (y, part) in enumerate((("kl_mean", kl), ("delta_ppl", g))):
+            fig.add_scatter(
+                x=part["bits_per_elem"], y=part[y], mode="markers", name=src, legendgroup=src,
+                marker={"color": color, "size": 9}, text=part["config"], showlegend=i == 0,
+                hovertemplate="%{text}<br>%{x:.3g} bits<br>%{y:.3g}<extra>" + src + "</extra>",
+                **panel_pos(i, 3),
+            )  # fmt: skip
+            front = pareto(part, "bits_per_elem", y)
+            fig.add_scatter(
+                x=front["bits_per_elem"], y=front[y], mode="lines", legendgroup=src,
+                line={"color": color, "dash": "dot"}, showlegend=False, hoverinfo="skip",
+                **panel_pos(i, 3),
+            )  # fmt: skip
+        if "tokens_per_s" in g and g["tokens_per_s"].notna().any():
+            t = g.dropna(subset=["tokens_per_s"])
+            fig.add_bar(x=t["config"], y=t["tokens_per_s"], name=src, legendgroup=src,
+                        marker_color=color, showlegend=False, **panel_pos(2, 3))  # fmt: skip
+    fig.update_yaxes(type="log", row=1, col=1)
+    fig.update_xaxes(title_text="stored bits per K/V element", row=1, col=1)
+    fig.update_xaxes(title_text="stored bits per K/V element", row=1, col=2)
+    title = "Quality cost against bits per element (kvbench and llama.cpp), and decode speed"
+    note = (
+        "Each point: one cache configuration's median over its quality rows (KL divergence of "
+        "next-token distributions and Δ perplexity against the source's own reference cache: "
+        "float32 for kvbench, f16 for llama.cpp). Dotted: the Pareto frontier (no other point "
+        "has fewer-or-equal bits and lower cost). Right: the best decode tokens/s of the same "
+        "configuration's model_decode rows."
+    )
+    cols = {"source": "source", "config": "cache", "bits_per_elem": "bits/elem",
+            "kl_mean": "KL", "delta_ppl": "Δppl", "tokens_per_s": "tokens/s"}  # fmt: skip
+    return Figure("quality", title, style(fig, 460), table(d, cols), note)
