@@ -268,12 +268,13 @@ def formats(cur: pd.DataFrame) -> list[Finding]:
             + (f"; KV bytes ×{mem:.2g}" if pd.notna(mem) else "")
             + (f"; {cross}" if cross else "")
         )
-        out.append(
-            Finding(
-                "formats vs fp16", text, "formats", g["verdict"].isin(("faster", "slower")).any()
-            )
-        )
+        out.append(Finding("formats vs fp16", text, "formats", stated(g)))
     return out
+
+
+def stated(g: pd.DataFrame) -> bool:
+    """Whether any of the group's cases has a stated difference (faster or slower)."""
+    return bool(g["verdict"].isin(("faster", "slower")).any())
 
 
 def layouts(cur: pd.DataFrame) -> list[Finding]:
@@ -351,11 +352,7 @@ def peers(cur: pd.DataFrame) -> list[Finding]:
             f"{kernel}: {_span(g['ratio'])} the best peer's time ({_tally(g['verdict'])} of "
             f"{len(g)} cases; best peer: {best})"
         )
-        out.append(
-            Finding(
-                "kvbench vs peers", text, "peers", g["verdict"].isin(("faster", "slower")).any()
-            )
-        )
+        out.append(Finding("kvbench vs peers", text, "peers", stated(g)))
     return out
 
 

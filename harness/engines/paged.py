@@ -190,28 +190,10 @@ def build(case: Case) -> State:
     fmt = get_format(case.kv_dtype, case.group_size)
     tables = streams.make_tables(case, streams.workload_of(case).n_tokens)
     run = Run(case, tables, case.n_layers)
-    n_layers = run.store.n_layers
-
-    def mask() -> list:
-        return run.build_inputs()
-
-    def write() -> list[mx.array]:
-        for layer in range(n_layers):
-            run.write(layer)
-        return run.store.arrays()
-
-    def attend() -> list[mx.array]:
-        return [o for layer in range(n_layers) for o in run.attend(layer, run.inputs)]
-
-    def step() -> list[mx.array]:
-        inputs, outs = run.build_inputs(), []
-        for layer in range(n_layers):
-            run.write(layer)
-            outs += run.attend(layer, inputs)
-        return outs + run.store.arrays()
+    stages = streams.layered_stages(run, run.build_inputs, run.inputs)
 
     def check() -> dict:
-        mx.eval(step())
+        mx.eval(stages["step"]())
         out = run.output(0)
         ref = streams.sequence_reference(case, run.rp, tables, fmt)
         parity_gate(f"{case.kernel} (paged, {case.page_read})", out, ref, fmt.compute_dtype)
@@ -219,13 +201,5 @@ def build(case: Case) -> State:
         return compare_outputs(out, exact)
 
     row = counts(case, run)
-    return State(
-        {"step": step, "write": write, "mask": mask, "attend": attend},
-        check,
-        traffic=traffic(case, run, row["bytes_touched"]),
-        kv_bytes=row["bytes_used"],
-        alloc_bytes=run.alloc_bytes,
-        baseline_bytes=run.baseline,
-        effective=effective(case),
-        extra=row,
-    )
+    traffic_bytes = traffic(case, run, row["bytes_touched"])
+    return streams.workload_state(run, stages, check, row, traffic_bytes, effective(case))

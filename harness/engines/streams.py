@@ -212,14 +212,11 @@ def traffic(case: Case, run: Run, touched: int) -> tuple[int, int]:
     return touched + case.n_layers * per_layer_read, case.n_layers * per_layer_written
 
 
-def build(case: Case) -> State:
-    fmt = get_format(case.kv_dtype, case.group_size)
-    tables = make_tables(case, workload_of(case).n_tokens)
-    run = Run(case, case.layout, tables, case.n_layers)
+def layered_stages(run, build_inputs, inputs) -> dict:
+    """A many-sequence step over `run`'s store, layer by layer: mask (building the step's
+    masks or block-table inputs), write (every layer's new K/V), attend (every layer, with
+    `inputs` built once) and step (all three, the inputs built anew)."""
     n_layers = run.store.n_layers
-
-    def mask() -> list[mx.array]:
-        return run.build_masks()
 
     def write() -> list[mx.array]:
         for layer in range(n_layers):
@@ -227,17 +224,42 @@ def build(case: Case) -> State:
         return run.store.arrays()
 
     def attend() -> list[mx.array]:
-        return [o for layer in range(n_layers) for o in run.attend(layer, run.masks)]
+        return [o for layer in range(n_layers) for o in run.attend(layer, inputs)]
 
     def step() -> list[mx.array]:
-        masks, outs = run.build_masks(), []
+        fresh, outs = build_inputs(), []
         for layer in range(n_layers):
             run.write(layer)
-            outs += run.attend(layer, masks)
+            outs += run.attend(layer, fresh)
         return outs + run.store.arrays()
 
+    return {"step": step, "write": write, "mask": build_inputs, "attend": attend}
+
+
+def workload_state(run, stages, check, row: dict, traffic_bytes, effective: dict) -> State:
+    """The State of a many-sequence case: its counts as row fields, and as kv_bytes the K/V
+    the workload holds (its occupied cells), not n_seqs x context_len: a shared prefix is
+    stored once, finished sequences are gone."""
+    return State(
+        stages,
+        check,
+        traffic=traffic_bytes,
+        kv_bytes=row["bytes_used"],
+        alloc_bytes=run.alloc_bytes,
+        baseline_bytes=run.baseline,
+        effective=effective,
+        extra=row,
+    )
+
+
+def build(case: Case) -> State:
+    fmt = get_format(case.kv_dtype, case.group_size)
+    tables = make_tables(case, workload_of(case).n_tokens)
+    run = Run(case, case.layout, tables, case.n_layers)
+    stages = layered_stages(run, run.build_masks, run.masks)
+
     def check() -> dict:
-        mx.eval(step())
+        mx.eval(stages["step"]())
         out = run.output(0)
         act = fmt.compute_dtype
         parity_gate(case.kernel, out, sequence_reference(case, run.rp, tables, fmt), act)
@@ -248,15 +270,5 @@ def build(case: Case) -> State:
         return compare_outputs(out, exact)
 
     row = counts(case, run)
-    return State(
-        {"step": step, "write": write, "mask": mask, "attend": attend},
-        check,
-        traffic=traffic(case, run, row["bytes_touched"]),
-        # the K/V the workload holds (its occupied cells), not n_seqs x context_len: a shared
-        # prefix is stored once, finished sequences are gone
-        kv_bytes=row["bytes_used"],
-        alloc_bytes=run.alloc_bytes,
-        baseline_bytes=run.baseline,
-        effective=cache_engine.effective(case),
-        extra=row,
-    )
+    traffic_bytes = traffic(case, run, row["bytes_touched"])
+    return workload_state(run, stages, check, row, traffic_bytes, cache_engine.effective(case))

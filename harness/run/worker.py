@@ -44,28 +44,19 @@ def load_tree(tree: Path) -> dict:
             module = importlib.util.module_from_spec(spec)
             sys.modules[name] = module
             spec.loader.exec_module(module)
-        from kvbench import engines
+        from kvbench import engines as chooser
         from kvbench.run.context import backend_name, set_device
         from kvbench.spec.suite import expand, load_suite
-
-        return dict(
-            load_suite=load_suite,
-            expand=expand,
-            engine_for=engines.engine_for,
-            skip_reason=engines.skip_reason,
-            backend=backend_name,
-            device=set_device,
-        )
-    sys.path.insert(0, str(tree))  # before the restructure: top-level `harness` and `kernels`
-    from harness import runner  # type: ignore[import-not-found]
-    from harness.context import backend_name, set_device  # type: ignore[import-not-found]
-    from harness.suite import expand, load_suite  # type: ignore[import-not-found]
-
+    else:
+        sys.path.insert(0, str(tree))  # before the restructure: top-level `harness`, `kernels`
+        from harness import runner as chooser  # type: ignore[import-not-found]
+        from harness.context import backend_name, set_device  # type: ignore[import-not-found]
+        from harness.suite import expand, load_suite  # type: ignore[import-not-found]
     return dict(
         load_suite=load_suite,
         expand=expand,
-        engine_for=runner.engine_for,
-        skip_reason=runner.skip_reason,
+        engine_for=chooser.engine_for,
+        skip_reason=chooser.skip_reason,
         backend=backend_name,
         device=set_device,
     )
