@@ -25,7 +25,7 @@ def cuda_table() -> list[str]:
         f"CUDA: {len(items)} distinct instantiations, MLX {mx.__version__}, NVRTC "
         f"{'.'.join(map(str, nvrtc.version()))}",
         "",
-        "| loader | T | G | D | TILE_KV | THREADS | GS | from | sm_80 regs | sm_80 smem B "
+        "| kernel | T | G | D | TILE_KV | THREADS | GS | from | sm_80 regs | sm_80 smem B "
         "| sm_90a regs | sm_90a smem B |",
         "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
@@ -35,8 +35,10 @@ def cuda_table() -> list[str]:
     for i in order:
         t = dict(items[i].call.template)
         a, h = results["sm_80"][i], results["sm_90a"][i]
-        cells = [items[i].call.name.rsplit("_", 1)[-1], t["T"], t["G"], t["D"], t["TILE_KV"]]
-        cells += [t["THREADS"], t["GS"], ", ".join(items[i].labels)]
+        # the combine kernel has no G, tile, threads or GS template arguments
+        keys = ("T", "G", "D", "TILE_KV", "THREADS", "GS")
+        cells = [items[i].call.name.rsplit("_", 1)[-1], *(t.get(k, "-") for k in keys)]
+        cells += [", ".join(items[i].labels)]
         cells += [a.get("registers", "FAIL"), a.get("shared_bytes", "")]
         cells += [h.get("registers", "FAIL"), h.get("shared_bytes", "")]
         rows.append("| " + " | ".join(map(str, cells)) + " |")
