@@ -392,7 +392,13 @@ def quality(cur: pd.DataFrame) -> list[Finding]:
         return []
     d = cur[cur["status"] == "ok"] if "status" in cur else cur
     d = d.dropna(subset=cols, how="all")  # quality rows carry no time: not `measured`
-    d = d.assign(fmt=[cache_config(r) for r in d.to_dict("records")])
+    # llama.cpp's rows (kernel llama.cpp) stand apart: their reference is its own f16 cache
+    d = d.assign(
+        fmt=[
+            cache_config(r) + (" (llama.cpp)" if r.get("kernel") == "llama.cpp" else "")
+            for r in d.to_dict("records")
+        ]
+    )
     g = d.groupby("fmt", sort=False)[cols].median()
     names = {"delta_ppl": "Δppl {:+.3g}", "kl_mean": "KL {:.3g}", "ppl": "ppl {:.4g}"}
     out = []
