@@ -164,6 +164,9 @@ def cmd_gate(args) -> int:
         from kvbench.analysis.gate import paired
         from kvbench.analysis.paired import Budget
 
+        if args.metric != "median_ms":
+            raise UserError(f"--metric: {args.metric}: the paired gate judges median_ms; "
+                            "use --rounds N for other metrics")  # fmt: skip
         budget = Budget(budget_s=args.pair_budget_s, cpu=args.pin_cpu)
         cmp = paired(args.base, args.suite, args.results, rules, args.device, budget)
     else:

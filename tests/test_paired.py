@@ -73,7 +73,26 @@ def test_a_skipped_side_makes_no_pairs():
 
     sides = {"base": FakeWorker("base", []), "new": Skipper("new", [])}
     status, note, pairs = paired.measure_case(sides, "c1", paired.Budget())
-    assert (status, pairs) == ("skipped", []) and "metal" in note
+    assert (status, pairs) == ("new_skipped", []) and "metal" in note
+
+
+def test_only_what_base_measured_and_new_lost_is_a_regression():
+    rules = Rules()
+    assert paired.table_row("c", "c", "new_error", "new: boom", [], rules)["regression"]
+    lost = paired.table_row("c", "c", "new_skipped", "new: skip", [], rules)
+    assert lost["verdict"] == "lost" and lost["regression"]
+    fixed = paired.table_row("c", "c", "base_error", "base: boom", [], rules)
+    assert fixed["verdict"] == "not_measured" and not fixed["regression"]
+
+
+def test_a_side_that_fails_while_sampling_is_an_error_row_not_a_crash():
+    class Breaks(FakeWorker):
+        def ask(self, op, **req):
+            return {"error": "RuntimeError: boom"} if op == "sample" else super().ask(op, **req)
+
+    sides = {"base": FakeWorker("base", []), "new": Breaks("new", [])}
+    status, note, pairs = paired.measure_case(sides, "c1", paired.Budget(min_pairs=2))
+    assert (status, pairs) == ("new_error", []) and "boom" in note
 
 
 @pytest.mark.parametrize("drift,burst", [(0.6, 0.0), (0.0, 0.8), (0.4, 0.5)])
@@ -138,13 +157,20 @@ def test_unpaired_compare_gives_no_verdict_inside_the_between_run_noise(tmp_path
 
 
 def test_calibrated_noise_of_the_host_widens_the_band(tmp_path):
+    import socket
+
     from fake_runs import draw, write_run
 
-    c = str(write_run(tmp_path, "c", {"c": draw(60, 1.0, seed=9)}))
-    d = str(write_run(tmp_path, "d", {"c": draw(60, 1.28, seed=8)}))
+    here = socket.gethostname()
+    c = str(write_run(tmp_path, "c", {"c": draw(60, 1.0, seed=9)}, host=here))
+    d = str(write_run(tmp_path, "d", {"c": draw(60, 1.28, seed=8)}, host=here))
     cmp = compare(load(c), load(d), noise={"c": 0.35})
     assert cmp.table.iloc[0]["verdict"] == "inconclusive"
     assert "±35%" in cmp.table.iloc[0]["note"]
+    # another host's runs: this host's calibration says nothing about them
+    e = str(write_run(tmp_path, "e", {"c": draw(60, 1.0, seed=9)}, host="elsewhere"))
+    f = str(write_run(tmp_path, "f", {"c": draw(60, 1.28, seed=8)}, host="elsewhere"))
+    assert compare(load(e), load(f), noise={"c": 0.35}).table.iloc[0]["verdict"] == "slower"
 
 
 def test_both_workers_share_one_cpu():

@@ -18,6 +18,7 @@ This module imports neither mlx nor kernels/.
 from __future__ import annotations
 
 import math
+import socket
 from dataclasses import dataclass, field
 
 import numpy as np
@@ -158,7 +159,9 @@ def compare_row(
     if metric in TESTED:
         out = {**out, "ratio": value_ratio(out["base"], out["new"]), **judge(bx, nx, rules)}
         rounds = [round_band(rs.round_medians(row, metric)) for rs, row in ((base, b), (new, n))]
-        band = max(*rounds, noise.get(b["case_id"], 0.0))
+        here = b.get("host") == n.get("host") == socket.gethostname()  # calibrated here
+        calibrated = noise.get(b["case_id"], 0.0) if metric == "median_ms" and here else 0.0
+        band = max(*rounds, calibrated)
         out = within_noise(out, band)
         out["regression"] = out["verdict"] == "slower"
         return out

@@ -8,7 +8,8 @@
    Python (BASE's own harness and kernels measure it; its rows carry BASE's commit), writing
    into the same results directory. The worktree is removed afterwards.
 3. compare BASE -> NEW restricted to this suite's rows.
-With rounds > 1 (`--rounds N`, `make compare` uses 2) nothing is reused: BASE's worktree is
+With rounds > 1 (`--rounds N`, `make compare ROUNDS=N`; plain `make compare` runs the paired
+gate, `paired` below) nothing is reused: BASE's worktree is
 created once and the suite runs N times on each side, interleaved in ABBA order (NEW, BASE,
 BASE, NEW, NEW, BASE, ...; see `round_order`), and each side is compared with the raw samples
 of its N fresh runs pooled (harness/store/results.py load_runs). Drift of the machine between runs
@@ -67,6 +68,8 @@ def tree_command(tree: Path) -> list[str]:
     """The command line that runs the kvbench CLI of `tree`: trees from before kvbench was
     installed under its own name (a top-level harness/cli.py importing `harness.*`) run as
     `python -m harness` from the tree; newer ones through BOOTSTRAP."""
+    if not (tree / "harness").is_dir():  # not a kvbench checkout: the installed kvbench
+        return [sys.executable, "-m", "kvbench"]
     if not (tree / "harness" / "spec").is_dir():
         return [sys.executable, "-m", "harness"]
     return [sys.executable, "-c", BOOTSTRAP, str(tree)]

@@ -41,6 +41,9 @@ from kvbench.errors import UserError
 
 WORKER = Path(__file__).resolve().parent.parent / "run" / "worker.py"
 PAIR_COLUMNS = ("case_id", "pair", "first", "base_ms", "new_ms", "block", "t_s")
+# a side that could not be measured -> verdict (analysis/compare.py's vocabulary)
+UNMEASURED = {"base_skipped": "not_measured", "base_error": "not_measured",
+              "new_skipped": "lost", "new_error": "error"}  # fmt: skip
 BOOTSTRAP_RESAMPLES = 2000
 BOOTSTRAP_SEED = 0
 
@@ -120,7 +123,8 @@ def measure_case(
     for name, w in sides.items():
         got = w.ask(op="build", case_id=case_id, warmup_s=budget.warmup_s)
         if "ok" not in got:
-            return ("skipped" if "skip" in got else "error"), f"{name}: {got.popitem()[1]}", []
+            kind = "skipped" if "skip" in got else "error"
+            return f"{name}_{kind}", f"{name}: {got.popitem()[1]}", []
     pairs, start = [], clock()
     while len(pairs) < budget.max_pairs:
         elapsed = clock() - start
@@ -128,8 +132,11 @@ def measure_case(
             if elapsed >= budget.max_s or (len(pairs) % 10 == 0 and decided(pairs, rules)):
                 break
         first, second = abba(len(pairs))
-        ms = {first: min(sides[first].ask(op="sample", n=budget.block)["ms"])}
-        ms[second] = min(sides[second].ask(op="sample", n=budget.block)["ms"])
+        got = {side: sides[side].ask(op="sample", n=budget.block) for side in (first, second)}
+        failed = [side for side, g in got.items() if "ms" not in g]
+        if failed:
+            return f"{failed[0]}_error", f"{failed[0]}: {got[failed[0]].get('error')}", []
+        ms = {side: min(g["ms"]) for side, g in got.items()}
         row = (case_id, len(pairs), first, ms["base"], ms["new"], budget.block, clock() - start)
         pairs.append(row)
     for w in sides.values():
@@ -187,9 +194,9 @@ def unpaired_note(base_ms, new_ms) -> str:
 def table_row(case_id: str, label: str, status: str, note: str, pairs: list, rules: Rules):
     """One compare-table row (analysis/compare.py COLUMNS) for a paired case."""
     row = {"case_id": case_id, "label": label, "metric": "median_ms", "regression": False}
-    if status != "ok":
-        verdict = "error" if status == "error" else "lost"
-        return {**row, "verdict": verdict, "note": note, "regression": status == "error"}
+    if status != "ok":  # as compare: only what BASE measured and NEW lost is a regression
+        verdict = UNMEASURED[status]
+        return {**row, "verdict": verdict, "note": note, "regression": status.startswith("new")}
     b = np.array([p[3] for p in pairs])
     n = np.array([p[4] for p in pairs])
     judged = judge_pairs(b, n, rules)

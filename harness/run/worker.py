@@ -47,7 +47,13 @@ def load_tree(tree: Path) -> dict:
         from kvbench import engines as chooser
         from kvbench.run.context import backend_name, set_device
         from kvbench.spec.suite import expand, load_suite
+
+        try:  # the memory guard, in trees that have one
+            from kvbench.run.memory import refusal as guard
+        except ImportError:
+            guard = None
     else:
+        guard = None
         sys.path.insert(0, str(tree))  # before the restructure: top-level `harness`, `kernels`
         from harness import runner as chooser  # type: ignore[import-not-found]
         from harness.context import backend_name, set_device  # type: ignore[import-not-found]
@@ -59,6 +65,7 @@ def load_tree(tree: Path) -> dict:
         skip_reason=chooser.skip_reason,
         backend=backend_name,
         device=set_device,
+        guard=guard or (lambda case: None),
     )
 
 
@@ -76,10 +83,12 @@ class Worker:
         case = self.cases.get(req["case_id"])
         if case is None:
             return {"skip": "not a case of this suite at this commit"}
-        reason = self.api["skip_reason"](case, self.api["backend"]())
+        reason = self.api["skip_reason"](case, self.api["backend"]()) or self.api["guard"](case)
         if reason:
             return {"skip": reason}
         state = self.api["engine_for"](case).build(case)
+        if getattr(state, "job", None) is not None or "step" not in state.stages:
+            return {"skip": "its stages run in other processes or it times nothing (not paired)"}
         state.check()  # the parity gate: a wrong kernel is an error, never a time
         self.step = state.stages["step"]
         start, calls = time.perf_counter(), 0

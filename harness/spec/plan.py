@@ -21,9 +21,10 @@ only), the split is kernels/sharded.py's: by context the fullest rank holds ceil
 positions of every KV head, by heads ceil(n_kv_heads / N) KV heads at every position;
 `rank_bytes` is what that rank holds, and `--budget` is then each device's budget: the longest
 context whose fullest rank fits.
-It also prints the memory guard's figures for a decode case of the shape (harness/run/memory.py:
-cache + source K/V + transient against the memory available here), the same numbers `kvbench
-run` checks before allocating; query heads come from the preset (without one, GQA 1).
+It also prints the memory guard's figures (harness/run/memory.py: cache + source K/V +
+transient against the memory available here) for a decode case of the shape with the layout's
+cells; `kvbench run` checks the per-stream figure before allocating any case (an upper bound for
+the other layouts); query heads come from the preset (without one, GQA 1).
 """
 
 from __future__ import annotations
@@ -317,8 +318,8 @@ def make_plan(
         layout_args={k: v for k, v in asdict(la).items() if v},
         shards=shards,
         shard_by=shard_by,
-        rank_bytes=held * rank_per_token,
-        rank_bytes_per_token=rank_per_token,
+        rank_bytes=held * rank_per_token if shards > 1 else None,
+        rank_bytes_per_token=rank_per_token if shards > 1 else None,
         run_bytes=run_bytes,
         available_bytes=available[0] if available else None,
         available_source=available[1] if available else None,

@@ -174,7 +174,7 @@ def check_model(path: str, case: Case) -> None:
         known = ", ".join(MODELS)
         raise SuiteError(path, "kv_data", f"model captures a real model's K/V: model: {known}")
     off = [a for a in MODEL_AXES if getattr(case, a) != AXIS_DEFAULTS[a]]
-    if case.layout == "window":  # a window keeps its sinks too (check_window)
+    if case.window is not None:  # a window keeps its sinks too (check_window)
         off = [a for a in off if a != "sink_tokens"]
     if case.phase not in MODEL_PHASES:
         if off:
