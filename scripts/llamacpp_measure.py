@@ -3,9 +3,8 @@
 Speed: llama-bench tg{N} at depth D for several -ctk/-ctv pairs (flash attention on).
 Quality: llama-perplexity -c CTX --chunks C with an f16 cache (saving its log-probabilities)
 and with each quantized pair, KL divergence against the f16 run.
-Text: CPython's pydoc topics prose, built exactly as issue 13's kernels/quality.default_text
-(topics in sorted order, indented blocks and heading underlines dropped), first CHARS
-characters, written to the cache for llama-perplexity.
+Text: kvbench's default text (kernels/quality.py default_text: CPython's pydoc topics prose),
+first CHARS characters, written to the cache for llama-perplexity.
 
 Run (after `make llamacpp`):
   .venv/bin/python scripts/llamacpp_measure.py [--threads 1] [--depth 512] [--n-gen 16]
@@ -22,31 +21,13 @@ import sys
 from pathlib import Path
 
 from kvbench.kernels import llamacpp as lc
+from kvbench.kernels.quality import default_text
 
 PAIRS = [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "q4_0"), ("q4_1", "q4_1")]
 
 
-def _prose(block: str) -> str:
-    keep = []
-    for line in block.splitlines():
-        if line.startswith("   ") or set(line.strip()) <= set("*=-^~"):
-            continue  # code / grammar block, or a heading underline (blank lines kept)
-        keep.append(line)
-    return "\n".join(keep)
-
-
-def pydoc_text() -> str:
-    """Same recipe as issue 13's kernels/quality.default_text (import it once merged)."""
-    from pydoc_data.topics import topics
-
-    text = "\n\n".join(_prose(topics[k]) for k in sorted(topics))
-    while "\n\n\n" in text:
-        text = text.replace("\n\n\n", "\n\n")
-    return text.strip() + "\n"
-
-
 def write_text(chars: int) -> Path:
-    text = pydoc_text()[:chars]
+    text = default_text()[:chars]
     digest = hashlib.sha256(text.encode()).hexdigest()[:16]
     path = lc.cache_root() / "texts" / f"pydoc-topics-{chars}-{digest}.txt"
     path.parent.mkdir(parents=True, exist_ok=True)
