@@ -237,16 +237,27 @@ def _ctx_verdict(g: pd.DataFrame) -> pd.Series:
     return one.replace("", "same").sort_index()
 
 
+def is_peer(d: pd.DataFrame):
+    """Rows of a peer kernel (kernel_kind, filled for rows older than it by the v1 table)."""
+    from kvbench.store.migrate_v1 import with_v1_facts
+
+    return with_v1_facts(d)["kernel_kind"].eq("peer").to_numpy()
+
+
+def source_of(row: dict) -> str:
+    """Whose cache a real-model row measured: llama.cpp's tools, or kvbench's model engine
+    (their references differ: an f16 cache for llama.cpp, float32 for kvbench)."""
+    return "llama.cpp" if row.get("kernel") == "llama.cpp" else "kvbench"
+
+
 def format_pairs(cur: pd.DataFrame) -> pd.DataFrame:
     """kvbench's rows of formats other than fp16 joined to the fp16 row of the same case (same
     kernel when fp16 ran with it, else the fastest fp16 kernel); peers' rows are left out (the
     peers topic compares them)."""
-    from kvbench.store.migrate_v1 import with_v1_facts
-
     d = measured(cur)
     if d.empty:
         return d
-    d = d[~with_v1_facts(d)["kernel_kind"].eq("peer").to_numpy()]
+    d = d[~is_peer(d)]
     base, rest = d[d["kv_dtype"] == "fp16"], d[d["kv_dtype"] != "fp16"]
     if base.empty or rest.empty:
         return d.iloc[0:0]
@@ -336,15 +347,13 @@ def tiles(cur: pd.DataFrame) -> list[Finding]:
 
 def peers(cur: pd.DataFrame) -> list[Finding]:
     """Each kvbench kernel against the fastest peer kernel of the same case."""
-    from kvbench.store.migrate_v1 import with_v1_facts
-
     d = measured(cur)
     if d.empty:
         return []
-    is_peer = with_v1_facts(d)["kernel_kind"].eq("peer").to_numpy()
-    if not is_peer.any() or is_peer.all():
+    peer = is_peer(d)
+    if not peer.any() or peer.all():
         return []
-    m = baseline(d[~is_peer], d[is_peer], "kernel")
+    m = baseline(d[~peer], d[peer], "kernel")
     out = []
     for kernel, g in m.groupby("kernel", sort=True):
         best = ", ".join(f"{k} ({n})" for k, n in g["kernel_b"].value_counts().items())
@@ -395,7 +404,7 @@ def quality(cur: pd.DataFrame) -> list[Finding]:
     # llama.cpp's rows (kernel llama.cpp) stand apart: their reference is its own f16 cache
     d = d.assign(
         fmt=[
-            cache_config(r) + (" (llama.cpp)" if r.get("kernel") == "llama.cpp" else "")
+            cache_config(r) + (" (llama.cpp)" if source_of(r) == "llama.cpp" else "")
             for r in d.to_dict("records")
         ]
     )

@@ -14,7 +14,7 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from kvbench.analysis.findings import baseline, cache_config, format_pairs
+from kvbench.analysis.findings import baseline, cache_config, format_pairs, source_of
 from kvbench.report.common import Figure, log_ticks, measured, pareto, style, table
 from kvbench.report.styles import (
     ORDINAL,
@@ -169,11 +169,6 @@ def _roofs(fig: go.Figure, d: pd.DataFrame) -> None:
 
 
 SOURCE_COLOR = {"kvbench": "#1f77b4", "llama.cpp": "#d62728"}
-
-
-def source_of(row: dict) -> str:
-    """Whose cache a real-model row measured: llama.cpp's tools, or kvbench's model engine."""
-    return "llama.cpp" if row.get("kernel") == "llama.cpp" else "kvbench"
 
 
 def quality_points(cur: pd.DataFrame) -> pd.DataFrame:

@@ -86,6 +86,7 @@ class ResultSet:
     pool: bool = False  # one row per case from the samples of all its runs (docstring)
     _by_key: dict | None = field(default=None, repr=False)  # (run, case, stage) -> samples
     _pool_runs: dict | None = field(default=None, repr=False)  # case_id -> pooled run_ids
+    _round_medians: pd.Series | None = field(default=None, repr=False)  # by run/case/stage
     notes: list[str] = field(default_factory=list)  # what the reader noticed (missing samples)
 
     def pick(self) -> pd.DataFrame:
@@ -144,11 +145,14 @@ class ResultSet:
         stage = METRIC_STAGE.get(metric)
         if stage is None or self.samples.empty or "round" not in self.samples.columns:
             return np.array([])
+        if self._round_medians is None:  # once per result set, not once per case
+            keys = ["run_id", "case_id", "stage", "round"]
+            self._round_medians = self.samples.groupby(keys)["ms"].median()
         cid = row["case_id"]
         runs = self.pool_runs().get(cid, [row["run_id"]]) if self.pool else [row["run_id"]]
-        s = self.samples
-        mine = s[(s["case_id"] == cid) & (s["stage"] == stage) & s["run_id"].isin(runs)]
-        return mine.groupby(["run_id", "round"])["ms"].median().to_numpy(dtype=float)
+        med = self._round_medians
+        parts = [med.loc[(r, cid, stage)] for r in runs if (r, cid, stage) in med.index]
+        return np.concatenate([p.to_numpy(dtype=float) for p in parts]) if parts else np.array([])
 
     def samples_of(self, row, metric: str = "median_ms") -> np.ndarray:
         """The raw samples behind `metric` of one picked row (empty if none were kept); for a
