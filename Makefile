@@ -108,4 +108,4 @@ gpu-verify:
 LLAMACPP_FLAGS ?=
 llamacpp: install
 	command -v cmake >/dev/null && command -v ninja >/dev/null || $(PY) -m pip install -q cmake ninja
-	$(PY) -m kvbench.kernels.llamacpp_build $(LLAMACPP_FLAGS)
+	$(PY) -m kvbench.peers.llamacpp_build $(LLAMACPP_FLAGS)

@@ -246,7 +246,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_model_fetch(args) -> int:
-    from kvbench.kernels.model_fetch import ModelFetchError, fetch_model
+    from kvbench.kernels.model.fetch import ModelFetchError, fetch_model
 
     try:
         print(fetch_model(args.name))

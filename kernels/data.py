@@ -17,8 +17,8 @@ Kinds (KV_DATA):
   head_dim], any float dtype, with L >= the case's context length; the first context_len
   positions are used. One layer's capture serves every layer of the cache.
 * model: real K/V: the default model (SmolLM2-135M, `kvbench model fetch`) run over the default
-  text (kernels/quality.py), keys post-RoPE as caches hold them, from its middle layer
-  (kernels/model_kv.py); the case's shape must be the model's (3 KV heads, head_dim 64). The
+  text (kernels/model/quality.py), keys post-RoPE as caches hold them, from its middle layer
+  (kernels/model/capture.py); the case's shape must be the model's (3 KV heads, head_dim 64). The
   capture is a float32 prefill of context_len tokens (slow on a CPU: seconds per 10 tokens).
 """
 
@@ -85,7 +85,9 @@ def from_file(shape, kk, kv, kv_file=None) -> tuple[mx.array, mx.array]:
 
 
 def from_model(shape, kk, kv, kv_file=None) -> tuple[mx.array, mx.array]:
-    from .model_kv import default_capture  # the model is loaded only when asked for
+    from kvbench.kernels.model.capture import (
+        default_capture,  # the model is loaded only when asked for
+    )
 
     k, v = default_capture(shape[2])  # [Hkv, L, D] each
     if (k.shape[0], k.shape[2]) != (shape[1], shape[3]):

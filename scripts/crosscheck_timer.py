@@ -17,8 +17,8 @@ import time
 import mlx.core as mx
 import pandas as pd
 
-from kvbench.kernels.cache import KVCache
-from kvbench.kernels.formats import get_format
+from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.stores.cache import KVCache
 from kvbench.run.session import run_suite
 from kvbench.spec.suite import expand, load_suite
 

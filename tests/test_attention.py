@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 from conftest import numpy_attention
 
-from kvbench.kernels.attention import KERNELS, causal_mask, unsupported_reason
-from kvbench.kernels.formats import get_format
+from kvbench.kernels.attention.registry import KERNELS, causal_mask, unsupported_reason
+from kvbench.kernels.formats.registry import get_format
 
 TOL = {"fp32": 2e-5, "fp16": 2e-2, "bf16": 8e-2}  # max abs error on unit-variance data
 

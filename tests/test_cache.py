@@ -6,8 +6,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from kvbench.kernels.cache import KVCache
-from kvbench.kernels.formats import get_format
+from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.stores.cache import KVCache
 
 
 def test_allocates_every_layer_at_capacity():

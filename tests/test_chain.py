@@ -6,7 +6,7 @@ import mlx.core as mx
 
 from kvbench.case import Case
 from kvbench.engines import cache as cache_engine
-from kvbench.kernels import attention
+from kvbench.kernels.attention import registry as attention
 
 
 def test_each_layer_attends_with_the_previous_layers_output(monkeypatch):

@@ -26,8 +26,8 @@ sys.path.insert(0, str(Path(__file__).parent))  # the gates package beside this 
 from gates import cuda_gate, metal_gate, mlx_wheel, nvrtc  # noqa: E402
 from gates.instances import call_problem  # noqa: E402
 
-from kvbench.kernels import launch  # noqa: E402
-from kvbench.kernels.formats import get_format  # noqa: E402
+from kvbench.kernels.attention.gpu import launch  # noqa: E402
+from kvbench.kernels.formats.registry import get_format  # noqa: E402
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
 

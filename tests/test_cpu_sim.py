@@ -1,10 +1,12 @@
 """The shared GPU kernel source, compiled with g++ and run on CPU threads (tests/cpu_sim/).
 
 Each GPU thread is a std::thread; barriers and simdgroup shuffles are real synchronisation.
-This verifies the shared text (kernels/gpu/flash_decode_common.h, flash_decode_body.inc and
+This verifies the shared text (kernels/attention/gpu/src/flash_decode_common.h,
+flash_decode_body.inc and
 flash_decode_combine.inc) compiles as C++ and, run as written with the launch plan's
 threadgroups and the arrays' strides, matches the float32 reference and the numpy emulation
-(kernels/gpu_emulate.py: the same order of operations, so partials agree to float32 rounding).
+(kernels/attention/gpu/emulate.py: the same order of operations, so partials agree to float32
+rounding).
 Covers dense / fp4 / int4, GQA 1/4/8, D 64/128, lengths under and not a multiple of the tile,
 B*Hkv*L < 8, several splits and sliced (strided) caches. The Metal and CUDA preludes are not
 exercised: only a GPU can do that. Skipped without g++.
@@ -21,9 +23,11 @@ import numpy as np
 import pytest
 
 from kvbench.engines.parity import PARITY_REL_TOL, compare_outputs
-from kvbench.kernels import gpu_emulate, gpu_kernels, launch
-from kvbench.kernels.attention import reference
-from kvbench.kernels.formats import get_format
+from kvbench.kernels.attention.gpu import emulate as gpu_emulate
+from kvbench.kernels.attention.gpu import kernels as gpu_kernels
+from kvbench.kernels.attention.gpu import launch
+from kvbench.kernels.attention.registry import reference
+from kvbench.kernels.formats.registry import get_format
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM = ROOT / "tests" / "cpu_sim" / "flash_decode_sim.cpp"

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvbench.kernels.attention import KERNELS, effective_tile
+from kvbench.kernels.attention.registry import KERNELS, effective_tile
 from kvbench.run.session import run_suite
 from kvbench.spec.suite import expand, load_suite
 

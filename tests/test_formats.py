@@ -5,8 +5,8 @@ from __future__ import annotations
 import mlx.core as mx
 import pytest
 
-from kvbench.kernels.formats import FORMATS, get_format
-from kvbench.kernels.protocol import Format
+from kvbench.kernels.formats.protocol import Format
+from kvbench.kernels.formats.registry import FORMATS, get_format
 
 MEMBERS = ("alloc", "encode", "decode", "nbytes", "mx_quantize_args", "describe_scales")
 # width of one element's code, scales excluded, by hand from each format's definition

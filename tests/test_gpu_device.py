@@ -1,6 +1,8 @@
-"""The core count the split planner uses (kernels/gpu_device.py): probes, override, default."""
+"""The core count the split planner uses (kernels/attention/gpu/device.py): probes, override,
+default."""
 
-from kvbench.kernels import gpu_device, launch
+from kvbench.kernels.attention.gpu import device as gpu_device
+from kvbench.kernels.attention.gpu import launch
 
 IOREG = """+-o AGXAcceleratorG14X  <class AGXAcceleratorG14X, id 0x1000003a5, registered>
     {

@@ -1,7 +1,8 @@
 """The Metal / CUDA flash-decode algorithm, verified on CPU through its numpy emulation.
 
 The kernels themselves cannot run here (no GPU): these tests check the algorithm (the same
-tiling, splits, per-lane partition and reduction order, kernels/gpu_emulate.py), the loops'
+tiling, splits, per-lane partition and reduction order, kernels/attention/gpu/emulate.py), the
+loops'
 coverage, the wrapper's plumbing (with the compiled kernel replaced by the emulation) and that
 the two backends' sources share one body and differ only in their prelude and entry lines.
 """
@@ -14,9 +15,11 @@ import numpy as np
 import pytest
 
 from kvbench.engines.parity import PARITY_REL_TOL, compare_outputs
-from kvbench.kernels import gpu_emulate, gpu_kernels, launch
-from kvbench.kernels.attention import reference
-from kvbench.kernels.formats import get_format
+from kvbench.kernels.attention.gpu import emulate as gpu_emulate
+from kvbench.kernels.attention.gpu import kernels as gpu_kernels
+from kvbench.kernels.attention.gpu import launch
+from kvbench.kernels.attention.registry import reference
+from kvbench.kernels.formats.registry import get_format
 
 
 def make(kv_dtype, group, d, lk, hkv=2, b=1, group_size=None, seed=0, capacity=None):
@@ -132,7 +135,7 @@ def test_fp4_and_int4_nibbles_match_the_format():
     fp4 = gpu_emulate.nibble_value(codes, "fp4") / 2  # the kernel's table holds 2*value
     assert fp4.tolist() == [0, 0.5, 1, 1.5, 2, 3, 4, 6, -0.0, -0.5, -1, -1.5, -2, -3, -4, -6]
     assert gpu_emulate.nibble_value(codes, "int4").tolist() == [*range(8), *range(-8, 0)]
-    from kvbench.kernels.quant import FP4_MAGNITUDES
+    from kvbench.kernels.formats.quant import FP4_MAGNITUDES
 
     table = [(0xC8643210 >> (4 * c)) & 0xF for c in range(8)]  # FP4_MAG2_TABLE in the header
     assert [t / 2 for t in table] == list(FP4_MAGNITUDES)

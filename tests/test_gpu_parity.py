@@ -19,11 +19,11 @@ import mlx.core as mx
 import pytest
 
 from kvbench.engines.parity import parity_gate
-from kvbench.kernels.attention import KERNELS, reference, unsupported_reason
-from kvbench.kernels.cache import KVCache
+from kvbench.kernels.attention.gpu.launch import Problem
+from kvbench.kernels.attention.registry import KERNELS, reference, unsupported_reason
 from kvbench.kernels.data import make_qkv
-from kvbench.kernels.formats import get_format
-from kvbench.kernels.launch import Problem
+from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.stores.cache import KVCache
 
 GPU = "metal" if mx.metal.is_available() else "cuda" if mx.cuda.is_available() else None
 if GPU is None and os.environ.get("KVBENCH_GPU") == "1":

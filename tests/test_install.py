@@ -49,7 +49,7 @@ def test_kvbench_installs_beside_pypi_kernels(tmp_path):
     got = pip(py, "--no-deps", str(src))
     assert got.returncode == 0, got.stderr[-2000:]
     check = (
-        "import kernels, kvbench, kvbench.kernels.formats as f, sys; "
+        "import kernels, kvbench, kvbench.kernels.formats.registry as f, sys; "
         f"assert kernels.__file__.startswith({purelib!r}), kernels.__file__; "
         "assert hasattr(kernels, 'get_kernel'), 'not PyPI kernels'; "
         "assert 'kvbench/kernels/formats.py' in f.__file__, f.__file__; "

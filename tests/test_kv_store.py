@@ -6,7 +6,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from kvbench.kernels.kv_store import CacheSpec, MixedCache, PlainCache, kv_bytes, region_counts
+from kvbench.kernels.model.cache import CacheSpec, MixedCache, PlainCache, kv_bytes, region_counts
 
 D = 64
 

@@ -9,9 +9,16 @@ import pytest
 
 from kvbench.case import Case
 from kvbench.engines.cache import problem_of, skip_reason
-from kvbench.kernels import launch
-from kvbench.kernels.formats import get_format
-from kvbench.kernels.launch import CUDA, METAL, Problem, TileConfigError, plan, refusal
+from kvbench.kernels.attention.gpu import launch
+from kvbench.kernels.attention.gpu.launch import (
+    CUDA,
+    METAL,
+    Problem,
+    TileConfigError,
+    plan,
+    refusal,
+)
+from kvbench.kernels.formats.registry import get_format
 from kvbench.spec.suite import expand, load_suite
 
 SUITE = load_suite("suites/tiles.yaml")

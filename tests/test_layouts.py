@@ -5,8 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from kvbench.kernels.layouts import CacheFullError, Cells, Layout, pad_to
-from kvbench.kernels.workloads import Workload, build_layout
+from kvbench.kernels.stores.layouts import CacheFullError, Cells, Layout, pad_to
+from kvbench.kernels.stores.workloads import Workload, build_layout
 
 
 def occupy(cells: Cells, idxs, seq: int, pos0: int = 0) -> None:

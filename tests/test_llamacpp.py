@@ -2,7 +2,7 @@
 llama-bench run where the build is present (`make llamacpp`), skipped with the reason otherwise.
 
 The files under tests/data/llamacpp/ were produced on the development machine by the build of
-kernels/llamacpp_build.py (b11434, AVX2) on SmolLM2-135M-Instruct Q4_1; their commands are in
+harness/peers/llamacpp_build.py (b11434, AVX2) on SmolLM2-135M-Instruct Q4_1; their commands are in
 tests/data/llamacpp/README.md.
 """
 
@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
-from kvbench.kernels import llamacpp as lc
-from kvbench.kernels import llamacpp_build as lb
+from kvbench.peers import llamacpp as lc
+from kvbench.peers import llamacpp_build as lb
 
 DATA = Path(__file__).parent / "data" / "llamacpp"
 

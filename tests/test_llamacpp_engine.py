@@ -8,8 +8,8 @@ import pytest
 from kvbench.case import Case
 from kvbench.engines import engine_for
 from kvbench.engines import llamacpp as engine
-from kvbench.kernels import llamacpp
-from kvbench.kernels.model_fetch import model_path
+from kvbench.kernels.model.fetch import model_path
+from kvbench.peers import llamacpp
 from kvbench.run import runner
 from kvbench.spec.suite import Settings
 

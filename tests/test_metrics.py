@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from kvbench.case import Case
 from kvbench.engines import metrics
-from kvbench.kernels.formats import get_format
+from kvbench.kernels.formats.registry import get_format
 from kvbench.spec.presets import PRESETS
 
 

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 
-from kvbench.kernels.formats import FORMATS, get_format
-from kvbench.kernels.peers import PEERS, kernel_kind
+from kvbench.kernels.formats.registry import FORMATS, get_format
+from kvbench.peers.registry import PEERS, kernel_kind
 from kvbench.store.migrate_v1 import V1_DATA_BITS, V1_PEER_KERNELS, with_v1_facts
 
 

@@ -17,9 +17,9 @@ from tiny_model import (
     write_mlx_dir,
 )
 
-from kvbench.kernels import model as M
-from kvbench.kernels.kv_store import CacheSpec, make_cache
-from kvbench.kernels.quality import decode_step
+from kvbench.kernels.model import llama as M
+from kvbench.kernels.model.cache import CacheSpec, make_cache
+from kvbench.kernels.model.quality import decode_step
 
 TOKENS = [5, 17, 42, 299, 0, 7, 7, 123, 64, 1, 250, 33]
 

@@ -12,7 +12,7 @@ from kvbench.case import Case
 from kvbench.engines import engine_for
 from kvbench.engines import model as engine
 from kvbench.errors import SuiteError
-from kvbench.kernels.model import load_model
+from kvbench.kernels.model.llama import load_model
 from kvbench.run import runner
 from kvbench.spec.suite import Settings
 from kvbench.spec.validate import check_model
@@ -98,7 +98,7 @@ def test_suite_checks_of_the_model_axes():
 
 def test_kv_data_model_is_a_causal_capture_of_the_real_model():
     from kvbench.kernels.data import make_qkv
-    from kvbench.kernels.model_fetch import model_path
+    from kvbench.kernels.model.fetch import model_path
 
     if model_path() is None:
         pytest.skip("SmolLM2 not fetched (kvbench model fetch)")

@@ -8,7 +8,7 @@ from dataclasses import replace
 
 import pytest
 
-from kvbench.kernels import model_fetch as F
+from kvbench.kernels.model import fetch as F
 
 
 @pytest.fixture

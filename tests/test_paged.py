@@ -14,9 +14,9 @@ from kvbench.engines import engine_for
 from kvbench.engines.paged import Run
 from kvbench.engines.streams import make_tables, workload_of
 from kvbench.errors import SuiteError
-from kvbench.kernels.layouts import CacheFullError
-from kvbench.kernels.paged import PagedLayout, gather_pages
-from kvbench.kernels.workloads import Workload, build_paged
+from kvbench.kernels.stores.layouts import CacheFullError
+from kvbench.kernels.stores.paged import PagedLayout, gather_pages
+from kvbench.kernels.stores.workloads import Workload, build_paged
 from kvbench.spec.suite import resolve
 from kvbench.spec.validate import check_axis
 

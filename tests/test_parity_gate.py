@@ -4,8 +4,8 @@ import mlx.core as mx
 import pandas as pd
 
 from kvbench.case import Case
-from kvbench.kernels.attention import KERNELS, Kernel, any_format
-from kvbench.kernels.tiled import tiled
+from kvbench.kernels.attention.registry import KERNELS, Kernel, any_format
+from kvbench.kernels.attention.tiled import tiled
 from kvbench.run import session
 from kvbench.run.session import run_suite
 from kvbench.spec.suite import Settings, Suite

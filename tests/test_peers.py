@@ -15,10 +15,10 @@ from kvbench.case import Case
 from kvbench.engines import cache as cache_engine
 from kvbench.engines import metrics
 from kvbench.engines import peers as peers_engine
-from kvbench.kernels.attention import reference
+from kvbench.kernels.attention.registry import reference
 from kvbench.kernels.data import make_qkv
-from kvbench.kernels.formats import FORMATS, get_format
-from kvbench.kernels.peers import PEERS, DecodeData, missing_reason
+from kvbench.kernels.formats.registry import FORMATS, get_format
+from kvbench.peers.registry import PEERS, DecodeData, missing_reason
 from kvbench.run import session
 from kvbench.spec.suite import Settings, Suite, expand, load_suite
 

@@ -8,13 +8,13 @@ import numpy as np
 import pytest
 from tiny_model import TINY, weights, write_gguf
 
-from kvbench.kernels import quality as Q
 from kvbench.kernels.data import load_kv_file
-from kvbench.kernels.formats import FORMATS
-from kvbench.kernels.kv_store import CacheSpec, make_cache
-from kvbench.kernels.model import load_model, rope
-from kvbench.kernels.model_fetch import model_path
-from kvbench.kernels.model_kv import capture_kv, read_mlx_prompt_cache, save_kv_npz
+from kvbench.kernels.formats.registry import FORMATS
+from kvbench.kernels.model import quality as Q
+from kvbench.kernels.model.cache import CacheSpec, make_cache
+from kvbench.kernels.model.capture import capture_kv, read_mlx_prompt_cache, save_kv_npz
+from kvbench.kernels.model.fetch import model_path
+from kvbench.kernels.model.llama import load_model, rope
 
 RNG = np.random.default_rng(0)
 TOKS = RNG.integers(0, TINY["vocab"], 64).tolist()
@@ -46,7 +46,7 @@ def test_ppl_is_exp_mean_nll(tiny):
     """ppl from an independent numpy log-softmax of the reference logits."""
     ch = Q.chunks(TOKS, 32, 1)
     cache = make_cache(CacheSpec("fp32"), tiny.config, 32)
-    from kvbench.kernels.model import forward
+    from kvbench.kernels.model.llama import forward
 
     logits = np.array(forward(tiny, mx.array([ch[0]]), cache)[0], dtype=np.float64)
     lp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
@@ -137,7 +137,7 @@ needs_model = pytest.mark.skipif(REAL is None, reason="SmolLM2 not fetched: kvbe
 
 @pytest.fixture(scope="module")
 def smol():
-    from kvbench.kernels.tokenizer import load_tokenizer
+    from kvbench.kernels.model.tokenizer import load_tokenizer
 
     model = load_model(REAL)
     return model, load_tokenizer(model)
@@ -168,7 +168,7 @@ def test_real_model_fp16_ppl_within_1pct_and_rope_matters(smol):
 def test_decode_cases_match_the_reference_kernel_on_the_same_cache(tiny):
     """Each (spec, kernel) the decode table times gives the decode step that the float32
     reference kernel gives over the same stored format (kernels compute in fp16)."""
-    from kvbench.kernels.quality_table import DECODE_CASES
+    from kvbench.kernels.model.table import DECODE_CASES
 
     def step(spec, kernel):
         cache = make_cache(spec, tiny.config, 40, kernel)
@@ -182,7 +182,7 @@ def test_decode_cases_match_the_reference_kernel_on_the_same_cache(tiny):
 
 
 def test_attention_error_rows(tiny):
-    from kvbench.kernels.quality_table import ERROR_FORMATS, error_rows
+    from kvbench.kernels.model.table import ERROR_FORMATS, error_rows
 
     rows = {(r["format"], r["kv_data"]): r for r in error_rows(tiny, TOKS, 32)}
     assert len(rows) == 3 * len(ERROR_FORMATS)

@@ -4,13 +4,13 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from kvbench.kernels import quant
-from kvbench.kernels.formats import FORMATS, get_format
+from kvbench.kernels.formats.registry import FORMATS, get_format, quant
 from kvbench.spec.presets import PRESETS
 
 QUANTIZED = [n for n in FORMATS if get_format(n).quantized]
 
-# ---- independent numpy implementation (written from the spec, not from kernels/quant.py) ----
+# ---- independent numpy implementation (written from the spec, not from kernels/formats/quant.py)
+# ----
 
 
 def np_e2m1_table() -> np.ndarray:

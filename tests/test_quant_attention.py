@@ -11,9 +11,9 @@ from kvbench.engines import metrics
 from kvbench.engines.cache import build
 from kvbench.engines.parity import compare_outputs
 from kvbench.errors import SuiteError
-from kvbench.kernels.attention import KERNELS, reference, unsupported_reason
+from kvbench.kernels.attention.registry import KERNELS, reference, unsupported_reason
 from kvbench.kernels.data import OUTLIER_GAIN, make_qkv
-from kvbench.kernels.formats import FORMATS, get_format
+from kvbench.kernels.formats.registry import FORMATS, get_format
 from kvbench.spec.suite import resolve
 
 QUANTIZED = [n for n in FORMATS if get_format(n).quantized]

@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from kvbench import SCHEMA_VERSION
-from kvbench.kernels import attention
+from kvbench.kernels.attention import registry as attention
 from kvbench.run import runner
 from kvbench.run.session import run_suite
 from kvbench.spec.suite import expand, load_suite

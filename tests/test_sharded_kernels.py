@@ -1,4 +1,5 @@
-"""The math of sharded decode attention (kernels/sharded.py), without ranks: every rank's partial
+"""The math of sharded decode attention (kernels/attention/sharded.py), without ranks: every rank's
+partial
 is computed here in one process and the partials are stacked as a collective would deliver them;
 the combined output is checked against the float32 reference over the whole cache."""
 
@@ -8,9 +9,9 @@ import mlx.core as mx
 import pytest
 
 from kvbench.engines.parity import PARITY_REL_TOL, compare_outputs
-from kvbench.kernels import sharded
-from kvbench.kernels.attention import KERNELS, reference
-from kvbench.kernels.formats import get_format
+from kvbench.kernels.attention import sharded
+from kvbench.kernels.attention.registry import KERNELS, reference
+from kvbench.kernels.formats.registry import get_format
 
 
 def make(fmt, hkv=3, group=2, lk=100, d=32, b=1, seed=0):

@@ -10,10 +10,10 @@ import numpy as np
 import pytest
 from conftest import numpy_attention
 
-from kvbench.kernels.attention import reference
-from kvbench.kernels.formats import get_format
-from kvbench.kernels.layouts import Layout, LayoutStore
-from kvbench.kernels.shift import defrag, rope, self_extend, shift
+from kvbench.kernels.attention.registry import reference
+from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.stores.edits import defrag, rope, self_extend, shift
+from kvbench.kernels.stores.layouts import Layout, LayoutStore
 
 THETA, HKV, HQ, D = 500000.0, 2, 4, 16
 

@@ -14,8 +14,8 @@ from kvbench import engines
 from kvbench.engines import metrics
 from kvbench.engines.streams import Run, build, counts, make_tables, skip_reason, workload_of
 from kvbench.errors import SuiteError
-from kvbench.kernels.attention import KERNELS, Kernel, any_format, reference
-from kvbench.kernels.formats import get_format
+from kvbench.kernels.attention.registry import KERNELS, Kernel, any_format, reference
+from kvbench.kernels.formats.registry import get_format
 from kvbench.run import runner
 from kvbench.spec.suite import Settings, expand, load_suite, resolve
 

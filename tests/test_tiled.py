@@ -6,9 +6,9 @@ import mlx.core as mx
 import pytest
 
 from kvbench.engines.parity import PARITY_REL_TOL, compare_outputs
-from kvbench.kernels.attention import KERNELS, reference
-from kvbench.kernels.formats import get_format
-from kvbench.kernels.tiled import DEFAULT_TILE_KV, folded_mask
+from kvbench.kernels.attention.registry import KERNELS, reference
+from kvbench.kernels.attention.tiled import DEFAULT_TILE_KV, folded_mask
+from kvbench.kernels.formats.registry import get_format
 
 
 def make(fmt, b, hkv, group, lq, lk, d, seed=0):

@@ -5,8 +5,8 @@ import mlx.core as mx
 import pytest
 from tokenizers import pre_tokenizers
 
-from kvbench.kernels.model_fetch import model_path
-from kvbench.kernels.tokenizer import from_gguf_metadata
+from kvbench.kernels.model.fetch import model_path
+from kvbench.kernels.model.tokenizer import from_gguf_metadata
 
 ALPHABET = sorted(pre_tokenizers.ByteLevel.alphabet())  # the 256 byte-level symbols
 

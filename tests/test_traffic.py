@@ -1,10 +1,11 @@
-"""The traffic model of the flash-decode kernels (kernels/traffic.py), against hand counts."""
+"""The traffic model of the flash-decode kernels (kernels/attention/gpu/traffic.py), against hand
+counts."""
 
 import pytest
 
-from kvbench.kernels import launch
-from kvbench.kernels.launch import CUDA, LaneLayout, Problem
-from kvbench.kernels.traffic import scale_loads_per_row, traffic_bytes
+from kvbench.kernels.attention.gpu import launch
+from kvbench.kernels.attention.gpu.launch import CUDA, LaneLayout, Problem
+from kvbench.kernels.attention.gpu.traffic import scale_loads_per_row, traffic_bytes
 
 
 def test_dense_fp16_by_hand():

@@ -15,9 +15,9 @@ from conftest import numpy_attention
 from kvbench.engines import engine_for
 from kvbench.engines.window import filled_ring
 from kvbench.errors import SuiteError
-from kvbench.kernels.attention import KERNELS
-from kvbench.kernels.formats import get_format
-from kvbench.kernels.window import Ring
+from kvbench.kernels.attention.registry import KERNELS
+from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.stores.window import Ring
 from kvbench.spec.suite import resolve
 
 

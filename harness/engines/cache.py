@@ -1,4 +1,4 @@
-"""The cache engine: kvbench's full KV cache (kernels/cache.py) with a kernel from KERNELS.
+"""The cache engine: kvbench's full KV cache (kernels/stores/cache.py) with a kernel from KERNELS.
 
 * decode: the cache holds context_len - 1 prefilled positions; one timed step writes the new
   token's K/V into every layer (encoding on write) and attends over all context_len positions.
@@ -22,14 +22,20 @@ from kvbench.case import Case
 from kvbench.engines import metrics
 from kvbench.engines.contract import State, memory_baseline, window_reason
 from kvbench.engines.parity import compare_outputs, parity_gate, recon_err
-from kvbench.kernels import gpu_device, launch
-from kvbench.kernels.attention import KERNELS, effective_tile, reference, unsupported_reason
-from kvbench.kernels.cache import KVCache
+from kvbench.kernels.attention.gpu import device as gpu_device
+from kvbench.kernels.attention.gpu import launch
+from kvbench.kernels.attention.gpu.kernels import DTYPE_NAMES, kv_code
+from kvbench.kernels.attention.gpu.launch import Problem
+from kvbench.kernels.attention.gpu.traffic import traffic_bytes
+from kvbench.kernels.attention.registry import (
+    KERNELS,
+    effective_tile,
+    reference,
+    unsupported_reason,
+)
 from kvbench.kernels.data import make_qkv
-from kvbench.kernels.formats import get_format
-from kvbench.kernels.gpu_kernels import DTYPE_NAMES, kv_code
-from kvbench.kernels.launch import Problem
-from kvbench.kernels.traffic import traffic_bytes
+from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.stores.cache import KVCache
 
 GPU_KERNELS = ("metal", "cuda")
 
@@ -69,7 +75,8 @@ def skip_reason(case: Case, backend: str) -> str | None:
 def gpu_fields(case: Case) -> dict:
     """The launch a custom GPU kernel (metal, cuda) makes for the case, as planned (tile,
     threads, splits, vector width, the core count it planned for), and its traffic model per
-    step (kernels/traffic.py, every layer): bytes it reads and writes against the minimum, the
+    step (kernels/attention/gpu/traffic.py, every layer): bytes it reads and writes against the
+    minimum, the
     threadgroup-memory traffic, and the excess over moving each byte once. {} for others."""
     if case.kernel not in GPU_KERNELS:
         return {}

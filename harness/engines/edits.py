@@ -1,7 +1,7 @@
 """The edits engine: llama.cpp's cache edits on a unified layout (axis kv_edit), each timed as
-the case's step (kernels/shift.py).
+the case's step (kernels/stores/edits.py).
 
-Build (untimed): the case's workload replayed into a unified layout (kernels/workloads.py, as
+Build (untimed): the case's workload replayed into a unified layout (kernels/stores/workloads.py, as
 the streams engine does); every cell's key stored rotated by RoPE at its position (rope_theta),
 its value as is. Then the edit's metadata is applied on the host (untimed):
 * shift: every sequence evicts n = (L - keep) // 2 positions after keep = prefix_len (llama.cpp's
@@ -31,11 +31,10 @@ from kvbench.engines import cache as cache_engine
 from kvbench.engines import streams
 from kvbench.engines.contract import State, memory_baseline
 from kvbench.engines.parity import compare_outputs, parity_gate
-from kvbench.kernels.attention import KERNELS, reference
-from kvbench.kernels.cache import ALL
-from kvbench.kernels.formats import get_format
-from kvbench.kernels.layouts import KV_PAD, LayoutStore, cells_from_tokens
-from kvbench.kernels.shift import (
+from kvbench.kernels.attention.registry import KERNELS, reference
+from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.stores.cache import ALL
+from kvbench.kernels.stores.edits import (
     move_cells,
     plan_defrag,
     plan_self_extend,
@@ -43,7 +42,8 @@ from kvbench.kernels.shift import (
     rerotate,
     rope,
 )
-from kvbench.kernels.workloads import build_layout
+from kvbench.kernels.stores.layouts import KV_PAD, LayoutStore, cells_from_tokens
+from kvbench.kernels.stores.workloads import build_layout
 
 GROUP = 4  # self-extend's group factor (llama.cpp's ga_n)
 

@@ -1,4 +1,4 @@
-"""The llama.cpp engine: llama.cpp itself (kernels/llamacpp.py; `make llamacpp` builds it) on
+"""The llama.cpp engine: llama.cpp itself (harness/peers/llamacpp.py; `make llamacpp` builds it) on
 the same GGUF as kvbench's model engine, so its rows sit beside the `model_decode` and `quality`
 rows of the same model, depth, text and K/V types (docs/peers.md).
 
@@ -12,7 +12,8 @@ rows of the same model, depth, text and K/V types (docs/peers.md).
   cache's), delta_ppl, kl_mean, kl_p99, top1_agree. llama-perplexity scores the second half of
   each chunk, as the model engine does; its reference is an f16 cache and the logits of its base
   run are saved in 16 bits, where kvbench's reference is a float32 cache.
-K/V types: kv_dtype (and v_dtype) mapped by kernels/llamacpp.py cache_type (fp16 -> f16, int8/g32
+K/V types: kv_dtype (and v_dtype) mapped by harness/peers/llamacpp.py cache_type (fp16 -> f16,
+int8/g32
 -> q8_0, int4/g32 -> q4_0, affine4/g32 -> q4_1, ...); a format llama.cpp lacks is a skip.
 Threads: KVBENCH_LLAMACPP_THREADS (default 1: two threads on a loaded 2-core machine measured
 under 1 token/s, docs/peers.md). The byte and FLOP model is the model engine's.
@@ -27,9 +28,9 @@ from pathlib import Path
 from kvbench.case import Case
 from kvbench.engines import model as model_engine
 from kvbench.engines.contract import JobResult, State
-from kvbench.kernels import llamacpp
-from kvbench.kernels.model_fetch import require_model
-from kvbench.kernels.quality import default_text, text_file
+from kvbench.kernels.model.fetch import require_model
+from kvbench.kernels.model.quality import default_text, text_file
+from kvbench.peers import llamacpp
 
 KERNEL = "llama.cpp"
 N_GEN = 16  # decode steps per llama-bench repetition

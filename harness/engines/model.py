@@ -1,5 +1,5 @@
-"""The model engine: a real model (kernels/model.py) with its KV cache stored in the case's
-format through kvbench's own formats and kernels (kernels/kv_store.py).
+"""The model engine: a real model (kernels/model/llama.py) with its KV cache stored in the case's
+format through kvbench's own formats and kernels (kernels/model/cache.py).
 
 * phase model_decode: the cache is prefilled with the text's first context_len - 1 tokens
   (untimed, as llama-bench's `-d`); the timed step is one whole-model decode step at that depth
@@ -11,7 +11,7 @@ format through kvbench's own formats and kernels (kernels/kv_store.py).
   with the cache in the case's format and with a float32 cache; the row gets ppl, ppl_ref,
   delta_ppl, kl_mean, kl_p99 (KL divergence of the next-token distributions, nats) and
   top1_agree. Nothing is timed (n_samples 0): the quality phase measures quality only.
-* kv_bytes: the exact bytes of the cache after context_len tokens (kernels/kv_store.py kv_bytes:
+* kv_bytes: the exact bytes of the cache after context_len tokens (kernels/model/cache.py kv_bytes:
   data, scales, biases, fp16 sinks and residual window); alloc_bytes: what the store holds.
 The model, the tokenized text and the float32 reference of each (model, text, context, chunks)
 are loaded once per process and shared by every case.
@@ -25,11 +25,12 @@ import mlx.core as mx
 
 from kvbench.case import Case
 from kvbench.engines.contract import State, memory_baseline
-from kvbench.kernels import kv_store, quality
-from kvbench.kernels.formats import get_format
-from kvbench.kernels.model import load_model
-from kvbench.kernels.model_fetch import require_model
-from kvbench.kernels.tokenizer import load_tokenizer
+from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.model import cache as kv_store
+from kvbench.kernels.model import quality
+from kvbench.kernels.model.fetch import require_model
+from kvbench.kernels.model.llama import load_model
+from kvbench.kernels.model.tokenizer import load_tokenizer
 
 MODEL_PHASES = ("quality", "model_decode")
 

@@ -1,7 +1,8 @@
 """The paged engine: many sequences decoding over a page pool with block tables (layout: paged).
 
-Build (untimed): replay the case's workload (kernels/workloads.py) into a PagedLayout
-(kernels/paged.py) whose pool is the most pages the workload ever holds (a dry run), including
+Build (untimed): replay the case's workload (kernels/stores/workloads.py) into a PagedLayout
+(kernels/stores/paged.py) whose pool is the most pages the workload ever holds (a dry run),
+including
 the timed step's batch (one new token per sequence); fill every layer's pool from the per-token
 K/V table (streams engine's make_tables: only a true common prefix has common K/V).
 
@@ -33,9 +34,10 @@ from kvbench.engines import cache as cache_engine
 from kvbench.engines import streams
 from kvbench.engines.contract import State, memory_baseline
 from kvbench.engines.parity import compare_outputs, parity_gate
-from kvbench.kernels.attention import KERNELS
-from kvbench.kernels.formats import get_format
-from kvbench.kernels.paged import (
+from kvbench.kernels.attention.registry import KERNELS
+from kvbench.kernels.attention.tiled import DEFAULT_TILE_KV
+from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.stores.paged import (
     TABLE_ENTRY_BYTES,
     PagedStore,
     blocks_for,
@@ -43,8 +45,7 @@ from kvbench.kernels.paged import (
     paged_tiled,
     pages_per_tile,
 )
-from kvbench.kernels.tiled import DEFAULT_TILE_KV
-from kvbench.kernels.workloads import build_paged
+from kvbench.kernels.stores.workloads import build_paged
 
 
 def claims(case: Case) -> bool:

@@ -1,4 +1,5 @@
-"""The peers engine: the caches and attention people would otherwise use (kernels/peers.py),
+"""The peers engine: the caches and attention people would otherwise use
+(harness/peers/registry.py),
 driven through the same case as kvbench's own kernels.
 
 * Same data: kernels/data.py make_qkv with the case's seed, converted once into the peer's
@@ -27,10 +28,10 @@ from kvbench.case import Case
 from kvbench.engines import metrics
 from kvbench.engines.contract import State, memory_baseline, window_reason
 from kvbench.engines.parity import compare_outputs, parity_gate, recon_err
-from kvbench.kernels.attention import reference
+from kvbench.kernels.attention.registry import reference
 from kvbench.kernels.data import make_qkv
-from kvbench.kernels.formats import get_format
-from kvbench.kernels.peers import PEERS, DecodeData, peer_unsupported_reason, version
+from kvbench.kernels.formats.registry import get_format
+from kvbench.peers.registry import PEERS, DecodeData, peer_unsupported_reason, version
 
 
 def _torch_cuda_reason() -> str | None:

@@ -22,7 +22,7 @@ Launcher settings come from the environment (docs/distributed.md): KVBENCH_LAUNC
 Byte model: bytes_read / bytes_written are those of the whole step over all ranks (each K/V
 byte is read once somewhere: the single-device model), so gbps is the ranks' aggregate rate;
 rank_kv_bytes is the fullest rank's share; sent_bytes the combines' ring model
-(kernels/sharded.py sent_bytes) times the layers.
+(kernels/attention/sharded.py sent_bytes) times the layers.
 """
 
 from __future__ import annotations
@@ -46,8 +46,8 @@ from kvbench.engines import cache as cache_engine
 from kvbench.engines import metrics
 from kvbench.engines.contract import JobResult, State
 from kvbench.engines.parity import ParityError
-from kvbench.kernels.formats import get_format
-from kvbench.kernels.sharded import sent_bytes, split_bounds
+from kvbench.kernels.attention.sharded import sent_bytes, split_bounds
+from kvbench.kernels.formats.registry import get_format
 
 STAGES = ("step", "write", "attend", "comm")
 BACKENDS = ("ring", "mpi", "nccl", "jaccl", "jaccl-ring")  # mlx.launch --backend choices

@@ -3,12 +3,14 @@
     python -m kvbench.engines.sharded_rank SPEC OUT
 
 Every rank generates the case's full K/V from its seed (the same on every rank), keeps its part
-in a pre-allocated multi-layer cache in the case's format (kernels/cache.py KVCache) and fills
+in a pre-allocated multi-layer cache in the case's format (kernels/stores/cache.py KVCache) and
+fills
 it: by context, rank r holds positions split_bounds(context_len, N)[r] of every KV head and the
 last rank also owns the new token's position (context_len - 1), which it writes in every step;
 by heads, rank r holds KV heads split_bounds(n_kv_heads, N)[r] at every position, their query
 heads, and writes the new token's K/V for its heads. Per layer the decode step is: write
-(owners), partial attention with its log-sum-exp over the local part (kernels/sharded.py), the
+(owners), partial attention with its log-sum-exp over the local part
+(kernels/attention/sharded.py), the
 combine (a collective), and the next layer's query is the combined output (as the cache engine
 chains layers), so every layer waits for its combine.
 
@@ -38,11 +40,16 @@ import mlx.core as mx
 from kvbench.case import Case
 from kvbench.engines.contract import memory_baseline
 from kvbench.engines.parity import compare_outputs, parity_gate, recon_err
-from kvbench.kernels.attention import reference
-from kvbench.kernels.cache import KVCache
+from kvbench.kernels.attention.registry import reference
+from kvbench.kernels.attention.sharded import (
+    combine_context,
+    combine_heads,
+    partial_attention,
+    split_bounds,
+)
 from kvbench.kernels.data import make_qkv
-from kvbench.kernels.formats import get_format
-from kvbench.kernels.sharded import combine_context, combine_heads, partial_attention, split_bounds
+from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.stores.cache import KVCache
 from kvbench.run import timer
 
 

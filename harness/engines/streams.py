@@ -1,6 +1,6 @@
 """The streams engine: many sequences decoding over a per-stream or unified layout.
 
-Build (untimed): replay the case's workload (kernels/workloads.py) into the layout's cell
+Build (untimed): replay the case's workload (kernels/stores/workloads.py) into the layout's cell
 metadata, including the timed step's batch (one new token per sequence, its cell found by
 find_slot), then fill every layer's K/V store from a table of per-token K/V (a token's K/V
 depends on its token id, so only a true common prefix is identical across sequences).
@@ -33,12 +33,12 @@ from kvbench.case import Case
 from kvbench.engines import cache as cache_engine
 from kvbench.engines.contract import State, memory_baseline
 from kvbench.engines.parity import compare_outputs, parity_gate
-from kvbench.kernels.attention import KERNELS, reference
+from kvbench.kernels.attention.gpu.launch import Problem
+from kvbench.kernels.attention.registry import KERNELS, reference
 from kvbench.kernels.data import make_qkv
-from kvbench.kernels.formats import get_format
-from kvbench.kernels.launch import Problem
-from kvbench.kernels.layouts import KV_PAD, Layout, LayoutStore
-from kvbench.kernels.workloads import Replay, Workload, build_layout
+from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.stores.layouts import KV_PAD, Layout, LayoutStore
+from kvbench.kernels.stores.workloads import Replay, Workload, build_layout
 
 
 def claims(case: Case) -> bool:

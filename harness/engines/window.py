@@ -2,7 +2,7 @@
 
 Build (untimed): the case's K/V (kernels/data.py make_qkv, the same data the cache engine and
 the mlx_lm_rotating peer get for the case) written position by position into a Ring
-(kernels/window.py) of sink_tokens + window cells per sequence: after L-1 positions each cell
+(kernels/stores/window.py) of sink_tokens + window cells per sequence: after L-1 positions each cell
 holds the last position that went into it (the ring has wrapped (L-1-sinks) // window times).
 One timed step writes position L-1 into its cell (every sample rewrites the same cell, so every
 sample is the same step) and attends over all cells with a mask showing the sinks and the last
@@ -31,11 +31,11 @@ from kvbench.case import Case
 from kvbench.engines import cache as cache_engine
 from kvbench.engines.contract import State, memory_baseline
 from kvbench.engines.parity import compare_outputs, parity_gate, recon_err
-from kvbench.kernels.attention import KERNELS, reference
-from kvbench.kernels.cache import ALL, KVStore
+from kvbench.kernels.attention.registry import KERNELS, reference
 from kvbench.kernels.data import make_qkv
-from kvbench.kernels.formats import get_format
-from kvbench.kernels.window import Ring
+from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.stores.cache import ALL, KVStore
+from kvbench.kernels.stores.window import Ring
 
 
 def claims(case: Case) -> bool:

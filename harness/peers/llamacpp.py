@@ -26,7 +26,7 @@ import re
 import subprocess
 from pathlib import Path
 
-from .llamacpp_build import build_dir, cache_root, missing_tools, read_stamp
+from kvbench.peers.llamacpp_build import build_dir, cache_root, missing_tools, read_stamp
 
 # The KV cache types llama.cpp accepts for -ctk/-ctv (common/arg.cpp `kv_cache_types`, b11434)
 CACHE_TYPES = ("f32", "f16", "bf16", "q8_0", "q4_0", "q4_1", "iq4_nl", "q5_0", "q5_1")

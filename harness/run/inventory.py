@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from kvbench.kernels.attention import KERNELS, unsupported_reason
+from kvbench.kernels.attention.registry import KERNELS, unsupported_reason
 from kvbench.kernels.data import KV_DATA
-from kvbench.kernels.formats import FORMATS, get_format
-from kvbench.kernels.peers import PEERS, missing_reason
+from kvbench.kernels.formats.registry import FORMATS, get_format
+from kvbench.peers.registry import PEERS, missing_reason
 from kvbench.run.bandwidth import peak_read_bandwidth
 from kvbench.run.context import backend_name, run_context
 from kvbench.spec.presets import PRESETS

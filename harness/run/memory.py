@@ -23,7 +23,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from kvbench.case import Case
-from kvbench.kernels.formats import get_format
+from kvbench.kernels.formats.registry import get_format
 
 DEVICE_KEYS = ("max_recommended_working_set_size", "free_memory", "memory_size", "total_memory")
 MEMINFO = Path("/proc/meminfo")

@@ -21,8 +21,8 @@ from kvbench.analysis import stats
 from kvbench.case import Case
 from kvbench.engines import engine_for, metrics
 from kvbench.engines.contract import State
-from kvbench.kernels.formats import get_format
-from kvbench.kernels.peers import kernel_kind
+from kvbench.kernels.formats.registry import get_format
+from kvbench.peers.registry import kernel_kind
 from kvbench.run import interrupt, timer
 from kvbench.spec.suite import Settings
 from kvbench.store.record import Record, make_record

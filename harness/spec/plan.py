@@ -1,7 +1,8 @@
 """`kvbench plan`: exact KV-cache bytes for a model shape, context, format and sequence count.
 
 Nothing is allocated or measured: the figures come from each format's exact bytes formula
-(kernels/formats.py), split into K data, V data, scales and biases, per layer and for the model.
+(kernels/formats/registry.py), split into K data, V data, scales and biases, per layer and for the
+model.
 Cells (positions x sequences of one layer's K) by layout, as kvbench's engines allocate them
 (docs/streams.md, docs/layouts.md), for n_seqs sequences of `context` tokens, of which `prefix`
 are one prompt shared by all:
@@ -17,7 +18,8 @@ bytes = 2 (K, V) x n_layers x cells x n_kv_heads x bytes_per_row(head_dim).
 search over the context (every layout's bytes grow monotonically with it); a window's bytes do
 not grow, so a ring that fits fits any context.
 Sharded over N ranks (`--shards N --shard-by context|heads`, docs/distributed.md; per-stream
-only), the split is kernels/sharded.py's: by context the fullest rank holds ceil(context / N)
+only), the split is kernels/attention/sharded.py's: by context the fullest rank holds ceil(context
+/ N)
 positions of every KV head, by heads ceil(n_kv_heads / N) KV heads at every position;
 `rank_bytes` is what that rank holds, and `--budget` is then each device's budget: the longest
 context whose fullest rank fits.
@@ -34,10 +36,10 @@ import re
 from dataclasses import asdict, dataclass
 
 from kvbench.errors import UserError
-from kvbench.kernels.formats import FORMATS, get_format
-from kvbench.kernels.layouts import KV_PAD, pad_to
-from kvbench.kernels.paged import PAGE_SIZES, TABLE_ENTRY_BYTES, blocks_for
-from kvbench.kernels.sharded import BY, split_bounds, split_reason
+from kvbench.kernels.attention.sharded import BY, split_bounds, split_reason
+from kvbench.kernels.formats.registry import FORMATS, get_format
+from kvbench.kernels.stores.layouts import KV_PAD, pad_to
+from kvbench.kernels.stores.paged import PAGE_SIZES, TABLE_ENTRY_BYTES, blocks_for
 from kvbench.run import memory
 from kvbench.spec.presets import PRESETS
 

@@ -15,7 +15,7 @@ import re
 
 from kvbench.case import Case
 from kvbench.errors import UserError
-from kvbench.kernels.formats import get_format
+from kvbench.kernels.formats.registry import get_format
 
 
 def parse_shard(text: str) -> tuple[int, int]:

@@ -24,7 +24,7 @@ import yaml
 
 from kvbench.case import AXES, Case
 from kvbench.errors import SuiteError
-from kvbench.kernels.attention import KERNELS
+from kvbench.kernels.attention.registry import KERNELS
 from kvbench.spec.presets import PRESETS
 from kvbench.spec.validate import (
     check_axis,

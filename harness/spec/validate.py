@@ -10,16 +10,16 @@ from kvbench.axes import TABLE, Axis
 from kvbench.case import AXES, Case
 from kvbench.engines.model import MODEL_PHASES, spec_of
 from kvbench.errors import SuiteError
-from kvbench.kernels.attention import KERNELS
+from kvbench.kernels.attention.registry import KERNELS
+from kvbench.kernels.attention.sharded import BY, COMBINES, split_reason
 from kvbench.kernels.data import KV_DATA, load_kv_file
-from kvbench.kernels.formats import FORMATS, get_format
-from kvbench.kernels.kv_store import AXES as K_AXES
-from kvbench.kernels.layouts import LAYOUT_KINDS
-from kvbench.kernels.model_fetch import MODELS
-from kvbench.kernels.paged import PAGE_SIZES
-from kvbench.kernels.peers import EXTERNAL_PEERS, PEERS
-from kvbench.kernels.sharded import BY, COMBINES, split_reason
-from kvbench.kernels.workloads import ORDERS
+from kvbench.kernels.formats.registry import FORMATS, get_format
+from kvbench.kernels.model.cache import AXES as K_AXES
+from kvbench.kernels.model.fetch import MODELS
+from kvbench.kernels.stores.layouts import LAYOUT_KINDS
+from kvbench.kernels.stores.paged import PAGE_SIZES
+from kvbench.kernels.stores.workloads import ORDERS
+from kvbench.peers.registry import EXTERNAL_PEERS, PEERS
 from kvbench.spec.presets import PRESETS
 
 PHASES = ("decode", "prefill", *MODEL_PHASES)

@@ -1,8 +1,10 @@
 """Migration for result files written before rows recorded data_bits and kernel_kind.
 
 Rows written since carry both facts, taken from kernels/ at run time (harness/run/runner.py
-`finish`): data_bits from the format (kernels/protocol.py Format.data_bits), kernel_kind from the
-peer registry (kernels/peers.py kernel_kind). Rows of older files (schema version 1) have them
+`finish`): data_bits from the format (kernels/formats/protocol.py Format.data_bits), kernel_kind
+from the
+peer registry (harness/peers/registry.py kernel_kind). Rows of older files (schema version 1) have
+them
 empty; `with_v1_facts` fills those from the tables below, frozen as kernels/ stood then. Never
 extend these tables: a format or peer added later only appears in rows that record the facts.
 This module imports neither mlx nor kernels/ (the report and analysis read result files alone).
@@ -15,7 +17,7 @@ import pandas as pd
 # Format.data_bits of every kv_dtype at schema version 1 (frozen)
 V1_DATA_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "affine8": 8}
 V1_DATA_BITS |= {name: 4 for name in ("fp4", "int4", "mxfp4", "nvfp4", "affine4")}
-# kernels/peers.py PEERS at schema version 1 (frozen)
+# harness/peers/registry.py PEERS at schema version 1 (frozen)
 V1_PEER_KERNELS = ("mlx_lm", "mlx_lm_quant", "mlx_lm_rotating", "torch_sdpa", "numpy_ref")
 
 

@@ -75,7 +75,7 @@ class _Measured:
     peak_mem_bytes: int | None = None  # measured: peak above the pre-cache baseline (stages)
     fill_peak_bytes: int | None = None  # measured: peak above it while allocating + filling
     # custom GPU kernels (metal, cuda): the launch as planned and its traffic model per step
-    # (every layer; kernels/traffic.py): how far it is from moving each byte once
+    # (every layer; kernels/attention/gpu/traffic.py): how far it is from moving each byte once
     gpu_threads: int | None = None  # threads per threadgroup
     gpu_splits: int | None = None  # splits of the context (threadgroups per sequence x head)
     gpu_vec_bytes: int | None = None  # bytes per K/V vector load
@@ -130,7 +130,8 @@ class _Measured:
     peer_version: str | None = None  # peer kernels: their package and version ("mlx-lm 0.32.2")
     peer_kv_types: str | None = None  # llama.cpp rows: the K/V cache types it ran ("q8_0/q4_0")
     peer_threads: int | None = None  # llama.cpp rows: threads
-    # "kvbench" (kvbench's own kernel) or "peer" (kernels/peers.py), recorded at run time so
+    # "kvbench" (kvbench's own kernel) or "peer" (harness/peers/registry.py), recorded at run time
+    # so
     # that analysis needs no copy of the peer registry; store/migrate_v1.py for older rows
     kernel_kind: str | None = None
 

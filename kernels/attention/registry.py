@@ -15,9 +15,10 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from . import gpu_kernels, launch
-from .sharded import decode_only, partial
-from .tiled import DEFAULT_TILE_KV, tiled
+from kvbench.kernels.attention.gpu import kernels as gpu_kernels
+from kvbench.kernels.attention.gpu import launch
+from kvbench.kernels.attention.sharded import decode_only, partial
+from kvbench.kernels.attention.tiled import DEFAULT_TILE_KV, tiled
 
 
 def causal_mask(lq: int, lk: int) -> mx.array:

@@ -1,4 +1,4 @@
-"""What every KV-cache format declares (kernels/formats.py, kernels/quant.py).
+"""What every KV-cache format declares (kernels/formats/registry.py, kernels/formats/quant.py).
 
 A format turns float K/V rows (last axis = head_dim) into the named arrays a cache stores, and
 back. Every stored array's leading axes are [n_buffers, n_kv_heads, positions], so a cache can

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .protocol import Format, Stored
+from kvbench.kernels.formats.protocol import Format, Stored
 
 GROUP_SIZES = (32, 64, 128)  # allowed explicit group sizes for fp4 / int4 / int8
 NIBBLE_SHIFTS = mx.array([4 * j for j in range(8)], dtype=mx.uint32)  # element j -> bits 4j..

@@ -1,6 +1,7 @@
 """KV-cache storage formats: the registry, and the dense floating-point formats.
 
-Every format implements the Format protocol (kernels/protocol.py): a dict of named arrays whose
+Every format implements the Format protocol (kernels/formats/protocol.py): a dict of named arrays
+whose
 leading axes are [n_seqs, n_kv_heads, positions], so that the cache can write and slice positions
 without knowing the format. `nbytes` is the exact storage formula (data + scales + biases) that
 byte-accounting tests check by hand; `bits_per_elem` derives from it.
@@ -13,8 +14,8 @@ from functools import partial
 
 import mlx.core as mx
 
-from . import quant
-from .protocol import Format, Stored
+from kvbench.kernels.formats import quant
+from kvbench.kernels.formats.protocol import Format, Stored
 
 
 @dataclass(frozen=True)

@@ -8,7 +8,7 @@ KIVI quantizes keys), `sink_tokens` (the first positions, kept in fp16) and `rec
 time when it fills, as KIVI's residual does; 0 = quantize every position on write).
 
 * A plain spec (same K and V format, per-token scales, no sinks, no window) stores through
-  kernels/cache.py's KVCache, and the chosen kernel reads the stored arrays directly: the
+  kernels/stores/cache.py's KVCache, and the chosen kernel reads the stored arrays directly: the
   same code path the attention suites time (quantized_matmul and tiled run on packed data).
 * Any other spec stores each region (sinks, quantized body, residual) in its own buffers,
   decodes them to one dense array per layer (float32 for the `reference` kernel, fp16
@@ -25,9 +25,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from .attention import KERNELS, unsupported_reason
-from .cache import KVCache
-from .formats import get_format
+from kvbench.kernels.attention.registry import KERNELS, unsupported_reason
+from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.stores.cache import KVCache
 
 AXES = ("token", "channel")
 
@@ -132,7 +132,7 @@ def check_kernel(kernel: str, fmt, backend: str = "cpu") -> None:
 
 
 class PlainCache:
-    """One format for K and V, per-token scales: kernels/cache.py's KVCache, kernel on it."""
+    """One format for K and V, per-token scales: kernels/stores/cache.py's KVCache, kernel on it."""
 
     def __init__(self, spec, n_layers, n_kv_heads, head_dim, capacity, kernel, tile_kv=None):
         self.fmt = spec.formats()[0]

@@ -14,8 +14,8 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from .kv_store import CacheSpec, make_cache
-from .model import Model, forward
+from kvbench.kernels.model.cache import CacheSpec, make_cache
+from kvbench.kernels.model.llama import Model, forward
 
 REFERENCE_SPEC = CacheSpec("fp32")
 
@@ -82,10 +82,10 @@ def _state(arrays: dict, md: dict, i: int, part: int, path) -> np.ndarray:
 def default_capture(context_len: int) -> tuple[np.ndarray, np.ndarray]:
     """The middle layer's post-RoPE K and V [n_kv_heads, context_len, head_dim] of the default
     model over the first context_len tokens of the default text (`kv_data: model`)."""
-    from .model import load_model
-    from .model_fetch import require_model
-    from .quality import default_text
-    from .tokenizer import load_tokenizer
+    from kvbench.kernels.model.fetch import require_model
+    from kvbench.kernels.model.llama import load_model
+    from kvbench.kernels.model.quality import default_text
+    from kvbench.kernels.model.tokenizer import load_tokenizer
 
     model = load_model(require_model())
     tokens = load_tokenizer(model).encode(default_text())[:context_len]

@@ -135,7 +135,7 @@ def require_model(name: str = DEFAULT_MODEL) -> Path:
 
 
 def main(argv: list[str] | None = None) -> int:
-    """`python -m kvbench.kernels.model_fetch [name]`: fetch and print the path; one-line
+    """`python -m kvbench.kernels.model.fetch [name]`: fetch and print the path; one-line
     error, exit 2 (`kvbench model fetch` calls fetch_model the same way)."""
     args = sys.argv[1:] if argv is None else argv
     try:

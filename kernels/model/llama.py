@@ -15,7 +15,7 @@ mlx-lm and Hugging Face hold them (this matters for group-wise and per-channel k
 Qwen2's GGUF is not permuted (llama.cpp uses NeoX RoPE for it).
 
 Attention never happens here: every layer hands its post-RoPE q, k, v to the cache object
-(kernels/kv_store.py), which stores K/V in its format (quantize on write) and runs a kvbench
+(kernels/model/cache.py), which stores K/V in its format (quantize on write) and runs a kvbench
 attention kernel over what it stored.
 """
 

@@ -26,8 +26,8 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from .kv_store import CacheSpec, make_cache
-from .model import Model, forward
+from kvbench.kernels.model.cache import CacheSpec, make_cache
+from kvbench.kernels.model.llama import Model, forward
 
 DEFAULT_TEXT = "pydoc-topics"
 REFERENCE_SPEC = CacheSpec("fp32")

@@ -1,6 +1,6 @@
 """Quality (and optionally decode speed) of many cache specs on one model: rows as plain dicts.
 
-`python -m kvbench.kernels.quality_table --context-len 128 --chunks 2 --out q.csv` measures every
+`python -m kvbench.kernels.model.table --context-len 128 --chunks 2 --out q.csv` measures every
 spec of SPECS on the default model and text against the float32 cache, and prints a markdown table.
 Decode speed (`--decode-only --decode-depth N`): for each (spec, kernel) of DECODE_CASES the
 cache is prefilled with N tokens of the text (untimed), then whole-model decode steps are timed
@@ -18,15 +18,23 @@ import time
 
 import mlx.core as mx
 
-from .attention import reference
-from .data import make_qkv
-from .formats import get_format
-from .kv_store import CacheSpec, kv_bytes, make_cache
-from .model import Model, load_model
-from .model_fetch import require_model
-from .model_kv import capture_kv
-from .quality import chunks, decode_step, default_text, prefill, quality, reference_run, text_info
-from .tokenizer import load_tokenizer
+from kvbench.kernels.attention.registry import reference
+from kvbench.kernels.data import make_qkv
+from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.model.cache import CacheSpec, kv_bytes, make_cache
+from kvbench.kernels.model.capture import capture_kv
+from kvbench.kernels.model.fetch import require_model
+from kvbench.kernels.model.llama import Model, load_model
+from kvbench.kernels.model.quality import (
+    chunks,
+    decode_step,
+    default_text,
+    prefill,
+    quality,
+    reference_run,
+    text_info,
+)
+from kvbench.kernels.model.tokenizer import load_tokenizer
 
 SPECS = [
     CacheSpec("fp16"),

@@ -2,7 +2,8 @@
 
 A store holds per layer one K and one V dict of the format's arrays, each
 [n_buffers, n_kv_heads, size, ...] (a buffer is a sequence of the full cache, or a stream of a
-layout: kernels/layouts.py LayoutStore). Writes are slice updates into the pre-allocated buffers
+layout: kernels/stores/layouts.py LayoutStore). Writes are slice updates into the pre-allocated
+buffers
 (as mlx-lm's KVCache does), so a decode step writes one position per layer instead of growing an
 array. The bytes a store allocates are measured by the engines (active-memory growth), not here.
 """
@@ -11,7 +12,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from .protocol import Format, Stored
+from kvbench.kernels.formats.protocol import Format, Stored
 
 ALL = slice(None)
 

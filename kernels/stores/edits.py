@@ -12,7 +12,7 @@ un-rotated key.
   positions of [p0, p1) become p0 + (p - p0) // g and their keys are re-rotated by the change.
 * defrag: the occupied cells move to the front of the buffer (K/V rows and metadata), so the
   extent attended over (n_kv) shrinks to the used cells.
-Metadata edits are host numpy (kernels/layouts.py Cells); K/V edits go through the format
+Metadata edits are host numpy (kernels/stores/layouts.py Cells); K/V edits go through the format
 (decode, rotate, encode), so any format works; a quantized key is re-quantized after rotating.
 """
 
@@ -21,8 +21,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from .cache import ALL
-from .layouts import Cells, LayoutStore
+from kvbench.kernels.stores.cache import ALL
+from kvbench.kernels.stores.layouts import Cells, LayoutStore
 
 
 def rope(x: mx.array, positions, theta: float) -> mx.array:

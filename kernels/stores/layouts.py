@@ -1,7 +1,8 @@
 """Cache layouts for many sequences, with llama.cpp's semantics (src/llama-kv-cache.cpp).
 
 A layout has `n_stream` streams of `size` cells each, and per layer one K and one V store of
-shape [n_stream, n_kv_heads, size, ...] in a cache format (kernels/formats.py), as llama.cpp's
+shape [n_stream, n_kv_heads, size, ...] in a cache format (kernels/formats/registry.py), as
+llama.cpp's
 `[n_embd_gqa, kv_size, n_stream]` tensors with `n_stream = unified ? 1 : n_seq_max`:
 * per-stream: one stream per sequence (seq_to_stream[s] = s); a sequence only reads its own.
 * unified: one stream; a cell records its position and the set of sequences holding it, so a
@@ -21,8 +22,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from .cache import ALL, KVStore
-from .protocol import Format
+from kvbench.kernels.formats.protocol import Format
+from kvbench.kernels.stores.cache import ALL, KVStore
 
 KV_PAD = 256
 LAYOUT_KINDS = ("per-stream", "unified")

@@ -16,7 +16,7 @@ table lists a sequence's pages in position order.
 The pool holds no K/V here: slots record the token id whose K/V they store (PagedStore fills
 and writes the K/V). Reading: gather_pages copies a block table's pages into a dense
 [S, Hkv, n_blocks * page_size, ...] view (the naive gather-then-dense path); paged_tiled reads
-page groups through the table inside the tile loop (kernels/tiled.py's online softmax).
+page groups through the table inside the tile loop (kernels/attention/tiled.py's online softmax).
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from collections import deque
 import mlx.core as mx
 import numpy as np
 
-from .cache import ALL, KVStore
-from .layouts import CacheFullError, cells_from_tokens
-from .protocol import Format
-from .tiled import fold_tile, folded_mask, init_state
+from kvbench.kernels.attention.tiled import fold_tile, folded_mask, init_state
+from kvbench.kernels.formats.protocol import Format
+from kvbench.kernels.stores.cache import ALL, KVStore
+from kvbench.kernels.stores.layouts import CacheFullError, cells_from_tokens
 
 TABLE_ENTRY_BYTES = 4  # int32 page ids, as vLLM's block_tables tensor
 PAGE_SIZES = (8, 256)  # the range of page_size (inclusive)
@@ -114,7 +114,7 @@ class PagedLayout:
 
     def add(self, tokens: list[tuple[tuple[int, ...], int, int]]) -> list[list[tuple[int, int]]]:
         """One batch of (seq_ids, pos, token) in order; per token its [(page, slot)] (the
-        interface of kernels/layouts.py Layout.add, so workloads.replay drives both)."""
+        interface of kernels/stores/layouts.py Layout.add, so workloads.replay drives both)."""
         return [[self._append(tuple(seqs), pos, tok)] for seqs, pos, tok in tokens]
 
     def remove(self, seq: int, p0: int = 0) -> int:
@@ -195,7 +195,8 @@ def pages_per_tile(tile_kv: int | None, page_size: int, default: int) -> int:
 
 def paged_tiled(q, k_pool, v_pool, table, fmt, *, mask, scale: float, tile_pages: int):
     """Online-softmax attention reading `tile_pages` pages per tile through the block table
-    [S, nb] (kernels/tiled.py's fold; each tile decodes only its own pages). q [S, Hq, Lq, D];
+    [S, nb] (kernels/attention/tiled.py's fold; each tile decodes only its own pages). q [S, Hq,
+    Lq, D];
     mask bool [S, 1, Lq, nb * page] or None."""
     b, hq, lq, d = q.shape
     nb, page = table.shape[1], next(iter(k_pool.values())).shape[2]

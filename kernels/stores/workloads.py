@@ -21,8 +21,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .layouts import Layout, pad_to
-from .paged import PagedLayout, blocks_for
+from kvbench.kernels.stores.layouts import Layout, pad_to
+from kvbench.kernels.stores.paged import PagedLayout, blocks_for
 
 ORDERS = ("interleaved", "sequential")
 

@@ -8,7 +8,7 @@ Nothing is evaluated: the arrays are lazy, so a 128K-token cache allocates nothi
 
 The custom-kernel factory (`mx.fast.cuda_kernel` / `mx.fast.metal_kernel`) is swapped for a
 recorder while the wrapper runs, so the gate sees the name, header, source, inputs, template
-and launch that kernels/gpu_kernels.py really passes, whatever its algorithm.
+and launch that kernels/attention/gpu/kernels.py really passes, whatever its algorithm.
 """
 
 from __future__ import annotations
@@ -26,10 +26,10 @@ from gates.cuda_wrap import Call, dtype_name
 from kvbench.case import Case
 from kvbench.engines import skip_reason
 from kvbench.engines.streams import call_problem
-from kvbench.kernels import gpu_kernels
-from kvbench.kernels.attention import KERNELS
-from kvbench.kernels.cache import KVCache
-from kvbench.kernels.formats import get_format
+from kvbench.kernels.attention.gpu import kernels as gpu_kernels
+from kvbench.kernels.attention.registry import KERNELS
+from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.stores.cache import KVCache
 from kvbench.spec.suite import expand, load_suite
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -92,7 +92,7 @@ def _fake_outputs(kw: dict) -> list:
 
 
 def record_cuda(case: Case) -> list[Call]:
-    """The cuda_kernel calls kernels/gpu_kernels.py makes for `case`."""
+    """The cuda_kernel calls kernels/attention/gpu/kernels.py makes for `case`."""
     calls: list[Call] = []
 
     def factory(name, input_names, output_names, source, header="", **_):

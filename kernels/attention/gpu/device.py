@@ -1,4 +1,4 @@
-"""The GPU's core / SM count, for the split planner (kernels/launch.py::plan_splits).
+"""The GPU's core / SM count, for the split planner (kernels/attention/gpu/launch.py::plan_splits).
 
 MLX's device_info gives no core count, so it is read from the platform: on CUDA through the
 runtime (cudaDeviceGetAttribute(cudaDevAttrMultiProcessorCount) from libcudart, which MLX's
@@ -15,7 +15,7 @@ import os
 import re
 import subprocess
 
-from .launch import LIMITS
+from kvbench.kernels.attention.gpu.launch import LIMITS
 
 CUDA_DEV_ATTR_MULTIPROCESSOR_COUNT = 16  # cudaDevAttrMultiProcessorCount (driver_types.h)
 IOREG_CORES = re.compile(r'"gpu-core-count"\s*=\s*(\d+)')

@@ -1,4 +1,5 @@
-"""numpy emulation of the flash-decode GPU kernels (kernels/gpu/flash_decode_body.inc and
+"""numpy emulation of the flash-decode GPU kernels (kernels/attention/gpu/src/flash_decode_body.inc
+and
 flash_decode_combine.inc).
 
 It runs the kernels' algorithm as written, on the CPU, in float32 with the kernels' order of
@@ -19,7 +20,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from .launch import SIMD_WIDTH, LaunchPlan, Problem
+from kvbench.kernels.attention.gpu.launch import SIMD_WIDTH, LaunchPlan, Problem
 
 F32 = np.float32
 FP4_MAG2 = np.array([(0xC8643210 >> (4 * c)) & 0xF for c in range(8)], dtype=F32)  # 2*|v|

@@ -2,12 +2,16 @@
 
 NOT YET RUN ON HARDWARE: no Apple GPU or NVIDIA GPU was available when they were written. The
 algorithm is verified on CPU by a numpy emulation of the same lane layout, splits and reduction
-order (kernels/gpu_emulate.py) and by the shared source itself compiled with g++ and run on CPU
-threads (tests/cpu_sim); the launch parameters by tests of kernels/launch.py.
+order (kernels/attention/gpu/emulate.py) and by the shared source itself compiled with g++ and run
+on CPU
+threads (tests/cpu_sim); the launch parameters by tests of kernels/attention/gpu/launch.py.
 
-Two launches per call: the split kernel (prelude + kernels/gpu/flash_decode_common.h as the
-header; entry + kernels/gpu/flash_decode_body.inc as the source) writes per-split partials, and
-the combine kernel (same header; combine entry + kernels/gpu/flash_decode_combine.inc) merges
+Two launches per call: the split kernel (prelude + kernels/attention/gpu/src/flash_decode_common.h
+as the
+header; entry + kernels/attention/gpu/src/flash_decode_body.inc as the source) writes per-split
+partials, and
+the combine kernel (same header; combine entry +
+kernels/attention/gpu/src/flash_decode_combine.inc) merges
 them into the output in the compute dtype. The two backends differ only in the prelude and the
 entry lines. Template arguments: T, G, D, TILE_KV, THREADS, GS, VEC (one compile per shape and
 configuration); the sequence length, split length, split count and kv head count are an int32
@@ -23,16 +27,17 @@ from pathlib import Path
 
 import mlx.core as mx
 
-from . import gpu_device, launch
+from kvbench.kernels.attention.gpu import device as gpu_device
+from kvbench.kernels.attention.gpu import launch
 
 HERE = Path(__file__).parent
 SOURCES = {
     "metal": HERE / "metal" / "flash_decode.metal",
     "cuda": HERE / "cuda" / "flash_decode.cu",
 }
-COMMON = HERE / "gpu" / "flash_decode_common.h"
-BODY = HERE / "gpu" / "flash_decode_body.inc"
-COMBINE_BODY = HERE / "gpu" / "flash_decode_combine.inc"
+COMMON = HERE / "src" / "flash_decode_common.h"
+BODY = HERE / "src" / "flash_decode_body.inc"
+COMBINE_BODY = HERE / "src" / "flash_decode_combine.inc"
 ENTRY_MARK = "// ==== entry ===="
 COMBINE_MARK = "// ==== combine entry ===="
 INPUTS = ["q", "k", "v", "k_scales", "v_scales", "params", "scale"]

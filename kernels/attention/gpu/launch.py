@@ -55,7 +55,7 @@ class DeviceLimits:
 
 
 # default_cores: an M2 Max has 30 or 38 GPU cores, an H100 SXM 132 SMs (NVIDIA's datasheet);
-# used only when kernels/gpu_device.py cannot read the real count.
+# used only when kernels/attention/gpu/device.py cannot read the real count.
 METAL = DeviceLimits("metal", 32 * 1024, 1024, 32)  # Apple GPUs: 32 KB threadgroup memory
 CUDA = DeviceLimits("cuda", 48 * 1024, 1024, 132)  # static __shared__ limit per block (48 KB)
 LIMITS = {"metal": METAL, "cuda": CUDA}

@@ -1,6 +1,7 @@
 """Memory traffic of one flash-decode call (split kernel + combine kernel), from its launch plan.
 
-A model counted from the kernels' loads and stores (kernels/gpu/flash_decode_body.inc and
+A model counted from the kernels' loads and stores (kernels/attention/gpu/src/flash_decode_body.inc
+and
 flash_decode_combine.inc), in bytes per call (SI: divide by 1e9 for GB). Three levels:
 - requested (`global_read_bytes`): what the load instructions ask of the memory system, each
   simdgroup-wide load counted once per distinct address (lanes of one instruction that read the
@@ -20,7 +21,14 @@ min_bytes - 1: how far the call is from moving each byte once if caches do their
 
 from __future__ import annotations
 
-from .launch import ELEM_BYTES, SCALE_BYTES, SIMD_WIDTH, LaneLayout, LaunchPlan, Problem
+from kvbench.kernels.attention.gpu.launch import (
+    ELEM_BYTES,
+    SCALE_BYTES,
+    SIMD_WIDTH,
+    LaneLayout,
+    LaunchPlan,
+    Problem,
+)
 
 F32_BYTES = 4
 
