@@ -37,8 +37,9 @@ def _derived(axis: Axis) -> property:
 
 
 def case_class(table: tuple[Axis, ...] = TABLE) -> type:
-    """A frozen dataclass with one field per stored axis of `table` and a property per derived
-    one (a dataclass wants the fields without a default first)."""
+    """What the axis table implies a Case is (tests compare the declared Case with it, and check
+    a made-up axis through it): a frozen dataclass with one field per stored axis of `table`
+    and a property per derived one (a dataclass wants the fields without a default first)."""
     stored = fields_of(table)
     ordered = [a for a in stored if a.required] + [a for a in stored if not a.required]
     spec = [
@@ -58,7 +59,69 @@ def case_class(table: tuple[Axis, ...] = TABLE) -> type:
     return cls
 
 
-Case = case_class()
+_DERIVED = {a.name: a.derive for a in TABLE if a.derive is not None}
+
+
+@dataclasses.dataclass(frozen=True)
+class Case:
+    """One case: a value for every stored axis of the axis table (kvbench.axes.TABLE, where each
+    axis is documented); required axes first. tests/test_axes.py asserts these fields match
+    the table (name, type, default, order), so the table stays the one place an axis is defined.
+    """
+
+    model: str
+    n_layers: int
+    n_q_heads: int
+    n_kv_heads: int
+    head_dim: int
+    context_len: int
+    phase: str = "decode"
+    kv_dtype: str = "fp16"
+    kernel: str = "sdpa"
+    n_seqs: int = 1
+    tile_kv: int | None = None
+    layout: str = "per-stream"
+    workload: str = "none"
+    prefix_frac: float = 0.0
+    decode_order: str = "interleaved"
+    churn: int = 0
+    group_size: int | None = None
+    kv_data: str = "gaussian"
+    seed: int = 0
+    kv_file: str | None = None
+    window: int | None = None
+    shards: int = 1
+    shard_by: str = "context"
+    combine: str = "gather"
+    v_dtype: str | None = None
+    k_axis: str = "token"
+    sink_tokens: int = 0
+    recent_tokens: int = 0
+    text: str = "default"
+    chunks: int = 1
+    page_size: int | None = None
+    page_read: str = "gather"
+    kv_edit: str = "none"
+    rope_theta: float = 10000.0
+
+    @property
+    def gqa_ratio(self) -> int:
+        """Derived axis: query heads per K/V head."""
+        return _DERIVED["gqa_ratio"](vars(self))
+
+    @property
+    def prefix_len(self) -> int:
+        """Shared-prefix tokens of a shared-prefix workload."""
+        return int(self.prefix_frac * self.context_len)
+
+    @property
+    def case_id(self) -> str:
+        return case_id(self)
+
+    def label(self) -> str:
+        return _label_of(vars(self) | {"gqa_ratio": self.gqa_ratio})
+
+
 AXES = names(TABLE)  # every axis name a suite may set (derived ones included)
 
 

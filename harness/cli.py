@@ -83,7 +83,7 @@ def _emit(text: str, out: str | None) -> None:
     """Print, and write to `out` (atomically) when given."""
     print(text)
     if out:
-        from kvbench.store.files import write_atomic
+        from kvbench.files import write_atomic
 
         write_atomic(out, text if text.endswith("\n") else text + "\n")
 
@@ -91,7 +91,7 @@ def _emit(text: str, out: str | None) -> None:
 def _check_output(out: str | None) -> None:
     """An -o file is checked before any work (not a directory, folder writable)."""
     if out:
-        from kvbench.store.files import check_output_file
+        from kvbench.files import check_output_file
 
         check_output_file(out)
 
@@ -256,14 +256,15 @@ def cmd_model_fetch(args) -> int:
 
 
 def cmd_plan(args) -> int:
+    from kvbench.run.memory import available_bytes
     from kvbench.spec.plan import LayoutArgs, make_plan, parse_size, render, resolve_shape, to_json
 
     shape = resolve_shape(args.model, args.n_layers, args.n_kv_heads, args.head_dim)
     budget = parse_size(args.budget) if args.budget is not None else None
     la = LayoutArgs(args.page_size, args.window, args.sinks, args.prefix)
     plan = make_plan(
-        shape, args.format, args.group_size, args.n_seqs, args.context, budget, args.layout, la,
-        args.shards, args.shard_by,
+        shape, args.kv_dtype, args.group_size, args.n_seqs, args.context, budget, args.layout, la,
+        args.shards, args.shard_by, available_bytes(),
     )  # fmt: skip
     print(to_json(plan) if args.json else render(plan))
     return 0
@@ -414,7 +415,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--n-kv-heads", type=int, help="KV heads (overrides the preset)")
     plan.add_argument("--head-dim", type=int, help="head dimension (overrides the preset)")
     plan.add_argument("--context", type=int, help="context length in tokens")
-    plan.add_argument("--format", default="fp16", help="kv_dtype (default fp16)")
+    plan.add_argument("--kv-dtype", default="fp16", help="cache format (default fp16)")
     plan.add_argument("--group-size", type=int, help="scale group size (default: per row/mode)")
     plan.add_argument("--n-seqs", type=int, default=1, help="sequences (default 1)")
     plan.add_argument("--layout", default="per-stream", help="per-stream, unified, paged or window")

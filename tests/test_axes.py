@@ -137,3 +137,23 @@ def test_the_table_imports_neither_mlx_nor_kernels():
         "assert not bad, bad"
     )
     subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def _shape(cls) -> list[tuple]:
+    return [(f.name, f.type, f.default) for f in dataclasses.fields(cls)]
+
+
+def test_the_declared_case_is_what_the_table_says():
+    # Case is written out for readers and type checkers; the table stays the definition
+    assert _shape(Case) == _shape(case_class())
+
+
+def test_the_declared_record_is_what_the_table_says():
+    from kvbench.store.record import Record
+
+    assert _shape(Record) == _shape(record_class())
+
+
+def test_a_declared_case_that_drifts_from_the_table_is_caught():
+    drifted = case_class((*TABLE, ROPE))  # the table grew an axis, the declaration did not
+    assert _shape(Case) != _shape(drifted)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from fake_runs import draw, write_run
 
-from kvbench.analysis import stats
+from kvbench import stats
 from kvbench.analysis.compare import COLUMNS, Rules, compare, judge
 from kvbench.analysis.compare_text import FORMATS
 from kvbench.cli import main

@@ -17,7 +17,7 @@ import pandas as pd
 import pytest
 from fake_runs import draw, write_run
 
-from kvbench.analysis import stats
+from kvbench import stats
 from kvbench.cli import main
 
 FIXTURE = Path(__file__).parent / "data" / "pytest-benchmark.json"

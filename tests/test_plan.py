@@ -14,7 +14,7 @@ from kvbench.spec.suite import resolve
 
 @pytest.mark.parametrize("model, ctx, seqs, name, group, want", HAND)
 def test_plan_matches_hand_calculations(model, ctx, seqs, name, group, want, capsys):
-    args = ["plan", "--model", model, "--context", str(ctx), "--format", name, "--json"]
+    args = ["plan", "--model", model, "--context", str(ctx), "--kv-dtype", name, "--json"]
     args += ["--n-seqs", str(seqs)] + (["--group-size", str(group)] if group else [])
     assert main(args) == 0
     plan = json.loads(capsys.readouterr().out)
@@ -66,8 +66,8 @@ def test_explicit_shape_and_sizes():
         ["--n-layers", "2", "--context", "8"],
         ["--model", "tiny"],
         ["--model", "tiny", "--context", "0"],
-        ["--model", "tiny", "--context", "8", "--format", "fp5"],
-        ["--model", "tiny", "--context", "8", "--format", "nvfp4", "--group-size", "32"],
+        ["--model", "tiny", "--context", "8", "--kv-dtype", "fp5"],
+        ["--model", "tiny", "--context", "8", "--kv-dtype", "nvfp4", "--group-size", "32"],
         ["--model", "tiny", "--context", "8", "--budget", "1GiB"],
         ["--model", "tiny", "--budget", "lots"],
         ["--model", "tiny", "--budget", "10B"],

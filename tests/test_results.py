@@ -75,7 +75,7 @@ def test_directory_loads_every_run_and_csv_brings_its_samples(tmp_path):
 def test_pool_concatenates_every_run_and_recomputes_the_row(tmp_path):
     import numpy as np
 
-    from kvbench.analysis import stats
+    from kvbench import stats
 
     x1, x2 = draw(10, 1.0, seed=1), draw(12, 3.0, seed=2)
     write_run(tmp_path, "a", {"c1": x1}, timestamp="2026-01-01T00:00:00+00:00")

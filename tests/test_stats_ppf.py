@@ -3,7 +3,7 @@
 import pytest
 from scipy.stats import binom
 
-from kvbench.analysis.stats import half_binomial_ppf, median_ci
+from kvbench.stats import half_binomial_ppf, median_ci
 
 
 @pytest.mark.parametrize("q", [0.025, 0.005, 0.05])

@@ -7,8 +7,7 @@ import time
 import numpy as np
 import pytest
 
-from kvbench.analysis import stats
-from kvbench.run import timer
+from kvbench import stats, timer
 
 
 class FakeClock:

@@ -110,3 +110,88 @@ def test_compare_history_report_import_run_without_mlx(tmp_path):
     bench_json = ROOT / "tests" / "data" / "pytest-benchmark.json"
     r = kvbench_without_mlx("import", str(bench_json), "--out", str(tmp_path / "i"), cwd=tmp_path)
     assert r.returncode == 0, r.stderr
+
+
+# ---- the rooms (static: each module's own import statements, read from its source) ----------
+# package -> packages it must not import
+ROOM_RULES = {
+    "kvbench.kernels": ("kvbench.spec", "kvbench.engines", "kvbench.run", "kvbench.store",
+                        "kvbench.analysis", "kvbench.report", "kvbench.peers", "kvbench.cli"),
+    "kvbench.kernels.formats": ("kvbench.kernels.stores", "kvbench.kernels.attention",
+                                "kvbench.kernels.model"),
+    "kvbench.kernels.stores": ("kvbench.kernels.attention", "kvbench.kernels.model"),
+    "kvbench.spec": ("kvbench.run", "kvbench.engines", "kvbench.store"),
+    "kvbench.run": ("kvbench.analysis",),
+    "kvbench.store": ("kvbench.analysis",),
+    "kvbench.engines.sharded_rank": ("kvbench.run",),
+}  # fmt: skip
+# imports that still run the wrong way, each with its reason (importer, imported prefix)
+WRONG_WAY = {
+    ("kvbench.kernels.stores.paged", "kvbench.kernels.attention.tiled"):
+        "page_read: table folds each page into the tiled kernel's running state (fold_tile), "
+        "the same code the tiled kernel runs, rather than a copy of it",
+}  # fmt: skip
+
+
+def module_file(name: str) -> Path:
+    parts = name.split(".")
+    base = ROOT / "kernels" if parts[:2] == ["kvbench", "kernels"] else ROOT / "harness"
+    rest = parts[2:] if parts[:2] == ["kvbench", "kernels"] else parts[1:]
+    path = base.joinpath(*rest)
+    return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
+
+
+def imports_of(name: str) -> set[str]:
+    """Modules named by the import statements of one module (absolute; kvbench has no
+    relative imports)."""
+    import ast
+
+    tree = ast.parse(module_file(name).read_text())
+    found = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found |= {a.name for a in node.names}
+        elif isinstance(node, ast.ImportFrom) and node.module:
+            found.add(node.module)
+            found |= {f"{node.module}.{a.name}" for a in node.names}
+    return found
+
+
+def wrong_way(rules: dict = ROOM_RULES) -> list[tuple[str, str]]:
+    every = modules_of(kvbench) + modules_of(kvbench.kernels)
+    bad = []
+    for mod in every:
+        for pkg, forbidden in rules.items():
+            if mod != pkg and not mod.startswith(pkg + "."):
+                continue
+            for imp in imports_of(mod):
+                if any(imp == f or imp.startswith(f + ".") for f in forbidden):
+                    bad.append((mod, imp))
+    return sorted(bad)
+
+
+def _excused(mod: str, imp: str) -> bool:
+    return any(mod == m and (imp == i or imp.startswith(i + ".")) for m, i in WRONG_WAY)
+
+
+def test_no_room_imports_the_wrong_way():
+    assert [b for b in wrong_way() if not _excused(*b)] == []
+
+
+def test_every_listed_exception_still_exists():
+    # an exception whose import is gone must leave the list, so the list stays the truth
+    found = wrong_way()
+    for mod, imp in WRONG_WAY:
+        assert any(m == mod and (i == imp or i.startswith(imp + ".")) for m, i in found), mod
+
+
+def test_the_room_check_would_see_a_wrong_import():
+    # run/ importing the model engine would be a wrong import under a rule forbidding engines
+    assert wrong_way({"kvbench.run": ("kvbench.engines",)}) != []
+
+
+def test_the_rooms_exist_with_a_docstring():
+    for room in ("formats", "stores", "attention", "attention.gpu", "model"):
+        mod = importlib.import_module(f"kvbench.kernels.{room}")
+        assert mod.__doc__ and len(mod.__doc__) > 40, room
+    assert importlib.import_module("kvbench.peers").__doc__

@@ -3,7 +3,7 @@
 Per case (joined on case_id) and metric:
   * ratio   = new / base of the metric (for median_ms: the ratio of the two medians),
   * a 95% CI of that ratio: percentile bootstrap of the ratio of medians, each side resampled
-    from its own raw samples (harness/analysis/stats.py, fixed seed: same files, same figures),
+    from its own raw samples (harness/stats.py, fixed seed: same files, same figures),
   * p_value = two-sided Mann-Whitney U test on the raw samples (no normality assumed),
   * verdict (see `judge`): slower / faster need p < alpha AND a ratio beyond the threshold.
 Metrics with no raw samples behind them (GB/s, memory, errors) are compared by value alone:
@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import pandas as pd
 
-from kvbench.analysis import stats
+from kvbench import stats
 from kvbench.analysis.rules import (  # Rules: also for users
     HIGHER_IS_BETTER,
     TESTED,

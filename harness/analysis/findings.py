@@ -4,7 +4,7 @@ Each finding is one line with its numbers and the figure that shows them. A diff
 stated only when the statistics support it: the ratio of two medians carries the conservative
 interval [low_a / high_b, high_a / low_b] built from each side's 95% CI of the median
 (ci_low_ms / ci_high_ms, distribution-free order statistics of the raw samples,
-harness/analysis/stats.py), and a verdict needs that whole interval beyond the threshold
+harness/stats.py), and a verdict needs that whole interval beyond the threshold
 factor (Rules().threshold, 1.1: asv's factor, the one compare uses). Otherwise the line says
 "no difference measured". Byte counts are exact formulas and need no interval.
 
@@ -24,6 +24,7 @@ from dataclasses import dataclass
 import pandas as pd
 
 from kvbench.analysis.rules import Rules
+from kvbench.store.results import format_label
 
 THRESHOLD = Rules().threshold
 MIN_SAMPLES = Rules().min_samples  # fewer raw samples on a side: no interval, no verdict
@@ -55,17 +56,12 @@ def _num(v) -> str:
     return f"{v:g}" if isinstance(v, float) else str(v)
 
 
-def fmt_of(r) -> str:
-    g = r.get("group_size")
-    return f"{r['kv_dtype']}/g{int(g)}" if pd.notna(g) else str(r["kv_dtype"])
-
-
 def config_of(r, axes) -> str:
     """Short text of a row's choice axes (those in `axes` that are set)."""
     parts = []
     for a in axes:
         if a == "kv_dtype":
-            parts.append(fmt_of(r))
+            parts.append(format_label(r))
         elif a == "tile_kv" and pd.notna(r.get(a)):
             parts.append(f"tile {int(r[a])}")
         elif a not in ("group_size", "tile_kv") and pd.notna(r.get(a)):
@@ -108,7 +104,7 @@ def verdict(lo: float, hi: float, threshold: float = THRESHOLD) -> str:
 
 def measured(df: pd.DataFrame) -> pd.DataFrame:
     d = df[df["status"].isin(MEASURED) & df["median_ms"].notna()].copy()
-    d["fmt"] = [fmt_of(r) for r in d.to_dict("records")] if len(d) else []
+    d["fmt"] = [format_label(r) for r in d.to_dict("records")] if len(d) else []
     return d
 
 
@@ -383,7 +379,7 @@ def accuracy(cur: pd.DataFrame) -> list[Finding]:
 def cache_config(row: dict) -> str:
     """A quality row's cache configuration: the format, and V's format, per-channel keys,
     fp16 sinks and window when set (the model engine's options)."""
-    parts = [fmt_of(row)]
+    parts = [format_label(row)]
     extra = (("v_dtype", "V {}"), ("k_axis", "{} keys"), ("sink_tokens", "{} sinks"),
              ("recent_tokens", "window {}"))  # fmt: skip
     defaults = {"k_axis": "token", "sink_tokens": 0, "recent_tokens": 0}

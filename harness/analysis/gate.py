@@ -35,8 +35,8 @@ from kvbench.analysis.compare import Comparison, compare, comparison_table
 from kvbench.analysis.paired import PAIR_COLUMNS, Budget, run_pairs, table_row
 from kvbench.analysis.rules import Rules, check_rules
 from kvbench.errors import UserError
+from kvbench.files import read_text
 from kvbench.store import git
-from kvbench.store.files import read_text
 from kvbench.store.record import write_csv_atomic
 from kvbench.store.results import (
     MEASURED,
@@ -78,7 +78,7 @@ def tree_command(tree: Path) -> list[str]:
 def suite_name(path: Path) -> str:
     """The suite's name as load_suite gives it (the file stem without a name: key), read
     without load_suite, which imports mlx; the run itself validates the suite."""
-    text = read_text(path)  # capped, strict UTF-8 (harness/store/files.py)
+    text = read_text(path)  # capped, strict UTF-8 (harness/files.py)
     try:
         raw = yaml.safe_load(text) or {}
     except (yaml.YAMLError, RecursionError) as e:

@@ -184,7 +184,7 @@ def judge_pairs(base_ms, new_ms, rules: Rules) -> dict:
 
 def unpaired_note(base_ms, new_ms) -> str:
     """The unpaired figures of the same samples, shown beside for reference."""
-    from kvbench.analysis import stats
+    from kvbench import stats
 
     ratio = float(np.median(new_ms) / np.median(base_ms))
     p = stats.mann_whitney_p(base_ms, new_ms)

@@ -6,15 +6,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbench.errors import UserError
+from kvbench.store.record import METRIC_STAGE
 
-# metric -> the stage whose raw samples stand behind it (the metrics a rank test can judge)
-METRIC_STAGE = {
-    "median_ms": "step",
-    "write_ms": "write",
-    "attend_ms": "attend",
-    "mask_ms": "mask",
-    "comm_ms": "comm",
-}
 TESTED = tuple(METRIC_STAGE)
 HIGHER_IS_BETTER = ("gbps", "pct_peak_bw", "tflops", "tokens_per_s", "cosine")
 LOWER_IS_BETTER = (

@@ -36,6 +36,7 @@ from kvbench.kernels.attention.registry import (
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.stores.cache import KVCache
+from kvbench.spec.cache_spec import format_of
 
 GPU_KERNELS = ("metal", "cuda")
 
@@ -62,13 +63,13 @@ def claims(case: Case) -> bool:
 
 def kernel_reason(case: Case, backend: str, problem: Problem) -> str | None:
     """Why the case's kvbench kernel cannot run a call of this shape here, or None."""
-    fmt = get_format(case.kv_dtype, case.group_size)
+    fmt = format_of(case)
     reason = window_reason(case)
     return reason or unsupported_reason(case.kernel, fmt, backend, problem, case.tile_kv)
 
 
 def skip_reason(case: Case, backend: str) -> str | None:
-    fmt = get_format(case.kv_dtype, case.group_size)
+    fmt = format_of(case)
     return kernel_reason(case, backend, problem_of(case, fmt))
 
 
@@ -80,7 +81,7 @@ def gpu_fields(case: Case) -> dict:
     threadgroup-memory traffic, and the excess over moving each byte once. {} for others."""
     if case.kernel not in GPU_KERNELS:
         return {}
-    fmt = get_format(case.kv_dtype, case.group_size)
+    fmt = format_of(case)
     problem = problem_of(case, fmt)
     plan = launch.plan(
         problem,
@@ -110,7 +111,7 @@ def effective(case: Case) -> dict:
 
 def build(case: Case) -> State:
     """Allocate and fill the cache for `case` (untimed) and return its stages."""
-    fmt = get_format(case.kv_dtype, case.group_size)
+    fmt = format_of(case)
     lq = 1 if case.phase == "decode" else case.context_len
     q32, k32, v32 = make_qkv(
         case.kv_data,

@@ -31,6 +31,7 @@ from kvbench.engines.contract import JobResult, State
 from kvbench.kernels.model.fetch import require_model
 from kvbench.kernels.model.quality import default_text, text_file
 from kvbench.peers import llamacpp
+from kvbench.spec.cache_spec import MODEL_PHASES
 
 KERNEL = "llama.cpp"
 N_GEN = 16  # decode steps per llama-bench repetition
@@ -49,8 +50,8 @@ def types_of(case: Case) -> tuple[str | None, str | None]:
 
 
 def skip_reason(case: Case, backend: str) -> str | None:
-    if case.phase not in model_engine.MODEL_PHASES:
-        return f"kernel {KERNEL} runs the phases {', '.join(model_engine.MODEL_PHASES)}"
+    if case.phase not in MODEL_PHASES:
+        return f"kernel {KERNEL} runs the phases {', '.join(MODEL_PHASES)}"
     if case.k_axis != "token" or case.sink_tokens or case.recent_tokens:
         return "llama.cpp's cache has per-token blocks only (no channel keys, sinks or window)"
     for name in (case.kv_dtype, case.v_dtype or case.kv_dtype):

@@ -31,24 +31,11 @@ from kvbench.kernels.model import quality
 from kvbench.kernels.model.fetch import require_model
 from kvbench.kernels.model.llama import load_model
 from kvbench.kernels.model.tokenizer import load_tokenizer
-
-MODEL_PHASES = ("quality", "model_decode")
+from kvbench.spec.cache_spec import MODEL_PHASES, format_of, spec_of
 
 
 def claims(case: Case) -> bool:
     return case.phase in MODEL_PHASES
-
-
-def spec_of(case: Case) -> kv_store.CacheSpec:
-    return kv_store.CacheSpec(
-        k_dtype=case.kv_dtype,
-        v_dtype=case.v_dtype,
-        k_group=case.group_size,
-        v_group=case.group_size if case.v_dtype else None,  # group_size: K's and V's
-        k_axis=case.k_axis,
-        sink_tokens=case.sink_tokens,
-        recent_tokens=case.recent_tokens,
-    )
 
 
 def skip_reason(case: Case, backend: str) -> str | None:
@@ -173,5 +160,5 @@ def bits_per_elem(case: Case) -> float:
 
 
 def build(case: Case) -> State:
-    get_format(case.kv_dtype, case.group_size)  # a bad format fails here, not in the model
+    format_of(case)  # a bad format fails here, not in the model
     return quality_state(case) if case.phase == "quality" else decode_state(case)

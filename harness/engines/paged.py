@@ -46,6 +46,7 @@ from kvbench.kernels.stores.paged import (
     pages_per_tile,
 )
 from kvbench.kernels.stores.workloads import build_paged
+from kvbench.spec.cache_spec import format_of
 
 
 def claims(case: Case) -> bool:
@@ -72,7 +73,7 @@ class Run:
     """A paged pool filled for a case, with the functions of its stages."""
 
     def __init__(self, case: Case, tables, n_layers: int):
-        self.case, self.fmt = case, get_format(case.kv_dtype, case.group_size)
+        self.case, self.fmt = case, format_of(case)
         q32, k_tab, v_tab = tables
         self.layout, self.rp = build_paged(streams.workload_of(case), case.page_size)
         self.baseline = memory_baseline()
@@ -188,7 +189,7 @@ def effective(case: Case) -> dict:
 
 
 def build(case: Case) -> State:
-    fmt = get_format(case.kv_dtype, case.group_size)
+    fmt = format_of(case)
     tables = streams.make_tables(case, streams.workload_of(case).n_tokens)
     run = Run(case, tables, case.n_layers)
     stages = streams.layered_stages(run, run.build_inputs, run.inputs)

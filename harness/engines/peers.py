@@ -7,7 +7,7 @@ driven through the same case as kvbench's own kernels.
 * Same decode loop: L-1 positions prefilled and one priming step taken while building; each
   timed step writes the L-th token into every layer and attends over the cache (over the window
   for a windowed cache). The write and attend stages are timed on their own beside it.
-* Same timer (harness/run/timer.py): MLX peers return their outputs and cache arrays for eval +
+* Same timer (harness/timer.py): MLX peers return their outputs and cache arrays for eval +
   synchronize; torch peers finish their work inside the call (torch.cuda.synchronize on CUDA).
 * Same byte model (harness/engines/metrics.py) from the case's format, so GB/s and % of peak compare
   like for like. Memory: alloc_bytes is the bytes of the peer's cache buffers (capacity, padding
@@ -32,6 +32,7 @@ from kvbench.kernels.attention.registry import reference
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
 from kvbench.peers.registry import PEERS, DecodeData, peer_unsupported_reason, version
+from kvbench.spec.cache_spec import format_of
 
 
 def _torch_cuda_reason() -> str | None:
@@ -56,7 +57,7 @@ def skip_reason(case: Case, backend: str) -> str | None:
     if not peer.windowed and window_reason(case):
         return window_reason(case)
     try:
-        get_format(case.kv_dtype, case.group_size)
+        format_of(case)
     except (KeyError, ValueError) as e:
         return str(e).strip("'\"")
     reason = peer_unsupported_reason(case.kernel, case.kv_dtype, backend)
@@ -67,7 +68,7 @@ def skip_reason(case: Case, backend: str) -> str | None:
 
 def build(case: Case) -> State:
     """Build the peer for `case`: convert the data, allocate, prefill and prime (untimed)."""
-    fmt = get_format(case.kv_dtype, case.group_size)
+    fmt = format_of(case)
     peer = PEERS[case.kernel]
     q32, k32, v32 = make_qkv(
         case.kv_data,

@@ -47,7 +47,7 @@ from kvbench.engines import metrics
 from kvbench.engines.contract import JobResult, State
 from kvbench.engines.parity import ParityError
 from kvbench.kernels.attention.sharded import sent_bytes, split_bounds
-from kvbench.kernels.formats.registry import get_format
+from kvbench.spec.cache_spec import format_of
 
 STAGES = ("step", "write", "attend", "comm")
 BACKENDS = ("ring", "mpi", "nccl", "jaccl", "jaccl-ring")  # mlx.launch --backend choices
@@ -117,7 +117,7 @@ def step_sent_bytes(case: Case) -> int:
 
 def build(case: Case) -> State:
     """No arrays here: the ranks build the cache when the runner calls the job."""
-    fmt = get_format(case.kv_dtype, case.group_size)
+    fmt = format_of(case)
     return State(
         dict.fromkeys(STAGES),  # timed in the ranks
         check=_checked_in_job,

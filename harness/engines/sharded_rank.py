@@ -14,7 +14,7 @@ heads, and writes the new token's K/V for its heads. Per layer the decode step i
 combine (a collective), and the next layer's query is the combined output (as the cache engine
 chains layers), so every layer waits for its combine.
 
-Stages, each timed on rank 0 by kvbench's timer (harness/run/timer.py) while every rank runs the
+Stages, each timed on rank 0 by kvbench's timer (harness/timer.py) while every rank runs the
 same calls; after each call all ranks learn rank 0's decision to go on or stop (an all_sum
 outside the timed region), so they stay in lockstep:
 * step: write + attend + combine, every layer;
@@ -37,6 +37,7 @@ from pathlib import Path
 
 import mlx.core as mx
 
+from kvbench import timer
 from kvbench.case import Case
 from kvbench.engines.contract import memory_baseline
 from kvbench.engines.parity import compare_outputs, parity_gate, recon_err
@@ -50,7 +51,7 @@ from kvbench.kernels.attention.sharded import (
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.stores.cache import KVCache
-from kvbench.run import timer
+from kvbench.spec.cache_spec import format_of
 
 
 @dataclass
@@ -78,7 +79,7 @@ class Rank:
 
     def __init__(self, case: Case, group):
         self.case, self.group, self.rank = case, group, group.rank()
-        self.fmt = fmt = get_format(case.kv_dtype, case.group_size)
+        self.fmt = fmt = format_of(case)
         self.part = part = part_of(case, self.rank)
         b, hq, hkv, d, ctx = (
             case.n_seqs, case.n_q_heads, case.n_kv_heads, case.head_dim, case.context_len,

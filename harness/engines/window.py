@@ -36,6 +36,7 @@ from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.stores.cache import ALL, KVStore
 from kvbench.kernels.stores.window import Ring
+from kvbench.spec.cache_spec import format_of
 
 
 def claims(case: Case) -> bool:
@@ -44,7 +45,7 @@ def claims(case: Case) -> bool:
 
 def skip_reason(case: Case, backend: str) -> str | None:
     """The cache engine's kernels, asked about a call over the ring's cells."""
-    fmt = get_format(case.kv_dtype, case.group_size)
+    fmt = format_of(case)
     problem = cache_engine.problem_of(case, fmt)
     ring = case.sink_tokens + case.window
     problem = dataclasses.replace(problem, kv_len=ring)
@@ -103,7 +104,7 @@ def traffic(case: Case, fmt, touched: int) -> tuple[int, int]:
 
 
 def build(case: Case) -> State:
-    fmt = get_format(case.kv_dtype, case.group_size)
+    fmt = format_of(case)
     act = fmt.compute_dtype
     ctx = case.context_len
     q32, k32, v32 = make_qkv(

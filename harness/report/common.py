@@ -9,7 +9,10 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 from kvbench.axes import TABLE, Axis
-from kvbench.store.results import MEASURED  # noqa: F401 (statuses whose rows carry times)
+from kvbench.store.results import (
+    MEASURED,  # noqa: F401 (statuses whose rows carry times)
+    format_label,
+)
 
 MIB = 2**20
 
@@ -37,21 +40,15 @@ class Figure:
     note: str = ""  # how it is computed, in a sentence or two
 
 
-def fmt_name(r) -> str:
-    """Format name with its group size, e.g. fp16, int4/g32."""
-    g = r.get("group_size")
-    return f"{r['kv_dtype']}/g{int(g)}" if pd.notna(g) else str(r["kv_dtype"])
-
-
 def measured(df: pd.DataFrame) -> pd.DataFrame:
     d = df[df["status"].isin(MEASURED) & df["median_ms"].notna()].copy()
-    d["fmt"] = [fmt_name(r) for r in d.to_dict("records")] if len(d) else []
+    d["fmt"] = [format_label(r) for r in d.to_dict("records")] if len(d) else []
     return d
 
 
 def with_fmt(df: pd.DataFrame) -> pd.DataFrame:
     d = df.copy()
-    d["fmt"] = [fmt_name(r) for r in d.to_dict("records")] if len(d) else []
+    d["fmt"] = [format_label(r) for r in d.to_dict("records")] if len(d) else []
     return d
 
 

@@ -22,7 +22,7 @@ import pandas as pd
 
 from kvbench.case import label_of
 from kvbench.errors import UserError
-from kvbench.store.files import check_output_file, write_atomic
+from kvbench.files import check_output_file, write_atomic
 from kvbench.store.record import COLUMNS
 from kvbench.store.results import is_results_csv, migrate, pick_rows, read_csv, read_rows
 

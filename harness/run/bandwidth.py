@@ -15,8 +15,8 @@ from functools import lru_cache
 import mlx.core as mx
 import numpy as np
 
-from kvbench.analysis.stats import summarize
-from kvbench.run.timer import run_once, sample
+from kvbench.stats import summarize
+from kvbench.timer import run_once, sample
 
 DEFAULT_BYTES = {"cpu": 256 * 2**20, "metal": 1024 * 2**20, "cuda": 2048 * 2**20}
 

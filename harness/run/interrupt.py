@@ -5,7 +5,7 @@ writes every completed round as partial rows and the CLI exits 128 + the signal 
 `deferred()` block (the commit of a finished round, the write of a row with its samples) the
 first signal waits until the block ends, so a round or a row is never half recorded. A second
 signal raises at once, even inside such a block: the writer cuts a half-written append back
-(harness/store/files.py), so what is on disk stays whole, and nothing more is written.
+(harness/files.py), so what is on disk stays whole, and nothing more is written.
 
 A signal is also remembered: `check()` raises for one that some library's bare `except:`
 swallowed, so an early Ctrl-C can never be lost while the suite runs on.

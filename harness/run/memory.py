@@ -2,8 +2,11 @@
 with the figures, before anything is allocated (a cache too big for memory segfaults or aborts
 inside MLX, taking the whole run with it).
 
-Planned bytes of a case (an estimate of its peak, from the shape alone):
-  * the cache: the format's exact bytes, all layers, K and V, n_seqs x context_len positions;
+Planned bytes of a case (an estimate of its peak, from the shape alone; computed by
+harness/spec/plan.py case_plan, so `kvbench plan` and the guard agree):
+  * the cache: the format's exact bytes, all layers, K and V, in the cells its layout holds
+    (kernels/stores/footprint.py: n_seqs x context_len for per-stream, the shared prefix once
+    for unified and paged, sinks + window for window);
   * the source K/V the engine fills it from: one layer's K and V in float32 plus a copy in the
     compute dtype (kernels/data.py make_qkv, then astype);
   * the kernel's transient: dequantize-then-attend and the float32 reference of the parity check
@@ -23,35 +26,15 @@ from pathlib import Path
 import mlx.core as mx
 
 from kvbench.case import Case
-from kvbench.kernels.formats.registry import get_format
+from kvbench.spec import plan
+from kvbench.spec.cache_spec import format_of
 
 DEVICE_KEYS = ("max_recommended_working_set_size", "free_memory", "memory_size", "total_memory")
 MEMINFO = Path("/proc/meminfo")
 
 
-def planned_bytes(
-    cache_bytes: int, layer_elems: int, compute_bytes: int, ref_elems: int, score_elems: int
-) -> dict[str, int]:
-    """The parts of a case's planned peak (module docstring) and their total."""
-    parts = {
-        "cache": cache_bytes,
-        "source": 2 * layer_elems * (4 + compute_bytes),
-        "transient": 2 * ref_elems * 4 + 2 * score_elems * 4,
-    }
-    return {**parts, "total": sum(parts.values())}
-
-
 def case_plan(case: Case) -> dict[str, int]:
-    fmt = get_format(case.kv_dtype, case.group_size)
-    rows = case.n_seqs * case.n_kv_heads * case.context_len  # K (or V) rows of one layer
-    lq = 1 if case.phase == "decode" else case.context_len
-    return planned_bytes(
-        cache_bytes=2 * case.n_layers * fmt.nbytes(rows, case.head_dim),
-        layer_elems=rows * case.head_dim,
-        ref_elems=case.n_seqs * case.n_q_heads * case.context_len * case.head_dim,
-        compute_bytes=fmt.compute_dtype.size,
-        score_elems=case.n_seqs * case.n_q_heads * lq * case.context_len,
-    )
+    return plan.case_plan(case, format_of(case))
 
 
 def available_bytes() -> tuple[int, str] | None:

@@ -15,8 +15,7 @@ import os
 
 import mlx.core as mx
 
-from kvbench import engines
-from kvbench.analysis import stats
+from kvbench import engines, stats
 from kvbench.case import Case
 from kvbench.errors import UserError
 from kvbench.run import runner

@@ -17,13 +17,14 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from kvbench.analysis import stats
+from kvbench import stats
 from kvbench.case import Case
 from kvbench.engines import engine_for, metrics
 from kvbench.engines.contract import State
-from kvbench.kernels.formats.registry import get_format
 from kvbench.peers.registry import kernel_kind
-from kvbench.run import interrupt, timer
+from kvbench import timer
+from kvbench.run import interrupt
+from kvbench.spec.cache_spec import format_of
 from kvbench.spec.suite import Settings
 from kvbench.store.record import Record, make_record
 
@@ -159,7 +160,7 @@ def finish(
 ) -> Record:
     """The row for a measured case (status ok, or partial when interrupted)."""
     case = run.case
-    fmt = get_format(case.kv_dtype, case.group_size)
+    fmt = format_of(case)
     step = stats.summarize(run.samples.get("step", []), settings.cv_warn)
     stage_ms = {
         f"{s}_ms": stats.summarize(x)["median_ms"]

@@ -19,12 +19,12 @@ import mlx.core as mx
 
 from kvbench import engines
 from kvbench.case import Case
+from kvbench.files import check_output_dir
 from kvbench.run import interrupt, memory, runner
 from kvbench.run.bandwidth import peak_read_bandwidth
 from kvbench.run.context import run_context, run_id
 from kvbench.run.progress import Progress
 from kvbench.spec.suite import Settings, Suite
-from kvbench.store.files import check_output_dir
 from kvbench.store.record import ResultsWriter
 
 ROW_BYTES = 4096  # a results row is ~2 KB of text: twice that, for the up-front space check

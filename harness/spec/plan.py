@@ -35,12 +35,13 @@ import json
 import re
 from dataclasses import asdict, dataclass
 
+from kvbench.case import Case
 from kvbench.errors import UserError
 from kvbench.kernels.attention.sharded import BY, split_bounds, split_reason
 from kvbench.kernels.formats.registry import FORMATS, get_format
-from kvbench.kernels.stores.layouts import KV_PAD, pad_to
-from kvbench.kernels.stores.paged import PAGE_SIZES, TABLE_ENTRY_BYTES, blocks_for
-from kvbench.run import memory
+from kvbench.kernels.stores.footprint import LayoutArgs, cache_bytes, layout_counts
+from kvbench.kernels.stores.layouts import KV_PAD
+from kvbench.kernels.stores.paged import PAGE_SIZES
 from kvbench.spec.presets import PRESETS
 
 LAYOUTS = ("per-stream", "unified", "paged", "window")
@@ -55,14 +56,6 @@ class KVShape:
     n_layers: int
     n_kv_heads: int
     head_dim: int
-
-
-@dataclass(frozen=True)
-class LayoutArgs:
-    page_size: int | None = None  # paged: slots per page
-    window: int | None = None  # window: positions attended (the latest)
-    sinks: int = 0  # window: first positions always kept
-    prefix: int = 0  # unified, paged: tokens of one prompt every sequence shares
 
 
 @dataclass(frozen=True)
@@ -165,25 +158,9 @@ def check_layout(layout: str, la: LayoutArgs) -> None:
         raise UserError("--prefix: a non-negative token count, with --layout unified or paged")
 
 
-def layout_counts(layout: str, n_seqs: int, ctx: int, la: LayoutArgs) -> dict:
-    """cells (one layer's K), pages and block-table bytes of n_seqs sequences of ctx tokens."""
-    if layout == "per-stream":
-        return {"cells": n_seqs * ctx}
-    if layout == "unified":
-        return {"cells": pad_to(la.prefix + n_seqs * (ctx - la.prefix), KV_PAD)}
-    if layout == "window":
-        return {"cells": n_seqs * (la.sinks + la.window)}
-    p = la.page_size
-    full = la.prefix // p  # prefix pages stored once; a partial last one is copied on write
-    pages = full + n_seqs * blocks_for(ctx - full * p, p)
-    table = n_seqs * blocks_for(ctx, p) * TABLE_ENTRY_BYTES
-    return {"cells": pages * p, "pages": pages, "block_table_bytes": table}
-
-
 def total_bytes(shape: KVShape, fmt, layout: str, n_seqs: int, ctx: int, la: LayoutArgs) -> int:
-    counts = layout_counts(layout, n_seqs, ctx, la)
-    kv = 2 * shape.n_layers * fmt.nbytes(counts["cells"] * shape.n_kv_heads, shape.head_dim)
-    return kv + counts.get("block_table_bytes", 0)
+    return cache_bytes(fmt, layout, n_seqs, ctx, la, n_layers=shape.n_layers,
+                       n_kv_heads=shape.n_kv_heads, head_dim=shape.head_dim)  # fmt: skip
 
 
 def longest_fitting(bytes_at, lo: int, budget: int) -> int | None:
@@ -249,9 +226,11 @@ def make_plan(
     layout_args: LayoutArgs | None = None,
     shards: int = 1,
     shard_by: str = "context",
+    available: tuple[int, str] | None = None,
 ) -> Plan:
     """Bytes at `context_len`, or at the longest context that fits `budget_bytes` (per device
-    when sharded over `shards` ranks)."""
+    when sharded over `shards` ranks); `available`: the device's (bytes, source) the memory
+    guard would check against (harness/run/memory.py available_bytes), None when unknown."""
     la = layout_args or LayoutArgs()
     check_layout(layout, la)
     if n_seqs <= 0:
@@ -289,14 +268,13 @@ def make_plan(
     table = counts.get("block_table_bytes", 0)
     held = split_bounds(ctx, shards)[0][1] if shard_by == "context" else ctx
     q_heads = PRESETS[shape.model].n_q_heads if shape.model in PRESETS else shape.n_kv_heads
-    run_bytes = memory.planned_bytes(
+    run_bytes = planned_bytes(
         cache_bytes=model_bytes["total"],
         layer_elems=rows * shape.head_dim,
         compute_bytes=fmt.compute_dtype.size,
         ref_elems=n_seqs * q_heads * ctx * shape.head_dim,
         score_elems=n_seqs * q_heads * ctx,
     )
-    available = memory.available_bytes()
     return Plan(
         model=shape.model,
         n_layers=shape.n_layers,
@@ -416,3 +394,45 @@ def _memory_lines(plan: Plan) -> list[str]:
 
 def to_json(plan: Plan) -> str:
     return json.dumps(asdict(plan), indent=2)
+
+
+def planned_bytes(
+    cache_bytes: int, layer_elems: int, compute_bytes: int, ref_elems: int, score_elems: int
+) -> dict[str, int]:
+    """The parts of a case's planned peak (harness/run/memory.py says what each is) and their
+    total."""
+    parts = {
+        "cache": cache_bytes,
+        "source": 2 * layer_elems * (4 + compute_bytes),
+        "transient": 2 * ref_elems * 4 + 2 * score_elems * 4,
+    }
+    return {**parts, "total": sum(parts.values())}
+
+
+def case_layout_args(case: Case) -> LayoutArgs:
+    return LayoutArgs(case.page_size, case.window, case.sink_tokens, case.prefix_len)
+
+
+def case_plan(case: Case, fmt) -> dict[str, int]:
+    """The memory guard's planned bytes of a case: the cache as its layout holds it (the same
+    footprint `kvbench plan` prints), the source K/V and the kernel's transients."""
+    la = case_layout_args(case) if case.layout != "per-stream" else LayoutArgs()
+    cells = layout_counts(case.layout, case.n_seqs, case.context_len, la)["cells"]
+    rows = cells * case.n_kv_heads  # K (or V) rows of one layer
+    lq = 1 if case.phase == "decode" else case.context_len
+    return planned_bytes(
+        cache_bytes=cache_bytes(
+            fmt,
+            case.layout,
+            case.n_seqs,
+            case.context_len,
+            la,
+            n_layers=case.n_layers,
+            n_kv_heads=case.n_kv_heads,
+            head_dim=case.head_dim,
+        ),  # fmt: skip
+        layer_elems=rows * case.head_dim,
+        ref_elems=case.n_seqs * case.n_q_heads * case.context_len * case.head_dim,
+        compute_bytes=fmt.compute_dtype.size,
+        score_elems=case.n_seqs * case.n_q_heads * lq * case.context_len,
+    )

@@ -15,7 +15,7 @@ import re
 
 from kvbench.case import Case
 from kvbench.errors import UserError
-from kvbench.kernels.formats.registry import get_format
+from kvbench.spec.cache_spec import format_of
 
 
 def parse_shard(text: str) -> tuple[int, int]:
@@ -28,7 +28,7 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 def case_cost(case: Case) -> int:
     """Bytes of the case's full cache: 2 (K, V) x layers x format bytes of its rows."""
-    fmt = get_format(case.kv_dtype, case.group_size)
+    fmt = format_of(case)
     rows = case.n_seqs * case.n_kv_heads * case.context_len
     return 2 * case.n_layers * fmt.nbytes(rows, case.head_dim)
 

@@ -24,6 +24,7 @@ import yaml
 
 from kvbench.case import AXES, Case
 from kvbench.errors import SuiteError
+from kvbench.files import read_text
 from kvbench.kernels.attention.registry import KERNELS
 from kvbench.spec.presets import PRESETS
 from kvbench.spec.validate import (
@@ -34,7 +35,6 @@ from kvbench.spec.validate import (
     check_streams,
     is_int,
 )
-from kvbench.store.files import read_text
 
 MAX_COMBINATIONS = 100_000  # a sweep product beyond this is a typo, not a benchmark
 SETTING_MAX = 1e9  # seconds, samples or rounds: anything larger never finishes

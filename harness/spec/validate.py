@@ -8,18 +8,18 @@ from pathlib import Path
 
 from kvbench.axes import TABLE, Axis
 from kvbench.case import AXES, Case
-from kvbench.engines.model import MODEL_PHASES, spec_of
 from kvbench.errors import SuiteError
 from kvbench.kernels.attention.registry import KERNELS
 from kvbench.kernels.attention.sharded import BY, COMBINES, split_reason
 from kvbench.kernels.data import KV_DATA, load_kv_file
-from kvbench.kernels.formats.registry import FORMATS, get_format
+from kvbench.kernels.formats.registry import FORMATS
 from kvbench.kernels.model.cache import AXES as K_AXES
 from kvbench.kernels.model.fetch import MODELS
 from kvbench.kernels.stores.layouts import LAYOUT_KINDS
 from kvbench.kernels.stores.paged import PAGE_SIZES
 from kvbench.kernels.stores.workloads import ORDERS
 from kvbench.peers.registry import EXTERNAL_PEERS, PEERS
+from kvbench.spec.cache_spec import MODEL_PHASES, format_of, spec_of
 from kvbench.spec.presets import PRESETS
 
 PHASES = ("decode", "prefill", *MODEL_PHASES)
@@ -143,7 +143,7 @@ def check_axis(path: str, key: str, axis: str, value) -> None:
 def check_case(path: str, case: Case) -> None:
     """Combinations of axes: the format's group size vs head_dim, the K/V file vs the shape."""
     try:
-        fmt = get_format(case.kv_dtype, case.group_size)
+        fmt = format_of(case)
         fmt.nbytes(1, case.head_dim)
     except ValueError as e:
         raise SuiteError(path, "group_size", str(e)) from None

@@ -2,7 +2,7 @@
 
 What maps, and from where (nothing else is filled in; absent means empty, never guessed):
   * timing: with raw data (`--benchmark-save-data`: stats.data, seconds per call) the samples
-    file gets every round and the statistics are kvbench's own (harness/analysis/stats.py
+    file gets every round and the statistics are kvbench's own (harness/stats.py
     summarize); without it, median_ms, iqr_ms, n_samples (rounds) and cv (stddev / mean) from stats.
   * the case: extra_info["case"] (the Case fields; kvbench's benchmarks store them), so rows
     join `kvbench run` rows on case_id; a foreign benchmark gets case_id = sha1(fullname)[:12].
@@ -21,10 +21,10 @@ import math
 from pathlib import Path
 
 from kvbench import SCHEMA_VERSION
-from kvbench.analysis.stats import summarize
 from kvbench.axes import TABLE
 from kvbench.errors import UserError
-from kvbench.store.files import check_output_dir, read_text
+from kvbench.files import check_output_dir, read_text
+from kvbench.stats import summarize
 from kvbench.store.record import COLUMNS, SAMPLE_COLUMNS, make_record, write_csv_atomic
 
 CONTEXT_KEYS = ("device", "backend", "mlx_version", "kvbench_version")
@@ -32,7 +32,7 @@ STAT_KEYS = ("median", "iqr", "mean", "stddev", "rounds")
 
 
 def _load(path: Path) -> dict:
-    text = read_text(path)  # capped, strict UTF-8 (harness/store/files.py)
+    text = read_text(path)  # capped, strict UTF-8 (harness/files.py)
     try:
         doc = json.loads(text)
     except json.JSONDecodeError as e:

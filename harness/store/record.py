@@ -19,7 +19,7 @@ from pathlib import Path
 
 from kvbench.axes import TABLE, Axis
 from kvbench.errors import UserError
-from kvbench.store.files import append_bytes, create_exclusive, write_atomic
+from kvbench.files import append_bytes, create_exclusive, write_atomic
 
 
 @dataclass(frozen=True)
@@ -31,6 +31,48 @@ class _Head:
     status: str | None = None  # ok | error | skipped | partial
     error: str | None = None
     bench_name: str | None = None  # imported rows: the benchmark's own name (pytest-benchmark)
+
+
+@dataclass(frozen=True)
+class _CaseColumns:
+    """The case block: one column per axis of kvbench.axes.TABLE (derived ones too), in the
+    table's order, every one optional (tests/test_axes.py asserts the match)."""
+
+    model: str | None = None
+    n_layers: int | None = None
+    n_q_heads: int | None = None
+    n_kv_heads: int | None = None
+    gqa_ratio: int | None = None
+    head_dim: int | None = None
+    phase: str | None = None
+    context_len: int | None = None
+    kv_dtype: str | None = None
+    kernel: str | None = None
+    n_seqs: int | None = None
+    tile_kv: int | None = None
+    layout: str | None = None
+    workload: str | None = None
+    prefix_frac: float | None = None
+    decode_order: str | None = None
+    churn: int | None = None
+    group_size: int | None = None
+    kv_data: str | None = None
+    seed: int | None = None
+    kv_file: str | None = None
+    window: int | None = None
+    shards: int | None = None
+    shard_by: str | None = None
+    combine: str | None = None
+    v_dtype: str | None = None
+    k_axis: str | None = None
+    sink_tokens: int | None = None
+    recent_tokens: int | None = None
+    text: str | None = None
+    chunks: int | None = None
+    page_size: int | None = None
+    page_read: str | None = None
+    kv_edit: str | None = None
+    rope_theta: float | None = None
 
 
 @dataclass(frozen=True)
@@ -137,8 +179,10 @@ class _Measured:
 
 
 def record_class(table: tuple[Axis, ...] = TABLE) -> type:
-    """The Record: the head columns, then one column per axis of `table` (derived ones too), then
-    the measured columns; every field optional (an error row has no times)."""
+    """What the axis table implies a Record is (tests compare the declared Record with it, and
+    check a made-up axis through it): the head columns, then one column per axis of `table`
+    (derived ones too), then the measured columns; every field optional (an error row has no
+    times)."""
     case_block = [(a.name, _optional(a.type), field(default=None)) for a in table]
     spec = [(f.name, f.type, field(default=None)) for f in dataclasses.fields(_Head)]
     spec += case_block
@@ -152,11 +196,22 @@ def _optional(annotation: str) -> str:
     return annotation if "None" in annotation else f"{annotation} | None"
 
 
-Record = record_class()
+@dataclass(frozen=True)
+class Record(_Measured, _CaseColumns, _Head):
+    """One CSV row: the head (identity), the case block, the measured columns, in that order
+    (a dataclass collects its bases' fields from the last base to the first)."""
 
 
 COLUMNS = tuple(f.name for f in dataclasses.fields(Record))
 SAMPLE_COLUMNS = ("case_id", "stage", "round", "sample", "ms")
+# metric -> the stage whose raw samples stand behind it (the metrics a rank test can judge)
+METRIC_STAGE = {
+    "median_ms": "step",
+    "write_ms": "write",
+    "attend_ms": "attend",
+    "mask_ms": "mask",
+    "comm_ms": "comm",
+}
 
 
 def make_record(**values) -> Record:
@@ -188,7 +243,7 @@ def csv_text(header, rows) -> str:
 
 def write_csv_atomic(path: Path, header, rows) -> None:
     """Write rows (sequences matching header) to path via a uniquely named temporary file and a
-    rename (harness/store/files.py: one-line error on failure, umask mode)."""
+    rename (harness/files.py: one-line error on failure, umask mode)."""
     path = Path(path)
     try:
         path.parent.mkdir(parents=True, exist_ok=True)

@@ -19,7 +19,7 @@ would mix between-run drift into one sample set that the rank test treats as ind
 
 Pooled (pool=True, `compare --pool`, and `gate --rounds N` with N > 1): each case's row is
 rebuilt from the raw samples of every measured run of that case on the side (for a git ref,
-only clean-tree runs when there are any), concatenated, with harness/analysis/stats.py (median, p10,
+only clean-tree runs when there are any), concatenated, with harness/stats.py (median, p10,
 p90, IQR, CV, CI, n; write_ms / attend_ms / mask_ms = median of their pooled stage samples).
 Other columns (GB/s, memory, accuracy) stay those of the latest run. This is meant for runs
 that were *interleaved* with the other side's (gate --rounds), so that drift hits both sides
@@ -37,14 +37,12 @@ from pathlib import Path
 import numpy as np
 import pandas as pd
 
-from kvbench import SCHEMA_VERSION
-from kvbench.analysis import stats
-from kvbench.analysis.rules import METRIC_STAGE
+from kvbench import SCHEMA_VERSION, stats
 from kvbench.case import label_of
 from kvbench.errors import UserError
 from kvbench.store import git
 from kvbench.store.migrate_v1 import with_v1_facts
-from kvbench.store.record import COLUMNS, Record
+from kvbench.store.record import COLUMNS, METRIC_STAGE, Record
 
 # Read as text: a 12-digit commit or case id made only of digits must not become a number.
 TEXT_COLUMNS = {c: str for c in ("run_id", "case_id", "commit", "branch", "suite", "host", "label")}
@@ -350,3 +348,10 @@ def label(row) -> str:
         name = row.get("bench_name")
         return name if isinstance(name, str) else str(row.get("case_id"))
     return label_of(row)
+
+
+def format_label(r) -> str:
+    """A row's cache format with its group size, e.g. fp16, int4/g32 (one name for analysis and
+    the report)."""
+    g = r.get("group_size")
+    return f"{r['kv_dtype']}/g{int(g)}" if pd.notna(g) else str(r["kv_dtype"])

@@ -206,3 +206,15 @@ class LayoutStore(KVStore):
         """Store token i's k, v [n, Hkv, D] at (streams[i], cells[i]) of `layer`, encoding on
         write: one scatter over all streams (llama.cpp's set_rows with global indices)."""
         self.put(layer, (streams, ALL, cells), k, v)
+
+
+def per_stream_cells(n_seqs: int, ctx: int) -> int:
+    """Cells (positions of one layer's K, per K/V head) of per-stream buffers: every sequence
+    holds its own context_len positions."""
+    return n_seqs * ctx
+
+
+def unified_cells(n_seqs: int, ctx: int, prefix: int = 0) -> int:
+    """Cells of one unified buffer: a shared prefix stored once, then each sequence's own
+    tokens, padded to KV_PAD."""
+    return pad_to(prefix + n_seqs * (ctx - prefix), KV_PAD)

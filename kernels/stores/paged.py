@@ -213,3 +213,12 @@ def paged_tiled(q, k_pool, v_pool, table, fmt, *, mask, scale: float, tile_pages
         state = fold_tile(state, qg, kt, vt, vis, act)
     m, l, acc = state
     return (acc / l).reshape(b, hq, lq, d).astype(q.dtype)
+
+
+def paged_counts(n_seqs: int, ctx: int, page_size: int, prefix: int = 0) -> dict:
+    """Pages (cells = pages x page_size) and block-table bytes of n_seqs sequences of ctx
+    tokens: whole prefix pages stored once, a partial last prefix page copied on write."""
+    full = prefix // page_size
+    pages = full + n_seqs * blocks_for(ctx - full * page_size, page_size)
+    table = n_seqs * blocks_for(ctx, page_size) * TABLE_ENTRY_BYTES
+    return {"cells": pages * page_size, "pages": pages, "block_table_bytes": table}

@@ -61,3 +61,9 @@ class Ring:
     def held(self) -> int:
         """Cells holding a position."""
         return int((self.pos >= 0).sum())
+
+
+def window_cells(n_seqs: int, window: int, sinks: int = 0) -> int:
+    """Cells of n_seqs rings of `window` positions after `sinks` fixed ones (decode: max_step 1),
+    whatever the context: the ring is allocated whole."""
+    return n_seqs * (sinks + window)

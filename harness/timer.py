@@ -19,7 +19,7 @@ from collections.abc import Callable
 
 import mlx.core as mx
 
-from kvbench.analysis.stats import ci_rel_halfwidth
+from kvbench.stats import ci_rel_halfwidth
 
 
 def run_once(fn: Callable[[], object], clock=time.perf_counter) -> float:

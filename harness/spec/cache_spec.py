@@ -1,0 +1,37 @@
+"""The real-model phases and the model cache a case asks for (a CacheSpec from its axes).
+
+Here, not in the model engine, so that validating a suite needs no engine: spec/validate.py
+checks the spec's formats before anything runs, and the model engine builds the cache from it.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+from kvbench.case import Case
+from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.model.cache import CacheSpec
+
+MODEL_PHASES = ("quality", "model_decode")
+
+
+def spec_of(case: Case) -> CacheSpec:
+    return CacheSpec(
+        k_dtype=case.kv_dtype,
+        v_dtype=case.v_dtype,
+        k_group=case.group_size,
+        v_group=case.group_size if case.v_dtype else None,  # group_size: K's and V's
+        k_axis=case.k_axis,
+        sink_tokens=case.sink_tokens,
+        recent_tokens=case.recent_tokens,
+    )
+
+
+@cache
+def _format(kv_dtype: str, group_size: int | None):
+    return get_format(kv_dtype, group_size)
+
+
+def format_of(case: Case):
+    """The case's K format (kv_dtype at group_size), resolved once per (kv_dtype, group_size)."""
+    return _format(case.kv_dtype, case.group_size)
