@@ -148,3 +148,35 @@ def test_window_plan_equals_the_measured_allocation(dtype):
     state = engine_for(c).build(c)
     plan = make_plan(TINY, dtype, None, 2, 300, None, "window", LayoutArgs(window=64, sinks=4))
     assert state.alloc_bytes == plan.model_bytes["total"]
+
+
+GUARD_CASES = [
+    ({"layout": "paged", "page_size": 16, "workload": "shared-prefix", "prefix_frac": 0.3},
+     "paged", LayoutArgs(page_size=16, prefix=30)),
+    ({"layout": "unified", "workload": "shared-prefix", "prefix_frac": 0.3},
+     "unified", LayoutArgs(prefix=30)),
+    ({"layout": "window", "window": 64, "sink_tokens": 4, "n_seqs": 1}, "window",
+     LayoutArgs(window=64, sinks=4)),
+    ({}, "per-stream", LayoutArgs()),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("axes,layout,la", GUARD_CASES)
+def test_the_memory_guard_counts_what_plan_counts(axes, layout, la):
+    from kvbench.run.memory import case_plan
+
+    base = {"model": "tiny", "n_seqs": 4, "context_len": 100, "kv_dtype": "int4"}
+    c = resolve("t", base | axes)
+    plan = make_plan(TINY, "int4", None, c.n_seqs, 100, None, layout, la)
+    assert case_plan(c)["cache"] == plan.total_bytes
+
+
+def test_the_guard_counts_a_window_as_its_ring():
+    # a 1M-token window case holds sinks + window cells, not a million: the old guard counted
+    # n_seqs x context_len cells (1,024 B each: ~1 GB of cache)
+    from kvbench.run.memory import case_plan
+
+    c = resolve("t", {"model": "tiny", "context_len": 10**6, "kv_dtype": "fp16",
+                      "layout": "window", "window": 64, "sink_tokens": 4})  # fmt: skip
+    plan = make_plan(TINY, "fp16", None, 1, 10**6, None, "window", LayoutArgs(window=64, sinks=4))
+    assert plan.total_bytes == 68 * 1024 == case_plan(c)["cache"]

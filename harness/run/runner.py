@@ -17,12 +17,11 @@ from dataclasses import dataclass, field
 
 import mlx.core as mx
 
-from kvbench import stats
+from kvbench import stats, timer
 from kvbench.case import Case
 from kvbench.engines import engine_for, metrics
 from kvbench.engines.contract import State
 from kvbench.peers.registry import kernel_kind
-from kvbench import timer
 from kvbench.run import interrupt
 from kvbench.spec.cache_spec import format_of
 from kvbench.spec.suite import Settings
