@@ -189,3 +189,27 @@ def test_attention_error_rows(tiny):
     assert rows[("fp16", "smollm2")]["rel_err"] < 1e-3
     # planted outlier channels hurt per-row int4 keys: larger reconstruction error
     assert rows[("int4", "outliers")]["kv_recon_err"] > rows[("int4", "gaussian")]["kv_recon_err"]
+
+
+def test_position_buckets_by_hand():
+    """Two chunks of 6 scored tokens, 4 buckets: index i of 6 goes to bucket i * 4 // 6,
+    i.e. [0, 0, 1, 2, 2, 3] (sizes 2, 1, 2, 1 per chunk)."""
+    a = {"kl": np.array([1.0, 2, 3, 4, 5, 6]), "agree": np.array([1, 1, 0, 1, 0, 0], bool)}
+    b = {"kl": np.array([0.0, 0, 9, 2, 0, 4]), "agree": np.array([1, 0, 1, 1, 1, 1], bool)}
+    got = Q.position_buckets([a, b])
+    assert [got[f"n_pos{i}"] for i in range(1, 5)] == [4, 2, 4, 2]
+    assert got["kl_pos1"] == pytest.approx((1 + 2 + 0 + 0) / 4)
+    assert got["kl_pos2"] == pytest.approx((3 + 9) / 2)
+    assert got["kl_pos3"] == pytest.approx((4 + 5 + 2 + 0) / 4)
+    assert got["kl_pos4"] == pytest.approx((6 + 4) / 2)
+    assert got["top1_pos1"] == pytest.approx(3 / 4) and got["top1_pos2"] == pytest.approx(1 / 2)
+    assert got["top1_pos3"] == pytest.approx(3 / 4) and got["top1_pos4"] == pytest.approx(1 / 2)
+
+
+def test_quality_rows_carry_buckets_that_pool_to_the_mean(tiny):
+    ch = Q.chunks(TOKS, 32)
+    r = Q.quality(tiny, ch, CacheSpec("int4"), Q.reference_run(tiny, ch))
+    n = [r[f"n_pos{i}"] for i in range(1, 5)]
+    assert n == [8, 8, 8, 6] and sum(n) == r["n_scored"]  # 15 per chunk: 4, 4, 4, 3
+    pooled = sum(r[f"kl_pos{i}"] * n[i - 1] for i in range(1, 5)) / sum(n)
+    assert pooled == pytest.approx(r["kl_mean"], rel=1e-5)

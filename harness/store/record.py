@@ -157,6 +157,19 @@ class _Measured:
     kl_p99: float | None = None  # its 99th percentile over the scored tokens
     top1_agree: float | None = None  # fraction of scored tokens with the same top-1 token
     n_scored: int | None = None  # tokens scored
+    # the same by position: the scored half of each chunk in 4 equal runs (1 = earliest)
+    kl_pos1: float | None = None
+    kl_pos2: float | None = None
+    kl_pos3: float | None = None
+    kl_pos4: float | None = None
+    top1_pos1: float | None = None
+    top1_pos2: float | None = None
+    top1_pos3: float | None = None
+    top1_pos4: float | None = None
+    n_pos1: int | None = None  # tokens scored in each run, over all chunks
+    n_pos2: int | None = None
+    n_pos3: int | None = None
+    n_pos4: int | None = None
     # context
     commit: str | None = None
     dirty: bool | None = None

@@ -9,6 +9,12 @@ The float32 cache of the same model is the reference: per scored token, the KL d
 KL(p_ref || p) of the next-token distributions, whether the top-1 tokens agree, and the
 negative log-likelihood of the true next token. ppl = exp(mean nll).
 
+Position buckets: the scored half of every chunk is cut into POS_BUCKETS equal runs of
+positions (bucket b of m scored tokens holds scored index i with i * POS_BUCKETS // m == b,
+chunk position context_len/2 + i), pooled over chunks: kl_pos1 .. kl_pos4, top1_pos1 ..
+top1_pos4 and n_pos1 .. n_pos4 (tokens per bucket) show whether a format's error grows with
+depth.
+
 Default text: the prose of Python's own language reference as shipped in every CPython
 (`pydoc_data.topics`, the text `help()` shows), topics in sorted order, indented blocks (code
 and grammar) and reST underlines dropped. It is present wherever kvbench installs, needs no
@@ -126,6 +132,30 @@ def reference_run(model: Model, token_chunks: list[list[int]], ubatch=None) -> l
     return [chunk_logprobs(model, c, REFERENCE_SPEC, "reference", ubatch) for c in token_chunks]
 
 
+POS_BUCKETS = 4
+
+
+def position_buckets(stats: list[dict], n_buckets: int = POS_BUCKETS) -> dict:
+    """kl_posB, top1_posB, n_posB (B = 1..n_buckets) over each chunk's scored tokens split
+    into n_buckets equal runs of positions (index i of m in bucket i * n_buckets // m)."""
+    kl = [[] for _ in range(n_buckets)]
+    agree = [[] for _ in range(n_buckets)]
+    for s in stats:
+        m = len(s["kl"])
+        which = np.arange(m) * n_buckets // m
+        for b in range(n_buckets):
+            kl[b].append(s["kl"][which == b])
+            agree[b].append(s["agree"][which == b])
+    out = {}
+    for b in range(n_buckets):
+        k, a = np.concatenate(kl[b]), np.concatenate(agree[b])
+        n = int(k.size)
+        out[f"kl_pos{b + 1}"] = float(k.mean()) if n else None
+        out[f"top1_pos{b + 1}"] = float(a.mean()) if n else None
+        out[f"n_pos{b + 1}"] = n
+    return out
+
+
 def summarize(stats: list[dict], ref_nll: np.ndarray) -> dict:
     kl = np.concatenate([s["kl"] for s in stats])
     nll = np.concatenate([s["nll"] for s in stats])
@@ -139,6 +169,7 @@ def summarize(stats: list[dict], ref_nll: np.ndarray) -> dict:
         "kl_p99": float(np.percentile(kl, 99)),
         "top1_agree": float(agree.mean()),
         "n_scored": int(kl.size),
+        **position_buckets(stats),
     }
 
 
