@@ -78,6 +78,9 @@ def test_explicit_shape_and_sizes():
         ["--model", "tiny", "--context", "8", "--sinks", "4"],
         ["--model", "tiny", "--context", "8", "--prefix", "4"],
         ["--model", "tiny", "--context", "8", "--layout", "unified", "--prefix", "8"],
+        # a budget that holds more than the search's limit (#27: was a TypeError)
+        ["--model", "llama-3-8b", "--budget", "1000000000TiB"],
+        ["--model", "tiny", "--budget", "1000000000TiB", "--layout", "paged", "--page-size", "16"],
     ],
 )
 def test_bad_input_is_one_line_exit_2(args, capsys):

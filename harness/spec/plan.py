@@ -250,6 +250,11 @@ def make_plan(
             raise UserError("--context: give --context or --budget")
         bytes_at = lambda c: total_bytes(shape, fmt, layout, n_seqs, c, la)  # noqa: E731
         context_len = longest_fitting(bytes_at, la.prefix + 1, budget_bytes)
+        if context_len is None and la.window is None:  # only a window's ring fits any context
+            raise UserError(
+                f"--budget: {budget_bytes:,} B holds more than {MAX_CONTEXT:,} tokens "
+                "(the longest context plan searches); give --context instead"
+            )
     elif context_len <= la.prefix:
         raise UserError(f"--context: must be more than the prefix ({la.prefix}), got {context_len}")
     # the bytes shown for an unbounded window: its ring at any context (here: one window)
