@@ -126,6 +126,13 @@ TABLE: tuple[Axis, ...] = (
          hide_default=True, doc="unified: a timed shift, self-extend or defrag (docs/layouts.md)"),
     Axis("rope_theta", "float", 10000.0, "positive_number", series="theta {:g}",
          doc="RoPE base of the keys a kv_edit re-rotates"),
+    # rotation before quantization (kernels/formats/rotation.py, docs/formats.md)
+    Axis("rotate_k", "str", "none", "choice:rotations", label="rotK:{}", column="rotK",
+         hide_default=True, series="rot K {}", doc="keys stored rotated (after RoPE): none "
+         "or hadamard (q rotated once per step)"),
+    Axis("rotate_v", "str", "none", "choice:rotations", label="rotV:{}", column="rotV",
+         hide_default=True, series="rot V {}", doc="values stored rotated: none or hadamard "
+         "(the attention output rotated back once per step)"),
 )
 # fmt: on
 

@@ -103,6 +103,8 @@ class Case:
     page_read: str = "gather"
     kv_edit: str = "none"
     rope_theta: float = 10000.0
+    rotate_k: str = "none"
+    rotate_v: str = "none"
 
     @property
     def gqa_ratio(self) -> int:

@@ -31,10 +31,12 @@ from kvbench.kernels.attention.registry import (
     KERNELS,
     effective_tile,
     reference,
+    rotated,
     unsupported_reason,
 )
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.formats.rotation import rotate
 from kvbench.kernels.stores.cache import KVCache
 from kvbench.spec.cache_spec import format_of
 
@@ -130,14 +132,15 @@ def build(case: Case) -> State:
     mx.eval(cache.arrays())
     alloc = mx.get_active_memory() - baseline
     pos = case.context_len - lq  # decode: L-1 prefilled positions; prefill: none
-    if pos:
-        cache.fill(k_act[:, :, :pos], v_act[:, :, :pos])
+    rk, rv = case.rotate_k, case.rotate_v
+    if pos:  # stored rotated (after RoPE) when the case asks
+        cache.fill(rotate(k_act[:, :, :pos], rk), rotate(v_act[:, :, :pos], rv))
     mx.synchronize()
     fill_peak = mx.get_peak_memory() - baseline  # allocation + prefill writes (quantize)
     k_new, v_new = k_act[:, :, pos:], v_act[:, :, pos:]
     mask = "causal" if case.phase == "prefill" else None
     scale = 1.0 / math.sqrt(case.head_dim)
-    kernel = KERNELS[case.kernel].fn
+    kernel = rotated(KERNELS[case.kernel].fn, rk, rv)  # q in, output out: rotated once
 
     def attend(layer: int, query: mx.array = q) -> mx.array:
         k, v = cache.view(layer, case.context_len)
@@ -148,9 +151,12 @@ def build(case: Case) -> State:
         # overlap the layers' attention (independent layers would flatter a GPU's step time)
         return attend(layer, outs[-1].astype(q.dtype) if outs else q)
 
+    def put(layer: int) -> None:  # the new token's K/V, rotated as stored, then encoded
+        cache.write(layer, rotate(k_new, rk), rotate(v_new, rv), pos)
+
     def write() -> list[mx.array]:
         for layer in range(cache.n_layers):
-            cache.write(layer, k_new, v_new, pos)
+            put(layer)
         return cache.arrays()
 
     def attend_all() -> list[mx.array]:
@@ -162,7 +168,7 @@ def build(case: Case) -> State:
     def step() -> list[mx.array]:
         outs: list[mx.array] = []
         for layer in range(cache.n_layers):
-            cache.write(layer, k_new, v_new, pos)
+            put(layer)
             outs.append(chained(outs, layer))
         return outs + cache.arrays()
 
@@ -170,14 +176,13 @@ def build(case: Case) -> State:
         mx.eval(step())
         out = attend(0)
         k, v = cache.view(0, case.context_len)
-        parity_gate(case.kernel, out, reference(q32, k, v, fmt, mask=mask, scale=scale), act)
+        want = rotated(reference, rk, rv)(q32, k, v, fmt, mask=mask, scale=scale)
+        parity_gate(case.kernel, out, want, act)
         exact = reference(
             q32, {"data": k32}, {"data": v32}, get_format("fp32"), mask=mask, scale=scale
         )
-        return {
-            **compare_outputs(out, exact),
-            "kv_recon_err": recon_err(tuple(fmt.decode(x, mx.float32) for x in (k, v)), (k32, v32)),
-        }
+        back = tuple(rotate(fmt.decode(x, mx.float32), r) for x, r in ((k, rk), (v, rv)))
+        return {**compare_outputs(out, exact), "kv_recon_err": recon_err(back, (k32, v32))}
 
     return State(
         {"step": step, "write": write, "attend": attend_all},

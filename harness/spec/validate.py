@@ -12,6 +12,7 @@ from kvbench.errors import SuiteError
 from kvbench.kernels.attention.registry import KERNELS
 from kvbench.kernels.attention.sharded import BY, COMBINES, split_reason
 from kvbench.kernels.data import KV_DATA, load_kv_file
+from kvbench.kernels.formats import rotation
 from kvbench.kernels.formats.registry import FORMATS
 from kvbench.kernels.model.cache import AXES as K_AXES
 from kvbench.kernels.model.fetch import MODELS
@@ -100,6 +101,7 @@ CHOICES = {
     "k_axes": K_AXES,
     "page_reads": PAGE_READS,
     "kv_edits": KV_EDITS,
+    "rotations": rotation.ROTATIONS,
 }
 NAMED_CHECKS = {
     "positive_int": positive_int,
@@ -162,6 +164,33 @@ def check_case(path: str, case: Case) -> None:
             load_kv_file(case.kv_file, shape)
         except ValueError as e:
             raise SuiteError(path, "kv_file", str(e)) from None
+    check_rotation(path, case)
+
+
+ROTATED_ENGINE = "rotation runs in the plain cache engine (layout per-stream, no workload, "
+
+
+def check_rotation(path: str, case: Case) -> None:
+    """rotate_k / rotate_v: a Hadamard block that fits head_dim, on an engine that rotates."""
+    for axis in ("rotate_k", "rotate_v"):
+        value = getattr(case, axis)
+        if value == "none":
+            continue
+        try:
+            rotation.check(value, case.head_dim)
+        except ValueError as e:
+            raise SuiteError(path, axis, str(e)) from None
+        off = {
+            "phase": case.phase in MODEL_PHASES,
+            "layout": case.layout != "per-stream",
+            "workload": case.workload != "none",
+            "shards": case.shards != 1,
+            "kernel": case.kernel not in KERNELS,
+        }
+        bad = [k for k, v in off.items() if v]
+        if bad:
+            why = "one rank, a kvbench kernel, phase decode or prefill)"
+            raise SuiteError(path, axis, f"{ROTATED_ENGINE}{why}; not with this {bad[0]}")
 
 
 MODEL_AXES = ("v_dtype", "k_axis", "sink_tokens", "recent_tokens", "text", "chunks")

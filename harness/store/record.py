@@ -73,6 +73,8 @@ class _CaseColumns:
     page_read: str | None = None
     kv_edit: str | None = None
     rope_theta: float | None = None
+    rotate_k: str | None = None
+    rotate_v: str | None = None
 
 
 @dataclass(frozen=True)

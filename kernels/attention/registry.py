@@ -19,6 +19,7 @@ from kvbench.kernels.attention.gpu import kernels as gpu_kernels
 from kvbench.kernels.attention.gpu import launch
 from kvbench.kernels.attention.sharded import decode_only, partial
 from kvbench.kernels.attention.tiled import DEFAULT_TILE_KV, tiled
+from kvbench.kernels.formats.rotation import rotate
 
 
 def causal_mask(lq: int, lk: int) -> mx.array:
@@ -145,6 +146,19 @@ KERNELS = {
         gpu_kernels.cuda, gpu_kernels.accepts, ("cuda",), gpu_kernels.fits("cuda"), GPU_TILE
     ),
 }
+
+
+def rotated(fn: Callable, rotate_k: str = "none", rotate_v: str = "none") -> Callable:
+    """Kernel `fn` over a cache whose keys / values are stored rotated (kernels/formats/
+    rotation.py): q rotated once before the kernel, the output rotated back once after it, the
+    stored cache never touched, so every kernel (GPU ones included) runs it unchanged."""
+    if rotate_k == rotate_v == "none":
+        return fn
+
+    def run(q, k, v, fmt, **kw) -> mx.array:
+        return rotate(fn(rotate(q, rotate_k), k, v, fmt, **kw), rotate_v)
+
+    return run
 
 
 def effective_tile(kernel: str, tile_kv: int | None) -> int | None:

@@ -1,0 +1,88 @@
+"""Rotation before quantization: an orthonormal Walsh-Hadamard transform over head_dim.
+
+A quantized K (or V) row whose energy sits in a few channels (RoPE pairs, outlier channels)
+wastes most of its group's levels; rotating the row by an orthonormal H spreads that energy over
+the group before the format quantizes it. llama.cpp does this by default for quantized KV types
+(ggml-org/llama.cpp PR #21038: `attn_rot_k` / `attn_rot_v` in src/llama-kv-cache.cpp).
+
+H is the Sylvester Walsh-Hadamard matrix scaled by 1/sqrt(n): symmetric and orthonormal, so
+H = H^T = H^-1. For a head_dim that is not a power of two, H is block-diagonal with blocks of
+the largest power of two dividing head_dim (at least MIN_BLOCK; below that, refused). Applied
+after RoPE:
+
+* keys stored rotated (k H): q.k = (q H).(k H) since H H^T = I, so the attention path rotates
+  q once per step and never touches the stored cache;
+* values stored rotated (v H): sum_j p_j (v_j H) = (sum_j p_j v_j) H, so the path rotates the
+  attention output back once per step (out H^T = out H).
+
+Exact bytes are unchanged: the format stores the rotated rows as it would any rows. The
+quality path (a model's cache) may instead rotate, quantize, dequantize and rotate back
+(`round_trip`), which is the same arithmetic up to rounding.
+"""
+
+from __future__ import annotations
+
+from functools import cache
+
+import mlx.core as mx
+import numpy as np
+
+ROTATIONS = ("none", "hadamard")
+MIN_BLOCK = 8  # a smaller block barely mixes channels: refused rather than run as a no-op
+
+
+def block_size(head_dim: int) -> int:
+    """The Hadamard block for `head_dim`: its largest power-of-two divisor (all of head_dim
+    when it is a power of two); ValueError when that is under MIN_BLOCK."""
+    block = head_dim & -head_dim  # lowest set bit = largest power of two dividing head_dim
+    if head_dim <= 0 or block < MIN_BLOCK:
+        raise ValueError(
+            f"hadamard rotation: head_dim {head_dim} has no power-of-two block of at least "
+            f"{MIN_BLOCK} (largest power-of-two divisor {block})"
+        )
+    return block
+
+
+def sylvester(n: int) -> np.ndarray:
+    """The n x n Sylvester Hadamard matrix of +-1 (n a power of two): H_2n = [[H, H], [H, -H]]."""
+    h = np.ones((1, 1), dtype=np.float64)
+    while h.shape[0] < n:
+        h = np.block([[h, h], [h, -h]])
+    return h
+
+
+@cache
+def _matrix_np(head_dim: int) -> np.ndarray:
+    b = block_size(head_dim)
+    blk = sylvester(b) / np.sqrt(b)
+    return np.kron(np.eye(head_dim // b), blk).astype(np.float32)  # [D, D] block-diagonal
+
+
+def hadamard(head_dim: int) -> mx.array:
+    """float32 [D, D] orthonormal (block-diagonal) Walsh-Hadamard matrix; symmetric."""
+    return mx.array(_matrix_np(head_dim))
+
+
+def check(rotation: str, head_dim: int) -> None:
+    """ValueError when `rotation` is unknown or cannot apply at head_dim."""
+    if rotation not in ROTATIONS:
+        raise ValueError(f"unknown rotation {rotation!r}; known: {', '.join(ROTATIONS)}")
+    if rotation == "hadamard":
+        block_size(head_dim)
+
+
+def rotate(x: mx.array, rotation: str) -> mx.array:
+    """x [..., D] rotated (x H), computed in float32 and returned in x's dtype; x itself when
+    rotation is "none". H is its own inverse, so this also rotates back."""
+    if rotation == "none":
+        return x
+    h = hadamard(x.shape[-1])
+    return (x.astype(mx.float32) @ h).astype(x.dtype)
+
+
+def round_trip(x: mx.array, fmt, rotation: str, dtype: mx.Dtype = mx.float32) -> mx.array:
+    """What a rotated cache gives back for rows x [..., D], in the unrotated basis: rotate,
+    encode in `fmt`, decode (in `dtype`), rotate back. Equal, up to rounding, to rotating q and
+    the attention output instead (module docstring)."""
+    stored = fmt.encode(rotate(x, rotation))
+    return rotate(fmt.decode(stored, dtype), rotation)
