@@ -158,3 +158,19 @@ def test_two_ranks_by_uneven_heads_summed(ranks):
     assert 2 <= len(result.samples["step"]) <= 3
     # int4 computes in fp16: the parity gate passed on rank 0, accuracy vs un-quantized K/V
     assert result.accuracy["cosine"] > 0.98 and result.accuracy["kv_recon_err"] > 0
+
+
+def test_rank_that_does_not_own_the_new_token_holds_every_layer():
+    """Rank 0 of a context split fills its whole buffer (it writes no new token): every layer
+    must hold its own bytes (the store's write, no rank-side copy; issue #28)."""
+    import mlx.core as mx
+
+    from kvbench.engines.residency import measure
+    from kvbench.engines.sharded_rank import Rank
+
+    group = mx.distributed.init()  # a single process: a group of one, rank 0
+    rank = Rank(case(), group)
+    assert not rank.part.owns_new and rank.pos == 51  # the whole buffer was filled
+    m = measure(rank.cache.arrays(), rank.baseline)
+    assert m["declared"] == 2 * 2 * 51 * 3 * 32 * 4  # layers x (K, V) x 51 positions x 3 heads
+    assert m["resident"] >= m["declared"] and m["shared"] == 0

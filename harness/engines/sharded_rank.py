@@ -99,22 +99,12 @@ class Rank:
         mx.eval(self.cache.arrays())
         self.alloc_bytes = mx.get_active_memory() - self.baseline
         held = p1 - p0 - (1 if part.owns_new else 0)
-        self.fill(k[:, :, :held], v[:, :, :held])
+        self.cache.fill(k[:, :, :held], v[:, :, :held])  # every layer its own buffer
         self.k_new, self.v_new, self.pos = k[:, :, held:], v[:, :, held:], held
         self.scale = 1.0 / math.sqrt(d)
         self.heads = [
             (s * hq // hkv, e * hq // hkv) for s, e in split_bounds(hkv, case.shards)
         ]  # every rank's query heads (by heads)
-
-    def fill(self, k: mx.array, v: mx.array) -> None:
-        """Prefill every layer with its own copy: where k fills a dense cache's whole buffer
-        (the ranks that do not own the new token), the update would otherwise leave every
-        layer aliasing one buffer (seen: active memory back to the pre-cache baseline), which
-        flatters the step (one layer's K/V read n_layers times) and hides the cache's bytes."""
-        index = self.cache.positions(0, k.shape[2])
-        for layer in range(self.cache.n_layers):
-            self.cache.put(layer, index, k + 0, v + 0)  # + 0: a new array per layer
-            mx.eval(self.cache.layer_arrays(layer))
 
     def local_query(self, q: mx.array) -> mx.array:
         s, e = self.part.q_heads

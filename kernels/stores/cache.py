@@ -17,6 +17,24 @@ from kvbench.kernels.formats.protocol import Format, Stored
 ALL = slice(None)
 
 
+def write_into(target: mx.array, index: tuple, part: mx.array) -> None:
+    """target[index] = part, always into target's own buffer. MLX hands back the update itself
+    when a slice update covers the whole array: the pre-allocated buffer is freed and every
+    layer written from one part shares that part (a 256 MiB 8-layer cache measured resident as
+    16 MiB until each layer's first write). Such a write goes in as two partial writes."""
+    if target[index].shape != target.shape:
+        target[index] = part
+        return
+    full = mx.broadcast_to(part, target.shape)
+    axis = next((i for i, n in enumerate(target.shape) if n > 1), None)
+    if axis is None:  # a single element: a copy of its own
+        target[...] = mx.array(full)
+        return
+    lead = (ALL,) * axis
+    target[(*lead, slice(0, 1))] = full[(*lead, slice(0, 1))]
+    target[(*lead, slice(1, None))] = full[(*lead, slice(1, None))]
+
+
 class KVStore:
     """Per layer K and V, each the format's arrays [n_buffers, n_kv_heads, size, ...]."""
 
@@ -39,7 +57,7 @@ class KVStore:
     def _put_parts(self, layer: int, index: tuple, k_parts: Stored, v_parts: Stored) -> None:
         for store, parts in ((self.keys[layer], k_parts), (self.values[layer], v_parts)):
             for name, part in parts.items():
-                store[name][index] = part
+                write_into(store[name], index, part)
 
     def put_every_layer(self, index: tuple, k: mx.array, v: mx.array) -> None:
         """Store the same k, v at `index` of every layer (encoded once)."""
