@@ -88,12 +88,13 @@ def _emit(text: str, out: str | None) -> None:
         write_atomic(out, text if text.endswith("\n") else text + "\n")
 
 
-def _check_output(out: str | None) -> None:
-    """An -o file is checked before any work (not a directory, folder writable)."""
+def _check_output(out: str | None, inputs=()) -> None:
+    """An -o file is checked before any work (not a directory, folder writable, not one of the
+    inputs, not an existing results or samples file)."""
     if out:
-        from kvbench.files import check_output_file
+        from kvbench.store.results import check_output
 
-        check_output_file(out)
+        check_output(out, inputs)
 
 
 def cmd_compare(args) -> int:
@@ -104,7 +105,7 @@ def cmd_compare(args) -> int:
 
     rules = Rules(args.threshold, args.alpha, args.min_samples)
     check_rules(args.metric, rules)
-    _check_output(args.output)
+    _check_output(args.output, (args.base, args.new))
     base = load(args.base, args.results, pool=args.pool)
     new = load(args.new, args.results, pool=args.pool)
     noise = load_noise(args.results)  # this host's A/A between-run noise, if calibrated
@@ -139,7 +140,7 @@ def cmd_history(args) -> int:
 
     rules = Rules(args.threshold, args.alpha, args.min_samples)
     check_rules(args.metric, rules)
-    _check_output(args.output)
+    _check_output(args.output, (args.dir,))
     hist = history(args.dir, args.metric, rules)
     _emit(FORMATS[args.format](hist), args.output)
     return 0
@@ -159,7 +160,7 @@ def cmd_gate(args) -> int:
 
     rules = Rules(args.threshold, args.alpha, args.min_samples)
     check_rules(args.metric, rules)
-    _check_output(args.output)
+    _check_output(args.output, (args.suite,))
     if args.rounds is None:
         from kvbench.analysis.gate import paired
         from kvbench.analysis.paired import Budget
@@ -237,7 +238,7 @@ def cmd_report(args) -> int:
         index, n = write_site(args.results, args.output)
         print(f"report site: {index} ({n} pages)")
         return 0
-    _check_output(args.output)
+    _check_output(args.output, (*args.results, args.compare))
     path, n = write_report(
         args.results, args.output, latest=args.latest, compare=args.compare, title=args.title
     )

@@ -63,6 +63,11 @@ def merge(inputs: list[str], out_dir: str | Path) -> Merged:
     rows = pd.concat([r.assign(_file=i) for i, (r, _) in enumerate(loaded)], ignore_index=True)
     kept = pick_rows(rows, keys=MERGE_KEYS)
     names = run_names(kept)
+    for name in names.values():  # never over a run already in OUT (checked before writing)
+        for path in (out_dir / f"{name}.csv", out_dir / f"{name}.samples.csv"):
+            if path.exists():
+                raise UserError(f"{path}: -o: exists and is not overwritten; merge into a new "
+                                "directory")  # fmt: skip
     for i, part in kept.groupby("_file", sort=True):
         write_run(out_dir, names[i], part, loaded[i][1])
     hosts = kept["host"].fillna("?").value_counts().to_dict()

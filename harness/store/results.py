@@ -31,6 +31,7 @@ This module imports neither mlx nor kernels/.
 from __future__ import annotations
 
 import dataclasses
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -40,6 +41,7 @@ import pandas as pd
 from kvbench import SCHEMA_VERSION, stats
 from kvbench.case import label_of
 from kvbench.errors import UserError
+from kvbench.files import check_output_file
 from kvbench.store import git
 from kvbench.store.migrate_v1 import with_v1_facts
 from kvbench.store.record import COLUMNS, METRIC_STAGE, Record
@@ -249,6 +251,37 @@ def is_results_csv(path: Path) -> bool:
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
         return False
     return {"run_id", "case_id", "status"} <= header
+
+
+def is_samples_csv(path: Path) -> bool:
+    try:
+        header = set(pd.read_csv(path, nrows=0).columns)
+    except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError):
+        return False
+    return {"case_id", "stage", "ms"} <= header
+
+
+def _same_file(a: Path, b: Path) -> bool:
+    try:
+        return a.exists() and b.exists() and os.path.samefile(a, b)
+    except OSError:
+        return a.resolve() == b.resolve()
+
+
+def check_output(out: str | Path, inputs=()) -> Path:
+    """An -o file checked before any work: writable (files.check_output_file), not one of the
+    inputs (nor the samples file beside an input run), and not an existing results or samples
+    file anywhere: an output never overwrites what a run measured."""
+    out = check_output_file(out)
+    named = [Path(str(p)) for p in inputs if p is not None and Path(str(p)).is_file()]
+    named += [samples_path(p) for p in named if p.name.endswith(".csv")]
+    if any(_same_file(out, p) for p in named):
+        raise UserError(f"{out}: -o: is one of the inputs; give another file name")
+    if out.is_file() and (is_results_csv(out) or is_samples_csv(out)):
+        raise UserError(
+            f"{out}: -o: is a kvbench results file and is not overwritten; give another file name"
+        )
+    return out
 
 
 def load_run(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
