@@ -15,6 +15,8 @@ from kvbench.errors import SuiteError
 from kvbench.kernels.attention.registry import KERNELS, rotated
 from kvbench.kernels.formats import rotation
 from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.model.cache import CacheSpec, MixedCache, PlainCache
+from kvbench.spec.cache_spec import spec_of
 from kvbench.spec.suite import resolve
 
 # ---- independent numpy reference (from the definitions, not from rotation.py) -------------
@@ -195,3 +197,59 @@ def test_suite_refuses_rotation_where_it_cannot_run(extra, key, why):
     with pytest.raises(SuiteError) as e:
         resolve("s.yaml", fields)
     assert e.value.key == key and why in str(e.value)
+
+
+# ---- the model's cache (quality path) -------------------------------------------------------
+
+
+def _steps(cache, steps=(20, 1, 1, 7), d=64):
+    outs = []
+    for i, n in enumerate(steps):
+        q, k, v = (
+            mx.random.normal((1, h, n, d), key=mx.random.key(s + i))
+            for h, s in ((6, 10), (2, 20), (2, 30))
+        )
+        k = k * mx.array(np.where(np.arange(d) == 9, 10.0, 1.0), dtype=mx.float32)  # outlier
+        outs.append(np.array(cache.attend(0, q, k, v, scale=0.125)))
+        cache.advance(n)
+    return np.concatenate(outs, axis=2)
+
+
+def test_model_cache_rotation_is_exact_on_a_float32_cache():
+    plain = _steps(PlainCache(CacheSpec("fp32"), 1, 2, 64, 40, "reference"))
+    rot = CacheSpec("fp32", rotate_k="hadamard", rotate_v="hadamard")
+    np.testing.assert_allclose(_steps(PlainCache(rot, 1, 2, 64, 40, "reference")), plain, atol=1e-5)
+
+
+def test_model_cache_round_trip_equals_rotating_q_and_output():
+    """The mixed cache rotates, quantizes, dequantizes and rotates back; the plain cache stores
+    rotated rows and rotates q and the output: the same arithmetic. Both differ from no
+    rotation (int4 per row, an outlier key channel)."""
+    rot = CacheSpec("int4", rotate_k="hadamard", rotate_v="hadamard", k_group=32)
+    plain = _steps(PlainCache(rot, 1, 2, 64, 40, "reference"))
+    mixed = _steps(MixedCache(rot, 1, 2, 64, 40, "reference"))
+    np.testing.assert_allclose(mixed, plain, atol=1e-4)
+    none = _steps(PlainCache(CacheSpec("int4", k_group=32), 1, 2, 64, 40, "reference"))
+    exact = _steps(PlainCache(CacheSpec("fp32"), 1, 2, 64, 40, "reference"))
+    assert np.abs(plain - exact).mean() < 0.8 * np.abs(none - exact).mean()
+    assert rot.label == "int4/g32-rotK-rotV"
+
+
+def test_model_spec_carries_the_case_rotation():
+    case = Case(
+        "smollm2-135m", 30, 9, 3, 64, 128, phase="quality", kv_dtype="int4", rotate_k="hadamard"
+    )
+    assert spec_of(case).rotate_k == "hadamard" and spec_of(case).rotate_v == "none"
+    resolve(
+        "s.yaml",
+        {
+            "model": "smollm2-135m",
+            "phase": "quality",
+            "context_len": 128,
+            "kv_dtype": "int4",
+            "kernel": "reference",
+            "rotate_k": "hadamard",
+        },
+    )
+    with pytest.raises(ValueError, match="rotate_k"):
+        CacheSpec("int4", rotate_k="givens")

@@ -24,6 +24,8 @@ def spec_of(case: Case) -> CacheSpec:
         k_axis=case.k_axis,
         sink_tokens=case.sink_tokens,
         recent_tokens=case.recent_tokens,
+        rotate_k=case.rotate_k,
+        rotate_v=case.rotate_v,
     )
 
 

@@ -25,8 +25,9 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
-from kvbench.kernels.attention.registry import KERNELS, unsupported_reason
+from kvbench.kernels.attention.registry import KERNELS, rotated, unsupported_reason
 from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.formats.rotation import ROTATIONS, rotate
 from kvbench.kernels.stores.cache import KVCache
 
 AXES = ("token", "channel")
@@ -41,6 +42,8 @@ class CacheSpec:
     k_axis: str = "token"
     sink_tokens: int = 0
     recent_tokens: int = 0
+    rotate_k: str = "none"  # rotation before quantization (kernels/formats/rotation.py)
+    rotate_v: str = "none"
 
     def __post_init__(self):
         if self.k_axis not in AXES:
@@ -49,6 +52,8 @@ class CacheSpec:
             raise ValueError("sink_tokens and recent_tokens must be >= 0")
         if self.k_axis == "channel" and self.recent_tokens == 0:
             raise ValueError("k_axis channel quantizes groups of recent_tokens positions: set it")
+        if {self.rotate_k, self.rotate_v} - set(ROTATIONS):
+            raise ValueError(f"rotate_k / rotate_v must be one of {ROTATIONS}")
 
     @property
     def v_name(self) -> str:
@@ -77,6 +82,8 @@ class CacheSpec:
             out += f"-sink{self.sink_tokens}"
         if self.recent_tokens:
             out += f"-recent{self.recent_tokens}"
+        for part, rot in (("K", self.rotate_k), ("V", self.rotate_v)):
+            out += f"-rot{part}" if rot != "none" else ""
         return out
 
 
@@ -115,11 +122,13 @@ def kv_bytes(
 # ---- caches --------------------------------------------------------------------------------
 
 
-def attend_kernel(kernel: str, q, k, v, fmt, scale: float, tile_kv):
-    """Run KERNELS[kernel] over stored k, v; causal when several queries are new."""
+def attend_kernel(kernel: str, q, k, v, fmt, scale: float, tile_kv, rot=("none", "none")):
+    """Run KERNELS[kernel] over stored k, v; causal when several queries are new. `rot`: the
+    (K, V) rotations the cache stores rows in (q rotated in, the output rotated back out)."""
     mask = "causal" if q.shape[2] > 1 else None
     dtype = mx.float32 if kernel == "reference" else fmt.compute_dtype
-    out = KERNELS[kernel].fn(q.astype(dtype), k, v, fmt, mask=mask, scale=scale, tile_kv=tile_kv)
+    fn = rotated(KERNELS[kernel].fn, *rot)
+    out = fn(q.astype(dtype), k, v, fmt, mask=mask, scale=scale, tile_kv=tile_kv)
     return out.astype(mx.float32)
 
 
@@ -139,12 +148,15 @@ class PlainCache:
         check_kernel(kernel, self.fmt)
         self.kv = KVCache(self.fmt, n_layers, 1, n_kv_heads, capacity, head_dim)
         self.kernel, self.tile_kv, self.offset = kernel, tile_kv, 0
+        self.rot = (spec.rotate_k, spec.rotate_v)
 
     def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
+        # rows stored rotated; the kernel gets q rotated and its output is rotated back
         n = k.shape[2]
-        self.kv.write(layer, k, v, self.offset)
+        rk, rv = self.rot
+        self.kv.write(layer, rotate(k, rk), rotate(v, rv), self.offset)
         ks, vs = self.kv.view(layer, self.offset + n)
-        return attend_kernel(self.kernel, q, ks, vs, self.fmt, scale, self.tile_kv)
+        return attend_kernel(self.kernel, q, ks, vs, self.fmt, scale, self.tile_kv, self.rot)
 
     def advance(self, n: int) -> None:
         self.offset += n
@@ -260,12 +272,15 @@ class MixedCache:
         self.k = [mk(kf, chan) for _ in range(n_layers)]
         self.v = [mk(vf, False) for _ in range(n_layers)]
         self.kernel, self.tile_kv, self.offset = kernel, tile_kv, 0
+        self.rk, self.rv = spec.rotate_k, spec.rotate_v
 
     def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
-        self.k[layer].write(k)
-        self.v[layer].write(v)
-        kd = {"data": self.k[layer].dense(self.dtype)}
-        vd = {"data": self.v[layer].dense(self.dtype)}
+        # rotate -> quantize (write) -> dequantize (dense) -> rotate back: the dense view is in
+        # the model's basis, the same arithmetic as rotating q and the output
+        self.k[layer].write(rotate(k, self.rk))
+        self.v[layer].write(rotate(v, self.rv))
+        kd = {"data": rotate(self.k[layer].dense(self.dtype), self.rk)}
+        vd = {"data": rotate(self.v[layer].dense(self.dtype), self.rv)}
         return attend_kernel(self.kernel, q, kd, vd, self.dense_fmt, scale, self.tile_kv)
 
     def advance(self, n: int) -> None:
