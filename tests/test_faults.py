@@ -263,10 +263,11 @@ def test_a_case_too_big_for_memory_is_a_skipped_row_with_the_figures(tmp_path, w
 
 def test_planned_bytes_against_a_hand_count():
     from kvbench.run import memory
+    from kvbench.spec.plan import planned_bytes
 
     # fp16, 1 seq, 2 kv heads, 8 q heads, ctx 16, D 64, 2 layers, decode
     layer = 1 * 2 * 16 * 64
-    plan = memory.planned_bytes(2 * 2 * layer * 2, layer, 2, 1 * 8 * 16 * 64, 1 * 8 * 1 * 16)
+    plan = planned_bytes(2 * 2 * layer * 2, layer, 2, 1 * 8 * 16 * 64, 1 * 8 * 1 * 16)
     assert plan == {
         "cache": 16384,
         "source": 2 * layer * 6,

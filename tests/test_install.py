@@ -52,7 +52,7 @@ def test_kvbench_installs_beside_pypi_kernels(tmp_path):
         "import kernels, kvbench, kvbench.kernels.formats.registry as f, sys; "
         f"assert kernels.__file__.startswith({purelib!r}), kernels.__file__; "
         "assert hasattr(kernels, 'get_kernel'), 'not PyPI kernels'; "
-        "assert 'kvbench/kernels/formats.py' in f.__file__, f.__file__; "
+        "assert 'kvbench/kernels/formats/registry.py' in f.__file__, f.__file__; "
         f"assert f.__file__.startswith({purelib!r}), f.__file__"
     )
     subprocess.run([py, "-c", check], check=True, cwd=tmp_path)

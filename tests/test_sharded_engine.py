@@ -14,6 +14,7 @@ from kvbench.engines import engine_for, sharded
 from kvbench.engines.parity import ParityError
 from kvbench.errors import SuiteError
 from kvbench.run.session import run_suite
+from kvbench.spec.cache_spec import format_of
 from kvbench.spec.suite import expand, load_suite
 
 # 2 layers, 6 q heads, 3 KV heads (not divisible by 2), D=32, 101 positions (odd)
@@ -33,9 +34,9 @@ def test_claims_only_more_than_one_rank():
 
 def test_rank_bytes_by_hand():
     row = 32 * 4  # fp32 row of D=32
-    assert sharded.rank_bytes(case(), sharded.get_format("fp32")) == 2 * 2 * 51 * 3 * row
+    assert sharded.rank_bytes(case(), format_of(case(kv_dtype="fp32"))) == 2 * 2 * 51 * 3 * row
     heads = case(shard_by="heads")
-    assert sharded.rank_bytes(heads, sharded.get_format("fp32")) == 2 * 2 * 2 * 101 * row
+    assert sharded.rank_bytes(heads, format_of(case(kv_dtype="fp32"))) == 2 * 2 * 2 * 101 * row
 
 
 def test_sent_bytes_per_step_by_hand():
