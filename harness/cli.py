@@ -19,7 +19,7 @@ def cmd_run(args) -> int:
         try:
             return _run(args)
         except Interrupted as e:
-            _say(f"interrupted ({e}): completed rows are kept")
+            _say(f"interrupted ({e}): {getattr(e, 'kept', 'completed rows are kept')}")
             return e.exit_code
 
 

@@ -159,7 +159,7 @@ def append_bytes(path: str | Path, data: bytes) -> None:
         os.ftruncate(fd, size)
         raise UserError(f"{path}: cannot write: {_why(e)}") from None
     except BaseException:
-        os.ftruncate(fd, size)  # a second signal mid-write: no half line
+        os.ftruncate(fd, size)  # a third signal mid-write: no half line
         raise
     finally:
         os.close(fd)

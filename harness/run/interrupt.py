@@ -4,8 +4,10 @@ The first signal raises `Interrupted` (a KeyboardInterrupt) where the run is, so
 writes every completed round as partial rows and the CLI exits 128 + the signal number. Inside a
 `deferred()` block (the commit of a finished round, the write of a row with its samples) the
 first signal waits until the block ends, so a round or a row is never half recorded. A second
-signal raises at once, even inside such a block: the writer cuts a half-written append back
-(harness/files.py), so what is on disk stays whole, and nothing more is written.
+signal is only counted: the run is already stopping, and raising it would cut the writing of
+the finished rounds short (a double Ctrl-C 10 ms apart used to lose every round of the run,
+issue 27). A third signal raises at once, even inside such a block: the writer cuts a
+half-written append back (harness/files.py), so what is on disk stays whole.
 
 A signal is also remembered: `check()` raises for one that some library's bare `except:`
 swallowed, so an early Ctrl-C can never be lost while the suite runs on.
@@ -33,12 +35,18 @@ class Interrupted(KeyboardInterrupt):
 _state = {"count": 0, "signum": None, "defer": 0, "pending": False}
 
 
+FORCE_COUNT = 3  # the signal that stops at once, even while the finished rounds are written
+
+
 def _handler(signum, frame) -> None:
     _state["count"] += 1
-    _state["signum"] = signum
-    if _state["defer"] and _state["count"] == 1:
-        _state["pending"] = True  # raised when the deferred block ends
-        return
+    if _state["count"] == 1:
+        _state["signum"] = signum
+        if _state["defer"]:
+            _state["pending"] = True  # raised when the deferred block ends
+            return
+    if 1 < _state["count"] < FORCE_COUNT:
+        return  # already stopping: the finished rounds are being written (docstring)
     raise Interrupted(signum)
 
 

@@ -12,6 +12,7 @@ as status=partial (docs/reliability.md).
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 
@@ -63,10 +64,28 @@ def run_suite(
     writer = prepare_output(out_dir, cases, suite.settings, ctx["commit"])
     try:
         _run_cases(suite, cases, writer, ctx, progress)
-    except BaseException:
+    except BaseException as exc:
         writer.discard_if_empty()  # stopped before any row: leave no empty run behind
+        if isinstance(exc, KeyboardInterrupt):
+            exc.kept = kept_text(writer, suite.settings.rounds)  # the CLI's last line
         raise
     return writer
+
+
+def kept_text(writer: ResultsWriter, rounds: int) -> str:
+    """What an interrupted run left on disk, for its last line."""
+    if not writer.records:
+        return "no round had finished: nothing was written"
+    counts: dict[str, int] = {}
+    for r in writer.records:
+        counts[r.status] = counts.get(r.status, 0) + 1
+    notes = [re.search(r"after (\d+) of", r.error or "") for r in writer.records]
+    done = sorted({int(m.group(1)) for m in notes if m})
+    what = ", ".join(f"{n} {status}" for status, n in counts.items()) + " rows"
+    if done:
+        k = str(done[0]) if len(done) == 1 else f"{done[0]}-{done[-1]}"
+        what += f" (partial: {k} of {rounds} rounds)"
+    return f"kept {what} in {writer.csv_path}"
 
 
 def _run_cases(suite: Suite, cases: list[Case], writer: ResultsWriter, ctx: dict, progress):
@@ -117,7 +136,8 @@ def _rounds(runs: dict, settings: Settings, common: dict, writer, progress) -> N
 
 def _keep_partial(runs: dict, settings: Settings, common: dict, writer) -> None:
     """Cases with finished rounds become partial rows, written together (samples first); a
-    second signal cuts this short and leaves the files whole (harness/run/interrupt.py)."""
+    second signal waits for them, a third cuts this short and leaves the files whole
+    (harness/run/interrupt.py)."""
     items = []
     for run in runs.values():
         if run.rounds_done:
