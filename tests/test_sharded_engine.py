@@ -143,6 +143,9 @@ def test_two_ranks_by_context_through_the_runner(ranks, write_suite, tmp_path, q
         assert math.isfinite(row[col]) and row[col] >= 0, col
     assert row["rank_kv_bytes"] == 2 * 2 * 51 * 3 * 32 * 4
     assert row["alloc_bytes"] >= row["rank_kv_bytes"]  # rank 0 allocated its share
+    # rank 0's residency gate: its whole buffer filled (51 positions), every layer resident
+    assert row["cache_bytes"] == row["rank_kv_bytes"] <= row["resident_bytes"]
+    assert row["cache_bytes"] <= row["resident_end_bytes"]
     assert row["kv_bytes"] == 2 * 2 * 101 * 3 * 32 * 4
     assert row["sent_bytes"] == 2 * 6 * 33 * 4 and row["launch_backend"] == "ring"
     samples = pd.read_csv(writer.samples_path)

@@ -191,6 +191,7 @@ def build(case: Case) -> State:
         kv_bytes=metrics.kv_bytes(case, fmt),
         alloc_bytes=alloc,
         baseline_bytes=baseline,
+        cache=cache.arrays,
         effective=effective(case),
         extra={"fill_peak_bytes": fill_peak, **gpu_fields(case)},
     )

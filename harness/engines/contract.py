@@ -12,6 +12,7 @@ The runner knows nothing engine-specific: every figure it records comes through 
 
 from __future__ import annotations
 
+import gc
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import NamedTuple
@@ -46,6 +47,9 @@ class State:
     # active memory before the cache; peak memory is above this. None: the engine's arrays are
     # not MLX's (torch, numpy), so MLX's peak memory says nothing about them: not recorded
     baseline_bytes: int | None = 0
+    # the arrays the case's cache holds, for the residency gate (engines/residency.py): their
+    # declared bytes must be resident above baseline_bytes. None: no MLX cache in this process
+    cache: Callable[[], list[mx.array]] | None = None
     effective: dict = field(default_factory=dict)  # case axes as run (recorded in the row)
     extra: dict = field(default_factory=dict)  # engine-specific row fields, never the runner's
     # stages timed in other processes (the ranks of a sharded case, engines/sharded.py): called
@@ -68,9 +72,11 @@ def window_reason(case: Case) -> str | None:
 
 
 def memory_baseline() -> int:
-    """Synchronize, empty MLX's buffer cache, take active memory as the baseline and reset the
-    peak counter. Without the clear, a new array may reuse a larger cached buffer and active
-    memory grows by that buffer's size, not the array's (seen as alloc_bytes > the formula)."""
+    """Collect garbage, synchronize, empty MLX's buffer cache, take active memory as the
+    baseline and reset the peak counter. Without the clear, a new array may reuse a larger
+    cached buffer and active memory grows by that buffer's size, not the array's (seen as
+    alloc_bytes > the formula)."""
+    gc.collect()  # an earlier case's arrays held in reference cycles would go after this
     mx.synchronize()
     mx.clear_cache()
     baseline = mx.get_active_memory()

@@ -171,6 +171,7 @@ def build(case: Case) -> State:
         kv_bytes=2 * case.n_layers * fmt.nbytes(lay.cells_used * case.n_kv_heads, case.head_dim),
         alloc_bytes=run.alloc_bytes,
         baseline_bytes=run.baseline,
+        cache=run.store.arrays,
         effective=cache_engine.effective(case),
         extra=row,
     )

@@ -99,6 +99,7 @@ def decode_state(case: Case) -> State:
         kv_bytes=kv_bytes(case),
         alloc_bytes=alloc,
         baseline_bytes=baseline,
+        cache=cache.arrays,
     )
 
 

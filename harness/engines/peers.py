@@ -108,5 +108,6 @@ def build(case: Case) -> State:
         kv_bytes=metrics.kv_bytes(case, fmt),
         alloc_bytes=impl.nbytes,
         baseline_bytes=baseline,
+        cache=impl.arrays if peer.uses_mlx else None,
         extra={"peer_version": version(case.kernel)},
     )

@@ -89,3 +89,31 @@ def residency_gate(m: dict, when: str) -> None:
     if m["shared"]:
         pairs = m["shared"]
         raise ResidencyError(f"cache not resident {when}: {pairs} pairs of arrays share storage")
+
+
+def check(cache, baseline: int | None, when: str) -> dict | None:
+    """Measure and gate a State's cache (`cache`: its arrays' callable); None where there is no
+    MLX cache or baseline to measure against (torch and numpy peers, llama.cpp)."""
+    if cache is None or baseline is None:
+        return None
+    m = measure(cache(), baseline)
+    residency_gate(m, when)
+    return m
+
+
+def row_fields(filled: dict | None, ended: dict | None) -> dict:
+    """The row's residency columns from the measurements after the fill and after the stages."""
+    if filled is None or ended is None:
+        return {}
+    return {
+        "cache_bytes": filled["declared"],
+        "resident_bytes": filled["resident"],
+        "resident_end_bytes": ended["resident"],
+    }
+
+
+def worst(prior: dict, new: dict) -> dict:
+    """Over rounds, each resident figure at its lowest (the one a gate would fail first)."""
+    if not prior:
+        return new
+    return {k: min(prior[k], new[k]) if k.startswith("resident") else new[k] for k in new}

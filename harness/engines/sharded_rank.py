@@ -39,6 +39,7 @@ import mlx.core as mx
 
 from kvbench import timer
 from kvbench.case import Case
+from kvbench.engines import residency
 from kvbench.engines.contract import memory_baseline
 from kvbench.engines.parity import compare_outputs, parity_gate, recon_err
 from kvbench.kernels.attention.registry import reference
@@ -204,23 +205,27 @@ def measure(rank: Rank, plans: dict) -> dict[str, list[float]]:
 
 def run(case: Case, group, spec: dict) -> dict:
     rank = Rank(case, group)
-    accuracy, failure = {}, None
-    if spec["check"]:
-        try:
+    accuracy, failure, filled = {}, None, None
+    try:  # every rank's cache resident (engines/residency.py), then the parity check
+        filled = residency.check(rank.cache.arrays, rank.baseline, "after the fill")
+        if spec["check"]:
             accuracy = rank.check()
-        except Exception as exc:  # tell the other ranks before they wait in a collective
-            failure = exc
+    except Exception as exc:  # tell the other ranks before they wait in a collective
+        failure = exc
     if not all_ok(group, failure is None):
         raise failure or RuntimeError("another rank failed the check")
     mx.synchronize()
     mx.reset_peak_memory()
     samples = measure(rank, spec["plans"])
     mx.synchronize()
+    peak = mx.get_peak_memory() - rank.baseline
+    ended = residency.check(rank.cache.arrays, rank.baseline, "after the timed stages")
     return {
         "samples": samples,
         "accuracy": accuracy,
         "alloc_bytes": rank.alloc_bytes,
-        "peak_mem_bytes": mx.get_peak_memory() - rank.baseline,
+        "peak_mem_bytes": peak,
+        "extra": residency.row_fields(filled, ended),  # rank 0's, as every figure
     }
 
 

@@ -248,6 +248,7 @@ def workload_state(run, stages, check, row: dict, traffic_bytes, effective: dict
         kv_bytes=row["bytes_used"],
         alloc_bytes=run.alloc_bytes,
         baseline_bytes=run.baseline,
+        cache=run.store.arrays,
         effective=effective,
         extra=row,
     )

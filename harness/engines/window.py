@@ -179,6 +179,7 @@ def build(case: Case) -> State:
         kv_bytes=row["bytes_used"],
         alloc_bytes=alloc,
         baseline_bytes=baseline,
+        cache=store.arrays,
         effective=cache_engine.effective(case),
         extra=row,
     )

@@ -112,6 +112,11 @@ def mlx_lm_models():
     return cache, base
 
 
+def _flat(x) -> list[mx.array]:
+    """The arrays of nested lists and tuples of arrays, in order."""
+    return [x] if isinstance(x, mx.array) else [a for y in x for a in _flat(y)]
+
+
 class MlxLm(DecodePeer):
     """mlx-lm's cache classes with mlx-lm's attention function, one layer at a time as its
     models call them: `keys, values = cache.update_and_fetch(k, v)` then
@@ -122,12 +127,14 @@ class MlxLm(DecodePeer):
         self.n_layers, self.scale = data.n_layers, data.scale
         ctx = data.context_len
         self.q = data.q.astype(act)
-        k, v = data.k.astype(act), data.v.astype(act)
-        self.k_new, self.v_new = k[:, :, ctx - 1 :], v[:, :, ctx - 1 :]
+        # the new token converted on its own: a slice of the converted context would keep the
+        # whole converted copy alive beside the cache (counted in the peer's memory, not kvbench's)
+        self.k_new, self.v_new = (x[:, :, ctx - 1 :].astype(act) for x in (data.k, data.v))
         mx.eval(self.q, self.k_new, self.v_new)
+        k, v = data.k[:, :, : ctx - 1].astype(act), data.v[:, :, : ctx - 1].astype(act)
         self.caches = [make_cache() for _ in range(self.n_layers)]
         for c in self.caches:  # prefill, one layer at a time to bound peak memory
-            c.update_and_fetch(k[:, :, : ctx - 1], v[:, :, : ctx - 1])
+            c.update_and_fetch(k, v)
             mx.eval(self.cache_arrays(c))
         mx.eval([c.update_and_fetch(self.k_new, self.v_new) for c in self.caches])  # priming
         self.span = min(data.window + data.sinks, ctx) if data.window else ctx
@@ -154,6 +161,10 @@ class MlxLm(DecodePeer):
 
     def done(self, outs: list):
         return outs + [self.cache_arrays(c) for c in self.caches]
+
+    def arrays(self) -> list[mx.array]:
+        """Every MLX array the caches hold (a quantized cache's data, scales and biases)."""
+        return _flat([self.cache_arrays(c) for c in self.caches])
 
     def output(self, layer: int) -> mx.array:
         return self.last[layer].astype(mx.float32)

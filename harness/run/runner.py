@@ -19,7 +19,7 @@ import mlx.core as mx
 
 from kvbench import stats, timer
 from kvbench.case import Case
-from kvbench.engines import engine_for, metrics
+from kvbench.engines import engine_for, metrics, residency
 from kvbench.engines.contract import State
 from kvbench.peers.registry import kernel_kind
 from kvbench.run import interrupt
@@ -53,6 +53,7 @@ class CaseRun:
     flops: int | None = None  # the engine's FLOPs of one step (None: the attention default)
     bits_per_elem: float | None = None  # the engine's stored bits per element (None: format's)
     peak_mem_bytes: int | None = None
+    resident: dict = field(default_factory=dict)  # the residency gate's row fields
     rounds_done: int = 0
 
 
@@ -85,6 +86,8 @@ def measure_round(run: CaseRun, settings: Settings, round_no: int) -> None:
     plans = timer_plans(state.stages, settings, round_no)
     if state.job is not None:
         return job_round(run, state, plans, round_no)
+    # the residency gate: the filled cache is resident before anything reads or writes it
+    filled = residency.check(state.cache, state.baseline_bytes, "after the fill")
     if round_no == 0:
         run.accuracy = state.check()
     # peak memory covers the timed stages (warm-up and samples) with the cache in place; the
@@ -103,16 +106,18 @@ def measure_round(run: CaseRun, settings: Settings, round_no: int) -> None:
     peak = None
     if state.baseline_bytes is not None:
         peak = mx.get_peak_memory() - state.baseline_bytes
+    ended = residency.check(state.cache, state.baseline_bytes, "after the timed stages")
     with interrupt.deferred():  # a round counts whole or not at all
-        _commit(run, round_no, new_ms, peak)
+        _commit(run, round_no, new_ms, peak, residency.row_fields(filled, ended))
 
 
-def _commit(run: CaseRun, round_no: int, new_ms: dict, peak: int | None) -> None:
-    """Add one finished round's samples (and peak memory) to the case's run."""
+def _commit(run: CaseRun, round_no: int, new_ms: dict, peak: int | None, resident: dict) -> None:
+    """Add one finished round's samples (peak memory, residency) to the case's run."""
     for stage, new in new_ms.items():
         add_samples(run, stage, round_no, new)
     if peak is not None:
         run.peak_mem_bytes = max(run.peak_mem_bytes or 0, peak)
+    run.resident = residency.worst(run.resident, resident)
     run.rounds_done += 1
 
 
@@ -179,6 +184,7 @@ def finish(
         "data_bits": fmt.data_bits,
         "kernel_kind": kernel_kind(case.kernel),
         "peak_mem_bytes": run.peak_mem_bytes,
+        **run.resident,
         **run.accuracy,
     }
     clash = set(measured) & set(run.reported)

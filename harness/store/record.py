@@ -118,6 +118,11 @@ class _Measured:
     alloc_bytes: int | None = None  # measured: active-memory growth when the cache is allocated
     peak_mem_bytes: int | None = None  # measured: peak above the pre-cache baseline (stages)
     fill_peak_bytes: int | None = None  # measured: peak above it while allocating + filling
+    # the residency gate (harness/engines/residency.py): bytes the cache's arrays declare, and
+    # active memory above the pre-cache baseline after the fill and after the timed stages
+    cache_bytes: int | None = None
+    resident_bytes: int | None = None
+    resident_end_bytes: int | None = None
     # custom GPU kernels (metal, cuda): the launch as planned and its traffic model per step
     # (every layer; kernels/attention/gpu/traffic.py): how far it is from moving each byte once
     gpu_threads: int | None = None  # threads per threadgroup
