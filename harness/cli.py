@@ -31,6 +31,17 @@ def _say(line: str) -> None:
         pass
 
 
+def _check_blas(say_notice: bool = False) -> None:
+    """A KVBENCH_BLAS that names no usable library is bad input (kvbench.blas); with
+    say_notice, the one line that no fast BLAS was found (run, env)."""
+    from kvbench import blas
+
+    if blas.problem():
+        raise UserError(blas.problem())
+    if say_notice and blas.notice():
+        _say(blas.notice())
+
+
 def _run(args) -> int:
     from kvbench.run.context import set_device
     from kvbench.run.session import run_suite
@@ -53,6 +64,7 @@ def _run(args) -> int:
     if not cases:
         raise UserError(f"{args.suite}: --filter: no case matches")
     set_device(args.device)
+    _check_blas(say_notice=True)
     import pandas as pd
 
     from kvbench.analysis.summary import table
@@ -75,6 +87,7 @@ def cmd_env(args) -> int:
     from kvbench.run.inventory import environment
 
     set_device(args.device)
+    _check_blas(say_notice=True)
     print(environment())
     return 0
 
@@ -437,6 +450,7 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        _check_blas()
         return args.func(args)
     except UserError as e:
         _say(f"kvbench: {e}")

@@ -73,8 +73,9 @@ def test_kernels_never_import_the_instrument():
     # one interpreter for the whole kernels package (each module's imports are a subset)
     loaded = loaded_by(modules_of(kvbench.kernels))
     instrument = [m for m in loaded if m.startswith("kvbench.") and "kvbench.kernels" not in m]
-    # the parent package `kvbench` itself is loaded (it holds only the version), nothing else
-    assert instrument == []
+    # the parent package `kvbench` itself is loaded (it holds the version and loads the BLAS that
+    # must precede mlx.core: harness/blas.py, which imports no other kvbench module), nothing else
+    assert instrument == ["kvbench.blas"]
 
 
 BLOCK_MLX = """

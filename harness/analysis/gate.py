@@ -31,6 +31,7 @@ from pathlib import Path
 
 import yaml
 
+from kvbench import blas
 from kvbench.analysis.compare import Comparison, compare, comparison_table
 from kvbench.analysis.paired import PAIR_COLUMNS, Budget, run_pairs, table_row
 from kvbench.analysis.rules import Rules, check_rules
@@ -108,7 +109,7 @@ def run_in_tree(cwd: Path, suite: Path, results: Path, device: str | None) -> Pa
     cmd = [*tree_command(cwd), "run", str(suite), "--out", str(results)]
     cmd += ["--device", device] if device else []
     print(f"kvbench gate: running {suite.name} in {cwd}", file=sys.stderr)
-    if subprocess.run(cmd, cwd=cwd, stdout=sys.stderr).returncode:
+    if subprocess.run(cmd, cwd=cwd, stdout=sys.stderr, env=blas.child_env()).returncode:
         raise UserError(f"{suite}: the run in {cwd} failed (see above)")
     new = set(results.glob("*.csv")) - before
     new = [p for p in new if not p.name.endswith(".samples.csv")]

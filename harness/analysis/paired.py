@@ -36,6 +36,7 @@ from pathlib import Path
 import numpy as np
 from scipy.stats import wilcoxon
 
+from kvbench import blas
 from kvbench.analysis.rules import Rules
 from kvbench.errors import UserError
 
@@ -87,7 +88,12 @@ class Worker:
         cmd += ["--cpu", str(cpu)] if cpu is not None else []
         self.name = name
         self.proc = subprocess.Popen(
-            cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, bufsize=1
+            cmd,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            bufsize=1,
+            env=blas.child_env(),  # both sides on the BLAS this process chose (kvbench.blas)
         )
 
     def ask(self, **req) -> dict:
