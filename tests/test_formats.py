@@ -12,6 +12,7 @@ MEMBERS = ("alloc", "encode", "decode", "nbytes", "mx_quantize_args", "describe_
 # width of one element's code, scales excluded, by hand from each format's definition
 DATA_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "affine8": 8}
 DATA_BITS |= {name: 4 for name in ("fp4", "int4", "mxfp4", "nvfp4", "affine4")}
+DATA_BITS |= {"q4_0": 4, "q4_1": 4, "q5_0": 5, "q5_1": 5, "q8_0": 8}  # ggml's blocks
 
 
 @pytest.mark.parametrize("name", FORMATS)

@@ -14,7 +14,7 @@ from functools import partial
 
 import mlx.core as mx
 
-from kvbench.kernels.formats import quant
+from kvbench.kernels.formats import ggml, quant
 from kvbench.kernels.formats.protocol import Format, Stored
 
 
@@ -68,6 +68,11 @@ FORMATS = {
     "nvfp4": quant.mlx_native("nvfp4"),
     "affine4": quant.mlx_native("affine4"),
     "affine8": quant.mlx_native("affine8"),
+    "q4_0": ggml.ggml_format("q4_0"),  # ggml's block formats, bit-exact (kernels/formats/ggml.py)
+    "q4_1": ggml.ggml_format("q4_1"),
+    "q5_0": ggml.ggml_format("q5_0"),
+    "q5_1": ggml.ggml_format("q5_1"),
+    "q8_0": ggml.ggml_format("q8_0"),
 }
 
 
