@@ -133,6 +133,9 @@ TABLE: tuple[Axis, ...] = (
     Axis("rotate_v", "str", "none", "choice:rotations", label="rotV:{}", column="rotV",
          hide_default=True, series="rot V {}", doc="values stored rotated: none or hadamard "
          "(the attention output rotated back once per step)"),
+    Axis("k_order", "str", "hf", "choice:k_orders", label="k:{}", column="k-order",
+         hide_default=True, doc="a real model's key channel order in its cache: hf (half-split) "
+         "or gguf (interleaved, as llama.cpp stores keys)"),
 )
 # fmt: on
 

@@ -105,6 +105,7 @@ class Case:
     rope_theta: float = 10000.0
     rotate_k: str = "none"
     rotate_v: str = "none"
+    k_order: str = "hf"
 
     @property
     def gqa_ratio(self) -> int:

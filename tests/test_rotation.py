@@ -253,3 +253,47 @@ def test_model_spec_carries_the_case_rotation():
     )
     with pytest.raises(ValueError, match="rotate_k"):
         CacheSpec("int4", rotate_k="givens")
+
+
+# ---- key channel order and llama.cpp's rotation rule ----------------------------------------
+
+
+def test_gguf_order_is_the_converters_permutation():
+    """llama.cpp's convert_hf_to_gguf permutes a head's Q/K rows by reshape(2, D/2) ->
+    swapaxes -> flatten; the same on the channel axis of a key is gguf_order."""
+    d = 64
+    hf = np.arange(d, dtype=np.float32)[None]
+    want = hf.reshape(1, 2, d // 2).swapaxes(1, 2).reshape(1, d)
+    np.testing.assert_array_equal(np.array(rotation.gguf_order(mx.array(hf))), want)
+
+
+def test_k_order_keeps_dense_attention_and_changes_grouped_keys():
+    spec = lambda **kw: CacheSpec(**kw)  # noqa: E731
+    exact = _steps(PlainCache(spec(k_dtype="fp32"), 1, 2, 64, 40, "reference"))
+    gguf = _steps(PlainCache(spec(k_dtype="fp32", k_order="gguf"), 1, 2, 64, 40, "reference"))
+    np.testing.assert_allclose(gguf, exact, atol=1e-5)
+    a = _steps(PlainCache(spec(k_dtype="q4_0"), 1, 2, 64, 40, "reference"))
+    b = _steps(PlainCache(spec(k_dtype="q4_0", k_order="gguf"), 1, 2, 64, 40, "reference"))
+    c = _steps(MixedCache(spec(k_dtype="q4_0", k_order="gguf"), 1, 2, 64, 40, "reference"))
+    assert np.abs(a - b).max() > 1e-3  # other channels share a block
+    np.testing.assert_allclose(c, b, atol=1e-4)
+    assert spec(k_dtype="q4_0", k_order="gguf").label == "q4_0-kgguf"
+
+
+def test_llamacpp_rotation_rule_and_env():
+    from kvbench.engines import llamacpp as engine
+    from kvbench.peers.llamacpp import rotations
+
+    assert rotations("q4_0", "q4_0", 64, False) == ("hadamard", "hadamard")
+    assert rotations("f16", "q8_0", 128, False) == ("none", "hadamard")
+    assert rotations("q4_0", "q4_0", 64, True) == ("none", "none")
+    assert rotations("q4_0", "q4_0", 96, False) == ("none", "none")  # 96 % 64 != 0
+    base = dict(model="smollm2-135m", n_layers=30, n_q_heads=9, n_kv_heads=3, head_dim=64,
+                context_len=128, phase="quality", kernel="llama.cpp", kv_dtype="q4_0")  # fmt: skip
+    plain = Case(**base)
+    rot = Case(**base, rotate_k="hadamard", rotate_v="hadamard")
+    half = Case(**base, rotate_k="hadamard")
+    assert engine.rotation_env(plain) == {"LLAMA_ATTN_ROT_DISABLE": "1"}
+    assert engine.rotation_env(rot) == {}
+    assert engine.rotation_reason(plain) is None and engine.rotation_reason(rot) is None
+    assert "rotate_v=hadamard" in engine.rotation_reason(half)

@@ -15,6 +15,10 @@ rows of the same model, depth, text and K/V types (docs/peers.md).
 K/V types: kv_dtype (and v_dtype) mapped by harness/peers/llamacpp.py cache_type (fp16 -> f16,
 int8/g32
 -> q8_0, int4/g32 -> q4_0, affine4/g32 -> q4_1, ...); a format llama.cpp lacks is a skip.
+Rotation: llama.cpp b11434 rotates quantized K/V by a Hadamard by default (PR #21038); a case's
+rotate_k / rotate_v say which run it is: `none` runs with LLAMA_ATTN_ROT_DISABLE=1, `hadamard`
+without it (harness/peers/llamacpp.py rotations; any other combination is a skip). Keys are in
+the GGUF's interleaved channel order: rows record k_order gguf.
 Threads: KVBENCH_LLAMACPP_THREADS (default 1: two threads on a loaded 2-core machine measured
 under 1 token/s, docs/peers.md). The byte and FLOP model is the model engine's.
 """
@@ -49,6 +53,27 @@ def types_of(case: Case) -> tuple[str | None, str | None]:
     )
 
 
+def rotation_env(case: Case) -> dict:
+    """LLAMA_ATTN_ROT_DISABLE=1 unless the case asks for a rotation: llama.cpp rotates
+    quantized K/V by default, so a row that says `none` must turn it off."""
+    asked = "hadamard" in (case.rotate_k, case.rotate_v)
+    return {} if asked else {"LLAMA_ATTN_ROT_DISABLE": "1"}
+
+
+def rotation_reason(case: Case) -> str | None:
+    """Why llama.cpp cannot run the case's rotations (it rotates K and V together)."""
+    type_k, type_v = types_of(case)
+    disabled = bool(rotation_env(case))
+    want = llamacpp.rotations(type_k, type_v, case.head_dim, disabled)
+    if (case.rotate_k, case.rotate_v) == want:
+        return None
+    on = llamacpp.rotations(type_k, type_v, case.head_dim, False)
+    return (
+        f"llama.cpp rotates K/V {type_k}/{type_v} as rotate_k={on[0]}, rotate_v={on[1]} "
+        "(or neither, with LLAMA_ATTN_ROT_DISABLE=1)"
+    )
+
+
 def skip_reason(case: Case, backend: str) -> str | None:
     if case.phase not in MODEL_PHASES:
         return f"kernel {KERNEL} runs the phases {', '.join(MODEL_PHASES)}"
@@ -58,6 +83,8 @@ def skip_reason(case: Case, backend: str) -> str | None:
         reason = llamacpp.cache_type_reason(name, case.group_size)
         if reason:
             return reason
+    if reason := rotation_reason(case):
+        return reason
     tool = "llama-bench" if case.phase == "model_decode" else "llama-perplexity"
     return llamacpp.missing_reason(tool)
 
@@ -88,7 +115,7 @@ def decode_job(case: Case, gguf: Path):
         reps = max(1, min(MAX_REPS, step.get("max_samples", 5)))
         [res] = llamacpp.run_bench(
             gguf, depth=case.context_len - 1, n_gen=N_GEN, type_k=type_k, type_v=type_v,
-            flash_attn=True, threads=threads(), reps=reps,
+            flash_attn=True, threads=threads(), reps=reps, env=rotation_env(case),
         )  # fmt: skip
         extra = {"peer_kv_types": f"{res.get('type_k')}/{res.get('type_v')}"}
         return JobResult({"step": res["step_ms_samples"]}, {}, extra=extra)
@@ -116,6 +143,7 @@ def quality_job(case: Case, gguf: Path):
         got = llamacpp.run_perplexity(
             gguf, text_path=text_path(case.text), kl_base=base, kl=True, ctx=case.context_len,
             chunks=case.chunks, type_k=type_k, type_v=type_v, flash_attn=True, threads=threads(),
+            env=rotation_env(case),
         )  # fmt: skip
         ppl_ref = got.get("ppl_base", ref["ppl"])
         accuracy = {
@@ -145,6 +173,7 @@ def build(case: Case) -> State:
         kv_bytes=model_engine.kv_bytes(case),
         bits_per_elem=model_engine.bits_per_elem(case),
         baseline_bytes=None,  # llama.cpp's memory is not MLX's
+        effective={"k_order": "gguf"},  # llama.cpp stores keys in the GGUF's channel order
         extra=extra,
         job=job,
     )

@@ -43,6 +43,19 @@ KV_TYPES = {
     ("affine4", 32): "q4_1",
 }
 BLOCK_32 = {"int8": "q8_0", "int4": "q4_0", "affine4": "q4_1"}  # for the reason text
+DENSE_TYPES = ("f32", "f16", "bf16")
+ROT_BLOCK = 64  # llama.cpp rotates a quantized K/V type when head_dim % 64 == 0 (PR #21038)
+
+
+def rotations(type_k: str, type_v: str, head_dim: int, disabled: bool) -> tuple[str, str]:
+    """(rotate_k, rotate_v) llama.cpp b11434 runs (src/llama-kv-cache.cpp attn_rot_k/v): a
+    Hadamard for each quantized type when head_dim % 64 == 0, unless LLAMA_ATTN_ROT_DISABLE.
+    Its K block is the largest power of two dividing head_dim, V's 64 (kvbench's: the largest
+    for both, the same matrices at head_dim 64)."""
+    on = not disabled and head_dim % ROT_BLOCK == 0
+    return tuple("hadamard" if on and t not in DENSE_TYPES else "none" for t in (type_k, type_v))
+
+
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 
 
@@ -124,10 +137,12 @@ def fa_flag(flash_attn: bool | str) -> str:
     return "1" if flash_attn else "0"
 
 
-def run_tool(cmd: list[str], timeout_s: float) -> tuple[str, str]:
-    """(stdout, stderr) of a llama.cpp tool; LlamaCppError on failure or timeout."""
+def run_tool(cmd: list[str], timeout_s: float, env: dict | None = None) -> tuple[str, str]:
+    """(stdout, stderr) of a llama.cpp tool (`env`: variables set on top of ours); LlamaCppError
+    on failure or timeout."""
+    full_env = {**os.environ, **env} if env else None
     try:
-        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s)
+        done = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout_s, env=full_env)
     except subprocess.TimeoutExpired:
         raise LlamaCppError(f"{Path(cmd[0]).name} ran past {timeout_s} s") from None
     except OSError as e:
@@ -194,13 +209,13 @@ def parse_bench_json(text: str) -> list[dict]:
     return [bench_result(t) for t in tests]
 
 
-def run_bench(model: Path, timeout_s: float = 600, save_to: Path | None = None, **kwargs):
+def run_bench(model: Path, timeout_s: float = 600, save_to: Path | None = None, env=None, **kwargs):
     """Run llama-bench (bench_command's keyword arguments) and parse its JSON (list[dict]);
-    save_to keeps the raw JSON."""
+    save_to keeps the raw JSON; env: variables for the tool (LLAMA_ATTN_ROT_DISABLE)."""
     binary = llamacpp_bin("llama-bench")
     if binary is None:
         raise LlamaCppError(missing_reason("llama-bench"))
-    stdout, _ = run_tool(bench_command(binary, model, **kwargs), timeout_s)
+    stdout, _ = run_tool(bench_command(binary, model, **kwargs), timeout_s, env)
     if save_to is not None:
         Path(save_to).write_text(stdout)
     return parse_bench_json(stdout)
@@ -296,14 +311,16 @@ def parse_kl(text: str) -> dict:
     return {**setup_info(text), **out}
 
 
-def run_perplexity(model: Path, timeout_s: float = 1800, save_to: Path | None = None, **kwargs):
+def run_perplexity(
+    model: Path, timeout_s: float = 1800, save_to: Path | None = None, env=None, **kwargs
+):
     """Run llama-perplexity (perplexity_command's keyword arguments) and parse what it printed
     (dict): parse_kl for a --kl-divergence run, parse_perplexity otherwise; save_to keeps the
-    raw output (stdout, then stderr)."""
+    raw output (stdout, then stderr); env: variables for the tool."""
     binary = llamacpp_bin("llama-perplexity")
     if binary is None:
         raise LlamaCppError(missing_reason("llama-perplexity"))
-    stdout, stderr = run_tool(perplexity_command(binary, model, **kwargs), timeout_s)
+    stdout, stderr = run_tool(perplexity_command(binary, model, **kwargs), timeout_s, env)
     text = stdout + "\n" + stderr
     if save_to is not None:
         Path(save_to).write_text(text)

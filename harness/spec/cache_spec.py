@@ -26,6 +26,7 @@ def spec_of(case: Case) -> CacheSpec:
         recent_tokens=case.recent_tokens,
         rotate_k=case.rotate_k,
         rotate_v=case.rotate_v,
+        k_order=case.k_order,
     )
 
 

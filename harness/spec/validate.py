@@ -102,6 +102,7 @@ CHOICES = {
     "page_reads": PAGE_READS,
     "kv_edits": KV_EDITS,
     "rotations": rotation.ROTATIONS,
+    "k_orders": rotation.K_ORDERS,
 }
 NAMED_CHECKS = {
     "positive_int": positive_int,
@@ -181,8 +182,9 @@ def check_rotation(path: str, case: Case) -> None:
             rotation.check(value, case.head_dim)
         except ValueError as e:
             raise SuiteError(path, axis, str(e)) from None
-        if case.phase in MODEL_PHASES and case.kernel in KERNELS:
-            continue  # the model's cache stores rows rotated (kernels/model/cache.py)
+        if case.phase in MODEL_PHASES:
+            continue  # the model's cache stores rows rotated (kernels/model/cache.py); the
+            # llama.cpp engine says which rotations llama.cpp runs (harness/engines/llamacpp.py)
         off = {
             "layout": case.layout != "per-stream",
             "workload": case.workload != "none",
@@ -195,7 +197,7 @@ def check_rotation(path: str, case: Case) -> None:
             raise SuiteError(path, axis, f"{ROTATED_ENGINE}{why}; not with this {bad[0]}")
 
 
-MODEL_AXES = ("v_dtype", "k_axis", "sink_tokens", "recent_tokens", "text", "chunks")
+MODEL_AXES = ("v_dtype", "k_axis", "sink_tokens", "recent_tokens", "text", "chunks", "k_order")
 
 
 def check_model(path: str, case: Case) -> None:

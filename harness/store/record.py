@@ -75,6 +75,7 @@ class _CaseColumns:
     rope_theta: float | None = None
     rotate_k: str | None = None
     rotate_v: str | None = None
+    k_order: str | None = None
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,9 @@ import mlx.core as mx
 import numpy as np
 
 ROTATIONS = ("none", "hadamard")
+# key channel order of a RoPE model: Hugging Face's half-split (channel i pairs with i + D/2) or
+# GGUF's interleaved (2i pairs with 2i+1: llama.cpp's converter permutes Q/K rows so)
+K_ORDERS = ("hf", "gguf")
 MIN_BLOCK = 8  # a smaller block barely mixes channels: refused rather than run as a no-op
 
 
@@ -69,6 +72,15 @@ def check(rotation: str, head_dim: int) -> None:
         raise ValueError(f"unknown rotation {rotation!r}; known: {', '.join(ROTATIONS)}")
     if rotation == "hadamard":
         block_size(head_dim)
+
+
+def gguf_order(x: mx.array) -> mx.array:
+    """Rows x [..., D] in Hugging Face's half-split channel order -> GGUF's interleaved order:
+    out[2i] = x[i], out[2i+1] = x[i + D/2]. Grouped keys see different channels together, so
+    a format's error on real keys depends on it; q.k does not (q reordered alike)."""
+    d = x.shape[-1]
+    perm = mx.array([i // 2 + (i % 2) * (d // 2) for i in range(d)])
+    return mx.take(x, perm, axis=-1)
 
 
 def rotate(x: mx.array, rotation: str) -> mx.array:

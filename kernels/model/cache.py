@@ -27,7 +27,7 @@ import mlx.core as mx
 
 from kvbench.kernels.attention.registry import KERNELS, rotated, unsupported_reason
 from kvbench.kernels.formats.registry import get_format
-from kvbench.kernels.formats.rotation import ROTATIONS, rotate
+from kvbench.kernels.formats.rotation import K_ORDERS, ROTATIONS, gguf_order, rotate
 from kvbench.kernels.stores.cache import KVCache
 
 AXES = ("token", "channel")
@@ -44,6 +44,7 @@ class CacheSpec:
     recent_tokens: int = 0
     rotate_k: str = "none"  # rotation before quantization (kernels/formats/rotation.py)
     rotate_v: str = "none"
+    k_order: str = "hf"  # key channel order stored: "hf" (the model's) or "gguf" (llama.cpp's)
 
     def __post_init__(self):
         if self.k_axis not in AXES:
@@ -54,6 +55,8 @@ class CacheSpec:
             raise ValueError("k_axis channel quantizes groups of recent_tokens positions: set it")
         if {self.rotate_k, self.rotate_v} - set(ROTATIONS):
             raise ValueError(f"rotate_k / rotate_v must be one of {ROTATIONS}")
+        if self.k_order not in K_ORDERS:
+            raise ValueError(f"k_order must be one of {K_ORDERS}, got {self.k_order!r}")
 
     @property
     def v_name(self) -> str:
@@ -84,7 +87,11 @@ class CacheSpec:
             out += f"-recent{self.recent_tokens}"
         for part, rot in (("K", self.rotate_k), ("V", self.rotate_v)):
             out += f"-rot{part}" if rot != "none" else ""
-        return out
+        return out + ("-kgguf" if self.k_order == "gguf" else "")
+
+    def keys_in_order(self, q: mx.array, k: mx.array) -> tuple[mx.array, mx.array]:
+        """q and k with their channels in the stored key order (q.k unchanged)."""
+        return (q, k) if self.k_order == "hf" else (gguf_order(q), gguf_order(k))
 
 
 # ---- exact bytes ---------------------------------------------------------------------------
@@ -148,10 +155,11 @@ class PlainCache:
         check_kernel(kernel, self.fmt)
         self.kv = KVCache(self.fmt, n_layers, 1, n_kv_heads, capacity, head_dim)
         self.kernel, self.tile_kv, self.offset = kernel, tile_kv, 0
-        self.rot = (spec.rotate_k, spec.rotate_v)
+        self.rot, self.spec = (spec.rotate_k, spec.rotate_v), spec
 
     def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
         # rows stored rotated; the kernel gets q rotated and its output is rotated back
+        q, k = self.spec.keys_in_order(q, k)
         n = k.shape[2]
         rk, rv = self.rot
         self.kv.write(layer, rotate(k, rk), rotate(v, rv), self.offset)
@@ -272,9 +280,10 @@ class MixedCache:
         self.k = [mk(kf, chan) for _ in range(n_layers)]
         self.v = [mk(vf, False) for _ in range(n_layers)]
         self.kernel, self.tile_kv, self.offset = kernel, tile_kv, 0
-        self.rk, self.rv = spec.rotate_k, spec.rotate_v
+        self.rk, self.rv, self.spec = spec.rotate_k, spec.rotate_v, spec
 
     def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
+        q, k = self.spec.keys_in_order(q, k)
         # rotate -> quantize (write) -> dequantize (dense) -> rotate back: the dense view is in
         # the model's basis, the same arithmetic as rotating q and the output
         self.k[layer].write(rotate(k, self.rk))
