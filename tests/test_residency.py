@@ -152,3 +152,45 @@ def test_declared_bytes_count_each_array_once():
     a = mx.zeros((4,), mx.float32)
     assert residency.declared_bytes([a, a, mx.zeros((2,), mx.float16)]) == 16 + 4
     assert get_format("fp16").nbytes(1, 64) == 128  # the hand counts above: 2 B per value
+
+
+# ---- peak memory: the same meaning for kvbench and the peers ----------------------------------
+
+PEAK_SUITE = """
+name: t
+settings: {warmup_s: 0.0, min_samples: 3, max_samples: 4, budget_s: 0.05, rounds: 1}
+fixed: {model: tiny, n_layers: 2, n_q_heads: 8, n_kv_heads: 2, head_dim: 64, kv_dtype: fp16}
+sweep: {context_len: [2048], kernel: [sdpa, mlx_lm]}
+"""
+
+
+def test_peak_memory_means_the_same_for_kvbench_and_an_mlx_peer(write_suite, tmp_path, quiet):
+    """2 layers x (K, V) x 2 heads x 2048 x 64 x 2 B = 2 MiB of cache in both rows. Above it,
+    a decode step's own arrays (scores, outputs) only: the peer once kept its converted float
+    context alive beside its cache (+1 MiB here, counted as its memory)."""
+    if missing_reason("mlx_lm"):
+        pytest.skip(missing_reason("mlx_lm"))
+    suite = load_suite(write_suite(PEAK_SUITE))
+    writer = run_suite(suite, expand(suite), tmp_path / "out", quiet)
+    rows = pd.read_csv(writer.csv_path).set_index("kernel")
+    assert set(rows["status"]) == {"ok"}
+    for kernel in ("sdpa", "mlx_lm"):
+        row = rows.loc[kernel]
+        assert row.cache_bytes == 2 * 2 * 2 * 2048 * 64 * 2  # mlx-lm's 256-step buffer: exact
+        assert row.cache_bytes <= row.resident_bytes <= row.peak_mem_bytes
+        assert row.peak_mem_bytes - row.cache_bytes < 0.25 * row.cache_bytes, kernel
+
+
+def test_the_baseline_is_taken_after_unreachable_arrays_are_freed():
+    from kvbench.engines.contract import memory_baseline
+
+    class Holder:
+        pass
+
+    held = Holder()
+    held.me, held.a = held, mx.zeros((1 << 18,), mx.float32)  # 1 MiB in a reference cycle
+    mx.eval(held.a)
+    mx.synchronize()
+    before = mx.get_active_memory()
+    del held
+    assert memory_baseline() <= before - (1 << 20)
