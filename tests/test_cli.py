@@ -63,6 +63,12 @@ def test_list_and_env():
     assert r.returncode == 0 and "llama-3-8b" in r.stdout and "sdpa" in r.stdout
     r = kvbench("env")
     assert r.returncode == 0 and "peak_read_gbps" in r.stdout and "mlx_version" in r.stdout
+    from kvbench import blas
+
+    blas_line = next(line for line in r.stdout.splitlines() if line.startswith("blas "))
+    assert blas_line.split(None, 1)[1] == blas.chosen()["blas"]
+    gflops = next(line for line in r.stdout.splitlines() if line.startswith("blas_gflops "))
+    assert float(gflops.split()[1]) > 0
 
 
 def test_run_filtered_case_end_to_end(tmp_path):

@@ -117,6 +117,18 @@ def test_context_mismatch_warns(tmp_path, capsys):
     assert "different mlx_version" in err and "backend" not in err
 
 
+def test_a_different_blas_is_flagged(tmp_path, capsys):
+    x = draw(20, 1.0, seed=1)
+    b = write_run(tmp_path, "b", {"c": x}, blas="bundled", blas_gflops=1.8)
+    n = write_run(tmp_path, "n", {"c": x}, blas="openblas 0.3.21 SkylakeX", blas_gflops=40.0)
+    assert main(["compare", str(b), str(n)]) == 0
+    err = capsys.readouterr().err
+    assert "different blas: ['bundled'] vs ['openblas 0.3.21 SkylakeX']" in err
+    same = write_run(tmp_path, "s", {"c": x}, blas="bundled", blas_gflops=2.5)
+    assert main(["compare", str(b), str(same)]) == 0  # a re-measured GFLOP/s is no difference
+    assert "different" not in capsys.readouterr().err
+
+
 def test_formats(tmp_path, capsys):
     b, n = same_code(tmp_path)
     cmp = compare(load(str(b)), load(str(n)))

@@ -53,6 +53,12 @@ def test_suite_writes_ok_rows_with_finite_figures(write_suite, tmp_path, quiet):
     assert set(samples["round"]) == {0, 1}  # interleaved in two rounds
     assert rows["backend"].eq("cpu").all() and rows["schema_version"].eq(SCHEMA_VERSION).all()
     assert rows["data_bits"].eq(16).all() and rows["kernel_kind"].eq("kvbench").all()  # fp16
+    # the BLAS this process runs on (kvbench.blas), on every row, with its measured speed
+    from kvbench import blas
+
+    assert rows["blas"].eq(blas.chosen()["blas"]).all()
+    assert rows["blas_source"].eq(blas.chosen()["blas_source"]).all()
+    assert rows["blas_gflops"].nunique() == 1 and (rows["blas_gflops"] > 0).all()
 
 
 def test_a_failing_case_becomes_an_error_row(write_suite, tmp_path, monkeypatch, quiet):

@@ -38,7 +38,7 @@ COLUMNS = (
     "case_id", "label", "metric", "base", "new", "ratio", "ratio_ci_low", "ratio_ci_high",
     "p_value", "verdict", "base_n", "new_n", "note", "regression",
 )  # fmt: skip
-CONTEXT_KEYS = ("device", "backend", "mlx_version")
+CONTEXT_KEYS = ("device", "backend", "mlx_version", "blas")
 
 
 @dataclass
@@ -181,7 +181,8 @@ def one_side(row, verdict: str, metric: str) -> dict:
 
 
 def context_warnings(b: pd.DataFrame, n: pd.DataFrame) -> list[str]:
-    """Different devices, backends or mlx versions make a comparison of machines, not code."""
+    """Different devices, backends, mlx versions or BLAS libraries under MLX's CPU matmuls
+    (docs/blas.md) make a comparison of machines, not code."""
     out = []
     for key in CONTEXT_KEYS:
         if key not in b or key not in n:

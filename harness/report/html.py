@@ -79,6 +79,8 @@ def _runs(cur: pd.DataFrame) -> pd.DataFrame:
                 "device": first["device"],
                 "backend": first["backend"],
                 "mlx": first["mlx_version"],
+                "BLAS": first["blas"],
+                "BLAS fp32 (GFLOP/s)": first["blas_gflops"],
                 "kvbench": first["kvbench_version"],
                 "measured peak (GB/s)": first["peak_gbps"],
                 "peak method": first["peak_method"],

@@ -5,12 +5,13 @@ from __future__ import annotations
 import datetime as dt
 import platform
 import socket
+import time
 from functools import lru_cache
 from pathlib import Path
 
 import mlx.core as mx
 
-from kvbench import SCHEMA_VERSION, __version__
+from kvbench import SCHEMA_VERSION, __version__, blas
 from kvbench.store import git
 
 REPO = Path(__file__).resolve().parents[2]  # the checkout holding harness/ (and kernels/)
@@ -58,7 +59,30 @@ def _static() -> dict:
         "mlx_version": mx.__version__,
         "kvbench_version": __version__,
         "schema_version": SCHEMA_VERSION,
+        **blas.chosen(),
+        "blas_gflops": blas_gflops(),
     }
+
+
+# fp32 [256x576]x[576x1536] (a SmolLM2 MLP matmul of 256 tokens): 0.45 GFLOP, ~0.3 s with the
+# reference BLAS of MLX's Linux wheel, ~10 ms with OpenBLAS on the 2-core development machine
+BLAS_PROBE_MKN = (256, 576, 1536)
+
+
+def blas_gflops(repeats: int = 3) -> float:
+    """fp32 matmul GFLOP/s on MLX's CPU stream (the BLAS kvbench.blas put under it), best of
+    `repeats` after one warm-up: what a row's CPU matmuls could reach in this process."""
+    m, k, n = BLAS_PROBE_MKN
+    a = mx.random.normal((m, k), key=mx.random.key(0), stream=mx.cpu)
+    b = mx.random.normal((k, n), key=mx.random.key(1), stream=mx.cpu)
+    mx.eval(a, b)
+    best = float("inf")
+    for i in range(repeats + 1):
+        t0 = time.perf_counter()
+        mx.eval(mx.matmul(a, b, stream=mx.cpu))
+        if i:  # the first call is the warm-up
+            best = min(best, time.perf_counter() - t0)
+    return round(2 * m * k * n / best / 1e9, 2)
 
 
 def run_context() -> dict:

@@ -52,6 +52,9 @@ def environment() -> str:
         "branch",
         "host",
         "os",
+        "blas",
+        "blas_source",
+        "blas_gflops",
     )
     lines = [f"{k:<16} {ctx[k]}" for k in keys]
     lines.append(f"{'peak_read_gbps':<16} {bw['peak_gbps']:.1f}  ({bw['peak_method']})")

@@ -190,6 +190,12 @@ class _Measured:
     mlx_version: str | None = None
     kvbench_version: str | None = None
     schema_version: int | None = None
+    # the BLAS under MLX's CPU matmuls (harness/blas.py, docs/blas.md): library and version
+    # ("openblas 0.3.21 SkylakeX", "bundled": the wheel's reference BLAS, "platform": macOS'),
+    # where it came from, and fp32 matmul GFLOP/s measured on MLX's CPU stream at the run's start
+    blas: str | None = None
+    blas_source: str | None = None
+    blas_gflops: float | None = None
     peer_version: str | None = None  # peer kernels: their package and version ("mlx-lm 0.32.2")
     peer_kv_types: str | None = None  # llama.cpp rows: the K/V cache types it ran ("q8_0/q4_0")
     peer_threads: int | None = None  # llama.cpp rows: threads
