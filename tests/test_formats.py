@@ -12,6 +12,7 @@ MEMBERS = ("alloc", "encode", "decode", "nbytes", "mx_quantize_args", "describe_
 # width of one element's code, scales excluded, by hand from each format's definition
 DATA_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "affine8": 8}
 DATA_BITS |= {name: 4 for name in ("fp4", "int4", "mxfp4", "nvfp4", "affine4")}
+DATA_BITS |= {"affine2": 2, "affine3": 3}
 DATA_BITS |= {"q4_0": 4, "q4_1": 4, "q5_0": 5, "q5_1": 5, "q8_0": 8}  # ggml's blocks
 
 
@@ -27,7 +28,7 @@ def test_every_format_implements_the_protocol(name):
 
 
 def test_mx_quantize_args_only_for_what_mx_quantize_stores():
-    native = {"mxfp4", "nvfp4", "affine4", "affine8"}
+    native = {"mxfp4", "nvfp4", "affine4", "affine8", "affine2", "affine3"}
     assert {n for n in FORMATS if get_format(n).mx_quantize_args() is not None} == native
     assert get_format("affine4", 32).mx_quantize_args() == {
         "group_size": 32,

@@ -17,7 +17,7 @@ from kvbench.kernels.formats.registry import FORMATS, get_format
 from kvbench.spec.suite import resolve
 
 QUANTIZED = [n for n in FORMATS if get_format(n).quantized]
-MLX_NATIVE = ["mxfp4", "nvfp4", "affine4", "affine8"]
+MLX_NATIVE = ["mxfp4", "nvfp4", "affine4", "affine8", "affine2", "affine3"]
 
 
 def _qkv(lq=1, hq=8, hkv=2, lk=96, d=64):

@@ -193,6 +193,9 @@ MLX_MODES = {
     "nvfp4": ("nvfp4", 4, (16,), 16, 1, False),  # E4M3 scale per 16
     "affine4": ("affine", 4, GROUP_SIZES, 64, 2, True),  # float16 scale and bias per group
     "affine8": ("affine", 8, GROUP_SIZES, 64, 2, True),
+    # below 4 bits: mlx-lm's kv_bits 2 / 3 (3-bit codes straddle uint32 words: D*3/32 words)
+    "affine2": ("affine", 2, GROUP_SIZES, 64, 2, True),
+    "affine3": ("affine", 3, GROUP_SIZES, 64, 2, True),
 }
 
 

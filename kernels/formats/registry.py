@@ -68,6 +68,8 @@ FORMATS = {
     "nvfp4": quant.mlx_native("nvfp4"),
     "affine4": quant.mlx_native("affine4"),
     "affine8": quant.mlx_native("affine8"),
+    "affine2": quant.mlx_native("affine2"),  # 2- and 3-bit: mlx-lm's kv_bits 2 / 3
+    "affine3": quant.mlx_native("affine3"),
     "q4_0": ggml.ggml_format("q4_0"),  # ggml's block formats, bit-exact (kernels/formats/ggml.py)
     "q4_1": ggml.ggml_format("q4_1"),
     "q5_0": ggml.ggml_format("q5_0"),
