@@ -136,6 +136,19 @@ TABLE: tuple[Axis, ...] = (
     Axis("k_order", "str", "hf", "choice:k_orders", label="k:{}", column="k-order",
          hide_default=True, doc="a real model's key channel order in its cache: hf (half-split) "
          "or gguf (interleaved, as llama.cpp stores keys)"),
+    # the model's task phases (harness/engines/model_tasks.py, docs/quality.md)
+    Axis("task", "str", "none", "choice:retrieval_tasks", label="{}", column="task",
+         hide_default=True, doc="phase retrieval: passkey, niah, multikey or vartrack"),
+    Axis("depth", "float", 0.5, "unit_interval", label="depth{:g}", column="depth",
+         hide_default=True, series="depth {:g}",
+         doc="phase retrieval: the needle's place in the haystack (0 = start, 1 = end)"),
+    Axis("trials", "int", 1, "positive_int", label="trials{}", column="trials",
+         hide_default=True, doc="phase retrieval: prompts generated (trial i seeded seed + i)"),
+    Axis("gen_tokens", "int", 32, "positive_int", label="gen{}", column="gen",
+         hide_default=True, doc="phase generate: tokens generated greedily after the prompt"),
+    Axis("quantized_kv_start", "int", 0, "non_negative_int", label="qstart{}",
+         column="qstart", hide_default=True,
+         doc="phase generate: fp16 cache until this many positions are held (mlx-lm's)"),
 )
 # fmt: on
 

@@ -106,6 +106,11 @@ class Case:
     rotate_k: str = "none"
     rotate_v: str = "none"
     k_order: str = "hf"
+    task: str = "none"
+    depth: float = 0.5
+    trials: int = 1
+    gen_tokens: int = 32
+    quantized_kv_start: int = 0
 
     @property
     def gqa_ratio(self) -> int:

@@ -7,11 +7,23 @@ an engine = a module with `claims`, `skip_reason` and `build`, and one line here
 from __future__ import annotations
 
 from kvbench.case import Case
-from kvbench.engines import cache, edits, llamacpp, model, paged, peers, sharded, streams, window
+from kvbench.engines import (
+    cache,
+    edits,
+    llamacpp,
+    model,
+    model_tasks,
+    paged,
+    peers,
+    sharded,
+    streams,
+    window,
+)
 from kvbench.engines.contract import Engine
 
 ENGINES: dict[str, Engine] = {
     "llama.cpp": Engine(llamacpp.claims, llamacpp.skip_reason, llamacpp.build),
+    "model-tasks": Engine(model_tasks.claims, model_tasks.skip_reason, model_tasks.build),
     "model": Engine(model.claims, model.skip_reason, model.build),
     "peers": Engine(peers.claims, peers.skip_reason, peers.build),
     "edits": Engine(edits.claims, edits.skip_reason, edits.build),

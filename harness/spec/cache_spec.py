@@ -12,7 +12,8 @@ from kvbench.case import Case
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.model.cache import CacheSpec
 
-MODEL_PHASES = ("quality", "model_decode")
+TASK_PHASES = ("retrieval", "generate")  # harness/engines/model_tasks.py
+MODEL_PHASES = ("quality", "model_decode", *TASK_PHASES)
 
 
 def spec_of(case: Case) -> CacheSpec:

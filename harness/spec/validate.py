@@ -16,6 +16,7 @@ from kvbench.kernels.formats import rotation
 from kvbench.kernels.formats.registry import FORMATS
 from kvbench.kernels.model.cache import AXES as K_AXES
 from kvbench.kernels.model.fetch import MODELS
+from kvbench.kernels.model.retrieval import TASKS as RETRIEVAL_TASKS
 from kvbench.kernels.stores.layouts import LAYOUT_KINDS
 from kvbench.kernels.stores.paged import PAGE_SIZES
 from kvbench.kernels.stores.workloads import ORDERS
@@ -54,6 +55,11 @@ def non_negative_int(v) -> str | None:
 def fraction(v) -> str | None:
     ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v < 1
     return None if ok else f"must be a number in [0, 1), got {v!r}"
+
+
+def unit_interval(v) -> str | None:
+    ok = isinstance(v, (int, float)) and not isinstance(v, bool) and 0 <= v <= 1
+    return None if ok else f"must be a number in [0, 1], got {v!r}"
 
 
 def optional_string(v) -> str | None:
@@ -103,12 +109,14 @@ CHOICES = {
     "kv_edits": KV_EDITS,
     "rotations": rotation.ROTATIONS,
     "k_orders": rotation.K_ORDERS,
+    "retrieval_tasks": ("none", *RETRIEVAL_TASKS),
 }
 NAMED_CHECKS = {
     "positive_int": positive_int,
     "optional_positive_int": optional_positive_int,
     "non_negative_int": non_negative_int,
     "fraction": fraction,
+    "unit_interval": unit_interval,
     "optional_string": optional_string,
     "nonempty_string": nonempty_string,
     "optional_format": optional_format,
@@ -198,6 +206,10 @@ def check_rotation(path: str, case: Case) -> None:
 
 
 MODEL_AXES = ("v_dtype", "k_axis", "sink_tokens", "recent_tokens", "text", "chunks", "k_order")
+PHASE_AXES = {  # axes that only one phase reads
+    "task": "retrieval", "depth": "retrieval", "trials": "retrieval",
+    "gen_tokens": "generate", "quantized_kv_start": "generate",
+}  # fmt: skip
 
 
 def check_model(path: str, case: Case) -> None:
@@ -206,12 +218,19 @@ def check_model(path: str, case: Case) -> None:
     if case.kv_data == "model" and case.model not in MODELS:
         known = ", ".join(MODELS)
         raise SuiteError(path, "kv_data", f"model captures a real model's K/V: model: {known}")
+    for axis, phase in PHASE_AXES.items():
+        if getattr(case, axis) != AXIS_DEFAULTS[axis] and case.phase != phase:
+            raise SuiteError(path, axis, f"only phase {phase} uses it, not {case.phase}")
+    if case.phase == "retrieval" and case.task == "none":
+        known = ", ".join(RETRIEVAL_TASKS)
+        raise SuiteError(path, "task", f"phase retrieval needs a task ({known})")
     off = [a for a in MODEL_AXES if getattr(case, a) != AXIS_DEFAULTS[a]]
     if case.window is not None:  # a window keeps its sinks too (check_window)
         off = [a for a in off if a != "sink_tokens"]
     if case.phase not in MODEL_PHASES:
         if off:
-            raise SuiteError(path, off[0], "only the model phases (quality, model_decode) use it")
+            phases = ", ".join(MODEL_PHASES)
+            raise SuiteError(path, off[0], f"only the model phases ({phases}) use it")
         return
     if case.model not in MODELS:
         known = ", ".join(MODELS)

@@ -76,6 +76,11 @@ class _CaseColumns:
     rotate_k: str | None = None
     rotate_v: str | None = None
     k_order: str | None = None
+    task: str | None = None
+    depth: float | None = None
+    trials: int | None = None
+    gen_tokens: int | None = None
+    quantized_kv_start: int | None = None
 
 
 @dataclass(frozen=True)
@@ -178,6 +183,25 @@ class _Measured:
     n_pos2: int | None = None
     n_pos3: int | None = None
     n_pos4: int | None = None
+    # phase retrieval (harness/engines/model_tasks.py): exact match of the greedy answer
+    n_trials: int | None = None  # prompts generated and answered
+    n_correct: int | None = None  # answers equal to the truth
+    accuracy: float | None = None  # n_correct / n_trials
+    accuracy_lo: float | None = None  # its 95% Wilson interval
+    accuracy_hi: float | None = None
+    ref_accuracy: float | None = None  # the float32 cache's accuracy on the same prompts
+    n_ref_agree: int | None = None  # answers equal to the float32 cache's answer
+    ref_agree: float | None = None  # n_ref_agree / n_trials
+    ref_agree_lo: float | None = None  # its 95% Wilson interval
+    ref_agree_hi: float | None = None
+    prompt_tokens: int | None = None  # the longest prompt's tokens (answer room excluded)
+    # phase generate: greedy continuation against the float32 cache's
+    gen_first_diverge: float | None = None  # tokens before the first differing one (mean)
+    gen_first_diverge_min: int | None = None  # the least over the prompts
+    gen_agree: float | None = None  # fraction of positions with the same token
+    gen_kl_mean: float | None = None  # teacher-forced KL along the reference continuation
+    gen_kl_max: float | None = None
+    gen_tokens_scored: int | None = None  # positions the KL rests on
     # context
     commit: str | None = None
     dirty: bool | None = None

@@ -1,0 +1,104 @@
+"""The model's task phases: retrieval and generate (kernels/model/retrieval.py, generate.py),
+on the model and cache of the model engine (harness/engines/model.py). Nothing is timed: the
+row holds what check() returns, as for the quality phase.
+
+* phase retrieval: `trials` prompts of task `task` (passkey, niah, multikey, vartrack) of at
+  most context_len tokens with the needle at `depth` of the haystack (trial i seeded by
+  seed + i), in the model's chat template where it has one; the answer is generated greedily
+  with the case's cache and with a float32 cache. The row: accuracy against the truth and
+  agreement with the float32 cache's answers, each with a 95% Wilson interval.
+* phase generate: for each of `chunks` chunks of context_len tokens of the text, the model
+  generates `gen_tokens` tokens greedily after the chunk; the row: tokens to the first
+  divergence from the float32 cache's continuation, agreement, and the teacher-forced KL along
+  it. quantized_kv_start as mlx-lm's (fp16 until that many positions are held).
+The float32 references are computed once per process and shared by every format.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+from kvbench.case import Case
+from kvbench.engines import model as base
+from kvbench.engines.contract import State
+from kvbench.kernels.model import generate, quality, retrieval
+from kvbench.kernels.model.cache import make_cache
+from kvbench.spec.cache_spec import TASK_PHASES, format_of, spec_of
+
+UBATCH = 512  # prefill micro-batch of the task phases (as llama.cpp's default ubatch)
+
+
+def claims(case: Case) -> bool:
+    return case.phase in TASK_PHASES
+
+
+skip_reason = base.skip_reason
+
+
+@lru_cache(maxsize=16)
+def prompts_of(name: str, task: str, context_len: int, depth: float, trials: int, seed: int):
+    model, tokenizer = base.model_of(name)
+    chat = retrieval.chat_frame(tokenizer, model.metadata)
+    out = []
+    for i in range(trials):
+        trial = retrieval.make_trial(task, seed + i)
+        out.append(retrieval.build_prompt(trial, tokenizer, context_len, depth, seed + i, chat))
+    return tuple(out)
+
+
+def answers(key: tuple, spec, kernel: str, tile_kv) -> list[str | None]:
+    """The answer read from each trial's greedy continuation with `spec`'s cache; key:
+    (model, task, context_len, depth, trials, seed)."""
+    model, tokenizer = base.model_of(key[0])
+    got = []
+    for p in prompts_of(*key):
+        cache = make_cache(spec, model.config, len(p.tokens) + p.gen_tokens, kernel, tile_kv)
+        text = retrieval.greedy_answer(model, cache, tokenizer, p, key[1], UBATCH)
+        got.append(retrieval.extract(key[1], text))
+    return got
+
+
+@lru_cache(maxsize=16)
+def reference_answers(*key) -> tuple:
+    """The float32 cache's answers (once per process)."""
+    return tuple(answers(key, quality.REFERENCE_SPEC, "reference", None))
+
+
+def retrieval_state(case: Case) -> State:
+    def check() -> dict:
+        key = (case.model, case.task, case.context_len, case.depth, case.trials, case.seed)
+        ref = reference_answers(*key)
+        got = answers(key, spec_of(case), case.kernel, case.tile_kv)
+        truth = [p.answer for p in prompts_of(*key)]
+        row = retrieval.summarize(case.task, got, list(ref), truth)
+        row["prompt_tokens"] = max(len(p.tokens) for p in prompts_of(*key))
+        return row
+
+    return State({}, check, traffic=(0, 0), kv_bytes=base.kv_bytes(case),
+                 bits_per_elem=base.bits_per_elem(case))  # fmt: skip
+
+
+@lru_cache(maxsize=8)
+def generate_reference(name: str, text: str, context_len: int, n_chunks: int, n_new: int):
+    model, _ = base.model_of(name)
+    chunks = quality.chunks(list(base.tokens_of(name, text)), context_len, n_chunks)
+    return chunks, [generate.reference(model, c, n_new, UBATCH) for c in chunks]
+
+
+def generate_state(case: Case) -> State:
+    def check() -> dict:
+        model, _ = base.model_of(case.model)
+        chunks, refs = generate_reference(case.model, case.text, case.context_len, case.chunks,
+                                          case.gen_tokens)  # fmt: skip
+        return generate.generate_error(
+            model, chunks, refs, spec_of(case), case.gen_tokens, case.kernel, case.tile_kv,
+            case.quantized_kv_start, UBATCH,
+        )  # fmt: skip
+
+    return State({}, check, traffic=(0, 0), kv_bytes=base.kv_bytes(case),
+                 bits_per_elem=base.bits_per_elem(case))  # fmt: skip
+
+
+def build(case: Case) -> State:
+    format_of(case)  # a bad format fails here, not in the model
+    return retrieval_state(case) if case.phase == "retrieval" else generate_state(case)

@@ -1,0 +1,162 @@
+"""Decode-time error: what a cache format does to the tokens a model generates.
+
+After a prefill of the prompt, the model generates `n_new` tokens greedily, every new K/V
+written into the cache in the spec's format (quantize on write; `recent_tokens` of fp16
+residual as the spec says). The float32 cache's greedy continuation of the same prompt is the
+reference:
+
+* first_diverge: tokens generated before the first one that differs (n_new when none does);
+* agree: the fraction of the n_new positions where the two continuations hold the same token
+  (after a divergence the two contexts differ, so this counts how far they drift apart);
+* kl_mean: teacher-forced KL(p_ref || p) of the next-token distributions along the reference
+  continuation (the format's cache is fed the reference tokens, so both see the same context):
+  the error of each decode step itself, not of a drifted context.
+
+`quantized_kv_start`, as mlx-lm's generate: the cache holds fp16 K/V until its offset reaches
+quantized_kv_start (checked after every forward), then every position held is converted to the
+spec's format and from there on each new K/V is written in it. 0: quantized from the first
+write. While the cache is fp16 the float32 reference kernel attends over it.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+import numpy as np
+
+from kvbench.kernels.model.cache import CacheSpec, make_cache
+from kvbench.kernels.model.quality import decode_step, prefill
+
+FP16 = CacheSpec("fp16")
+
+
+class DeferredCache:
+    """fp16 until `start` positions are held, then the spec's cache (mlx-lm's
+    quantized_kv_start). The same attend / advance / arrays / mark / rewind as the caches of
+    kernels/model/cache.py."""
+
+    def __init__(self, spec, config, capacity, kernel="reference", tile_kv=None, start=0):
+        self.spec, self.config, self.capacity = spec, config, capacity
+        self.kernel, self.tile_kv, self.start = kernel, tile_kv, start
+        self.early = make_cache(FP16, config, capacity, "reference")
+        self.late = None
+        self.held: list[list[mx.array]] = [[] for _ in range(2 * config.n_layers)]
+        self.offset = 0
+        if start == 0:
+            self._switch()
+
+    @property
+    def switched(self) -> bool:
+        return self.late is not None
+
+    def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
+        if self.switched:
+            return self.late.attend(layer, q, k, v, scale)
+        self.held[2 * layer].append(k.astype(mx.float16))
+        self.held[2 * layer + 1].append(v.astype(mx.float16))
+        return self.early.attend(layer, q, k, v, scale)
+
+    def advance(self, n: int) -> None:
+        self.offset += n
+        (self.late or self.early).advance(n)
+        if not self.switched and self.offset >= self.start:
+            self._switch()
+
+    def _switch(self) -> None:
+        """Every held position (its fp16 value, as mlx-lm converts its fp16 cache) written into
+        a cache in the spec's format."""
+        self.late = make_cache(self.spec, self.config, self.capacity, self.kernel, self.tile_kv)
+        if self.offset == 0:
+            return
+        c = self.config
+        q = mx.zeros((1, c.n_heads, 1, c.head_dim), dtype=mx.float32)
+        for layer in range(c.n_layers):
+            k = mx.concatenate(self.held[2 * layer], axis=2).astype(mx.float32)
+            v = mx.concatenate(self.held[2 * layer + 1], axis=2).astype(mx.float32)
+            self.late.attend(layer, q, k, v, c.head_dim**-0.5)  # the write; output unused
+        self.late.advance(self.offset)
+        mx.eval(self.late.arrays())
+
+    def arrays(self) -> list[mx.array]:
+        return (self.late or self.early).arrays()
+
+
+def make_deferred(spec, config, capacity, kernel="reference", tile_kv=None, start=0):
+    """The spec's cache, fp16 until `start` positions are held (start 0: the plain cache)."""
+    if start == 0:
+        return make_cache(spec, config, capacity, kernel, tile_kv)
+    return DeferredCache(spec, config, capacity, kernel, tile_kv, start)
+
+
+def _log_softmax(logits: mx.array) -> mx.array:
+    logits = logits.astype(mx.float32)
+    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+
+
+def free_run(model, cache, prompt: list[int], n_new: int, ubatch=None) -> tuple[list[int], list]:
+    """Greedy continuation (n_new tokens) and the log-probabilities before each token."""
+    prefill(model, cache, prompt[:-1], ubatch)
+    token, out, lps = prompt[-1], [], []
+    for _ in range(n_new):
+        lp = _log_softmax(decode_step(model, cache, token))
+        mx.eval(lp, cache.arrays())
+        token = int(mx.argmax(lp).item())
+        out.append(token)
+        lps.append(lp)
+    return out, lps
+
+
+def teacher_forced(model, cache, prompt: list[int], ref: list[int], ubatch=None) -> list:
+    """Log-probabilities before each reference token, the cache fed the reference tokens."""
+    prefill(model, cache, prompt[:-1], ubatch)
+    token, lps = prompt[-1], []
+    for nxt in ref:
+        lp = _log_softmax(decode_step(model, cache, token))
+        mx.eval(lp, cache.arrays())
+        lps.append(lp)
+        token = nxt
+    return lps
+
+
+def first_divergence(a: list[int], b: list[int]) -> int:
+    """Positions before the first that differs (len when none does)."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return min(len(a), len(b))
+
+
+def kl_along(ref_lps: list, lps: list) -> np.ndarray:
+    """KL(p_ref || p) per position (nats)."""
+    r, p = mx.stack(ref_lps), mx.stack(lps)
+    return np.array(mx.sum(mx.exp(r) * (r - p), axis=-1))
+
+
+def reference(model, prompt: list[int], n_new: int, ubatch=None) -> tuple[list[int], list]:
+    """The float32 cache's greedy continuation and its log-probabilities."""
+    cache = make_cache(CacheSpec("fp32"), model.config, len(prompt) + n_new, "reference")
+    return free_run(model, cache, prompt, n_new, ubatch)
+
+
+def generate_error(
+    model, prompts, refs, spec, n_new: int, kernel="reference", tile_kv=None, start=0, ubatch=None
+) -> dict:
+    """gen_first_diverge (mean over prompts), gen_first_diverge_min, gen_agree, gen_kl_mean,
+    gen_kl_max, gen_tokens_scored of `spec` against `refs` (reference() of each prompt)."""
+    diverge, agree, kls = [], [], []
+    for prompt, (ref_tokens, ref_lps) in zip(prompts, refs):
+        cap = len(prompt) + n_new
+        cache = make_deferred(spec, model.config, cap, kernel, tile_kv, start)
+        tokens, _ = free_run(model, cache, prompt, n_new, ubatch)
+        diverge.append(first_divergence(tokens, ref_tokens))
+        agree.append(np.mean([a == b for a, b in zip(tokens, ref_tokens)]))
+        cache = make_deferred(spec, model.config, cap, kernel, tile_kv, start)
+        kls.append(kl_along(ref_lps, teacher_forced(model, cache, prompt, ref_tokens, ubatch)))
+    kl = np.concatenate(kls)
+    return {
+        "gen_first_diverge": float(np.mean(diverge)),
+        "gen_first_diverge_min": int(min(diverge)),
+        "gen_agree": float(np.mean(agree)),
+        "gen_kl_mean": float(kl.mean()),
+        "gen_kl_max": float(kl.max()),
+        "gen_tokens_scored": int(kl.size),
+    }

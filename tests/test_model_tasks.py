@@ -1,0 +1,140 @@
+"""The model's task phases (harness/engines/model_tasks.py, kernels/model/generate.py) on the
+tiny GGUF model of tests/tiny_model.py: retrieval and generate rows against the float32 cache,
+mlx-lm's quantized_kv_start, and the suite checks of the task axes."""
+
+from __future__ import annotations
+
+import zlib
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from tiny_model import TINY, weights, write_gguf
+
+from kvbench.case import Case
+from kvbench.engines import engine_for
+from kvbench.engines import model as base
+from kvbench.engines import model_tasks as engine
+from kvbench.errors import SuiteError
+from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.model import generate as G
+from kvbench.kernels.model.cache import CacheSpec, make_cache
+from kvbench.kernels.model.capture import capture_kv
+from kvbench.kernels.model.llama import forward, load_model
+from kvbench.spec.validate import check_model
+
+TOKENS = tuple(np.random.default_rng(1).integers(0, TINY["vocab"], 200).tolist())
+
+
+class HashTokenizer:
+    """A word per token, ids by crc32 within the tiny vocabulary."""
+
+    def __init__(self):
+        self.words: dict[int, str] = {}
+
+    def encode(self, text, add_bos=False):
+        ids = []
+        for w in text.replace("\n", " \n ").split(" "):
+            if w:
+                ids.append(zlib.crc32(w.encode()) % TINY["vocab"])
+                self.words[ids[-1]] = w
+        return ids
+
+    def decode(self, ids):
+        return " ".join(self.words.get(i, str(i)) for i in ids)
+
+
+@pytest.fixture()
+def tiny(tmp_path, monkeypatch):
+    model = load_model(write_gguf(tmp_path / "t.gguf", weights(seed=3)))
+    tok = HashTokenizer()
+    monkeypatch.setattr(base, "model_of", lambda name: (model, tok))
+    monkeypatch.setattr(base, "tokens_of", lambda name, text: TOKENS)
+    for f in (engine.prompts_of, engine.reference_answers, engine.generate_reference):
+        f.cache_clear()
+    yield model
+    for f in (engine.prompts_of, engine.reference_answers, engine.generate_reference):
+        f.cache_clear()
+
+
+def case(**kw) -> Case:
+    base_ = dict(model="smollm2-135m", n_layers=2, n_q_heads=4, n_kv_heads=2, head_dim=64)
+    return Case(**{**base_, "context_len": 200, "kernel": "reference", **kw})
+
+
+def test_task_phases_go_to_the_task_engine():
+    assert engine_for(case(phase="retrieval", task="niah")).build is engine.build
+    assert engine_for(case(phase="generate")).build is engine.build
+
+
+def test_retrieval_row_of_the_float32_cache_agrees_with_itself(tiny):
+    c = case(phase="retrieval", task="passkey", trials=3, depth=0.25)
+    row = engine.build(c).check()
+    assert row["n_trials"] == 3 and row["n_ref_agree"] == 3 and row["ref_agree"] == 1.0
+    assert row["accuracy"] == row["ref_accuracy"] and row["prompt_tokens"] <= 200 - 8
+    assert row["accuracy_lo"] <= row["accuracy"] <= row["accuracy_hi"]
+
+
+def test_retrieval_rows_of_two_formats_share_prompts_and_reference(tiny):
+    engine.build(case(phase="retrieval", task="niah", trials=2, kv_dtype="fp32")).check()
+    row = engine.build(case(phase="retrieval", task="niah", trials=2, kv_dtype="int4")).check()
+    assert engine.reference_answers.cache_info().hits >= 1
+    assert row["n_trials"] == 2 and 0 <= row["n_ref_agree"] <= 2
+
+
+def test_generate_of_the_float32_cache_never_diverges(tiny):
+    row = engine.build(case(phase="generate", context_len=48, gen_tokens=8)).check()
+    row32 = engine.build(case(phase="generate", context_len=48, gen_tokens=8,
+                              kv_dtype="fp32")).check()  # fmt: skip
+    assert row32["gen_first_diverge"] == 8 and row32["gen_agree"] == 1.0
+    assert row32["gen_kl_mean"] == pytest.approx(0, abs=1e-7) and row32["gen_tokens_scored"] == 8
+    assert row["gen_kl_mean"] > 0  # fp16 rounding of K/V is not nothing
+
+
+def test_generate_int4_errs_more_than_fp16(tiny):
+    kw = dict(phase="generate", context_len=64, gen_tokens=12, chunks=2)
+    fp16 = engine.build(case(**kw)).check()
+    int4 = engine.build(case(kv_dtype="int4", **kw)).check()
+    assert int4["gen_kl_mean"] > 10 * fp16["gen_kl_mean"] and int4["gen_tokens_scored"] == 24
+
+
+def test_first_divergence_by_hand():
+    assert G.first_divergence([1, 2, 3, 4], [1, 2, 9, 4]) == 2
+    assert G.first_divergence([1, 2, 3], [1, 2, 3]) == 3
+    assert G.first_divergence([5], [6]) == 0
+
+
+def test_quantized_kv_start_past_the_end_is_the_fp16_cache(tiny):
+    """A start never reached leaves the cache fp16: the same logits as an fp16 cache."""
+    toks = mx.array([list(TOKENS[:24])])
+    late = G.make_deferred(CacheSpec("int4"), tiny.config, 32, start=1000)
+    fp16 = make_cache(CacheSpec("fp16"), tiny.config, 32)
+    a, b = forward(tiny, toks, late), forward(tiny, toks, fp16)
+    np.testing.assert_array_equal(np.array(a), np.array(b))
+    assert not late.switched
+
+
+def test_quantized_kv_start_converts_every_held_position(tiny):
+    """Fed in pieces of 4 with start 8: the cache turns int4 after the second piece and then
+    holds int4(fp16(K)) of the first 8 positions (layer 0's K does not depend on the cache:
+    the capture's K)."""
+    cache = G.make_deferred(CacheSpec("int4"), tiny.config, 16, start=8)
+    for s in range(0, 12, 4):
+        forward(tiny, mx.array([list(TOKENS[s : s + 4])]), cache)
+        assert cache.switched == (s + 4 >= 8)
+    k0 = mx.array(capture_kv(tiny, list(TOKENS[:8]))[0][0])[None]  # [1, Hkv, 8, D]
+    fmt = get_format("int4")
+    want = fmt.decode(fmt.encode(k0.astype(mx.float16).astype(mx.float32)), mx.float32)
+    ks, _ = cache.late.kv.view(0, 8)
+    np.testing.assert_allclose(np.array(fmt.decode(ks, mx.float32)), np.array(want), atol=1e-6)
+
+
+def test_suite_checks_of_the_task_axes():
+    with pytest.raises(SuiteError, match="task: only phase retrieval uses it"):
+        check_model("s.yaml", case(phase="quality", task="niah"))
+    with pytest.raises(SuiteError, match="task: phase retrieval needs a task"):
+        check_model("s.yaml", case(phase="retrieval"))
+    with pytest.raises(SuiteError, match="gen_tokens: only phase generate"):
+        check_model("s.yaml", case(phase="retrieval", task="niah", gen_tokens=8))
+    check_model("s.yaml", case(phase="retrieval", task="vartrack", depth=1.0))
+    check_model("s.yaml", case(phase="generate", quantized_kv_start=64))
