@@ -5,7 +5,6 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-import numpy as np
 import pandas as pd
 import pytest
 
@@ -51,20 +50,24 @@ def test_imported_runs_compare(tmp_path, capsys):
     assert "imported 3 benchmarks" in capsys.readouterr().out
 
 
-def test_without_raw_data_stats_map_and_compare_is_inconclusive(tmp_path):
+@pytest.mark.parametrize(
+    "edit",
+    [
+        lambda b: b["stats"].pop("data"),  # saved without --benchmark-save-data
+        lambda b: b["stats"].update(data=[]),  # used to be ok rows claiming n_samples 20
+        lambda b: b.pop("stats"),  # used to be ok rows with no median
+    ],
+    ids=["no data", "empty data", "no stats"],
+)
+def test_without_raw_data_the_import_is_refused(tmp_path, capsys, edit):
     doc = json.loads(FIXTURE.read_text())
-    for b in doc["benchmarks"]:
-        del b["stats"]["data"], b["extra_info"]["case"], b["extra_info"]["case_id"]
+    edit(doc["benchmarks"][1])
     src = tmp_path / "nodata.json"
     src.write_text(json.dumps(doc))
-    csv_path, _ = import_file(src, tmp_path)
-    rows = pd.read_csv(csv_path)
-    s = DOC["benchmarks"][0]["stats"]
-    assert rows.loc[0, "cv"] == pytest.approx(s["stddev"] / s["mean"])
-    assert np.isnan(rows.loc[0, "p10_ms"]) and rows["model"].isna().all()
-    cmp = compare(load(str(csv_path)), load(str(csv_path)))
-    assert set(cmp.table["verdict"]) == {"inconclusive"}
-    assert cmp.table.loc[0, "label"].startswith("tests/benchmarks/")
+    assert main(["import", str(src), "--out", str(tmp_path / "out")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"kvbench: {src}: benchmarks[1].stats.data: no raw samples")
+    assert err.count("\n") == 1 and not (tmp_path / "out").exists()
 
 
 def test_bad_json_is_a_user_error(tmp_path):

@@ -61,3 +61,77 @@ def test_merge_never_overwrites_a_run_already_in_its_output(tmp_path, capsys):
     before = theirs.read_bytes()
     one_line_error(capsys, ["merge", tmp_path / "a", "-o", tmp_path / "b"], str(theirs), "-o")
     assert theirs.read_bytes() == before
+
+
+# ---- 2: broken result files are refused (a named file) or skipped with a word (a directory) ----
+
+READERS = {
+    "compare": lambda d, out: ["compare", d, d],
+    "history": lambda d, out: ["history", d],
+    "report": lambda d, out: ["report", d, "-o", out / "r.html"],
+    "merge": lambda d, out: ["merge", d, "-o", out / "merged"],
+}
+
+
+def _edit_cell(path: Path, col: str, value: str) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    header = lines[0].rstrip("\n").split(",")
+    cells = lines[1].rstrip("\n").split(",")
+    cells[header.index(col)] = value
+    lines[1] = ",".join(cells) + "\n"
+    path.write_text("".join(lines))
+
+
+BROKEN = {
+    "negative median": (lambda p: _edit_cell(p, "median_ms", "-5"), "median_ms"),
+    "inf median": (lambda p: _edit_cell(p, "median_ms", "inf"), "median_ms"),
+    "1e308 median": (lambda p: _edit_cell(p, "median_ms", "1e308"), "median_ms"),
+    "nan median": (lambda p: _edit_cell(p, "median_ms", "nan"), "median_ms"),
+    "n_samples off": (lambda p: _edit_cell(p, "n_samples", "25"), "n_samples"),
+    "last row cut": (lambda p: p.write_bytes(p.read_bytes()[:-40]), "last row"),
+    "samples cut": (
+        lambda p: (s := p.with_suffix(".samples.csv")).write_bytes(s.read_bytes()[:-3]),
+        "last row",
+    ),
+}
+
+
+@pytest.mark.parametrize("fault", BROKEN)
+@pytest.mark.parametrize("reader", READERS)
+def test_broken_result_files_are_refused(tmp_path, capsys, fault, reader):
+    d = tmp_path / "d"
+    d.mkdir()
+    write_run(d, "r0", {"c0": draw(20, 2.0, seed=3)})
+    run = write_run(d, "r1", {"c1": draw(20, 1.0, seed=1), "c2": draw(20, 1.5, seed=2)})
+    damage, needle = BROKEN[fault]
+    damage(run)
+    one_line_error(capsys, READERS[reader](d, tmp_path), needle)  # the report reads samples too
+    if reader in ("compare", "report"):  # a file named on its own
+        one_line_error(capsys, READERS[reader](run, tmp_path), str(run)[: -len(".csv")], needle)
+
+
+JUNK = {"0 bytes": b"", "binary": bytes(range(256)) * 4, "latin-1": b"caf\xe9,x\n1,2\n"}
+
+
+@pytest.mark.parametrize("junk", JUNK)
+@pytest.mark.parametrize("reader", READERS)
+def test_junk_csv_in_a_results_directory_is_skipped_with_one_line(tmp_path, capsys, junk, reader):
+    d = tmp_path / "d"
+    d.mkdir()
+    write_run(d, "r1", {"c1": draw(20, 1.0, seed=1)})
+    (d / "junk.csv").write_bytes(JUNK[junk])
+    assert main([str(a) for a in READERS[reader](d, tmp_path)]) == 0
+    err = capsys.readouterr().err
+    warned = [line for line in err.splitlines() if "junk.csv" in line]
+    assert (
+        len(warned) == 1 and warned[0].startswith("kvbench: warning: ") and "skipped" in warned[0]
+    )
+    assert "Traceback" not in err
+
+
+def test_a_saved_compare_table_beside_the_runs_is_skipped_without_a_word(tmp_path, capsys):
+    write_run(tmp_path, "r1", {"c1": draw(20, 1.0, seed=1)})
+    assert main(["compare", str(tmp_path), str(tmp_path), "--format", "csv"]) == 0
+    (tmp_path / "cmp.csv").write_text(capsys.readouterr().out)
+    assert main(["history", str(tmp_path)]) == 0
+    assert "cmp.csv" not in capsys.readouterr().err

@@ -23,15 +23,16 @@ import pandas as pd
 from kvbench.case import label_of
 from kvbench.errors import UserError
 from kvbench.files import check_output_file, write_atomic
+from kvbench.store.checks import dir_files
 from kvbench.store.record import COLUMNS
-from kvbench.store.results import is_results_csv, migrate, pick_rows, read_csv, read_rows
+from kvbench.store.results import is_results_csv, load_run, migrate, pick_rows, read_csv
 
 
 def _csv_files(paths) -> list[Path]:
     files = []
     for p in map(Path, paths):
         if p.is_dir():
-            files += sorted(f for f in p.glob("*.csv") if not f.name.endswith(".samples.csv"))
+            files += dir_files(p, compares=True)  # others skipped, with a word (store/checks.py)
         elif p.is_file():
             files.append(p)
         else:
@@ -64,7 +65,7 @@ def load(paths) -> tuple[pd.DataFrame, pd.DataFrame | None]:
         if _is_compare(df):
             compares.append(df)
         elif is_results_csv(f):
-            results.append(read_rows(f))
+            results.append(load_run(f)[0])  # its samples read too: a row must agree with them
         else:
             raise UserError(f"{f}: neither a kvbench result CSV nor a compare CSV")
     rows = (

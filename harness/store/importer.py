@@ -1,9 +1,11 @@
 """import: pytest-benchmark JSON -> kvbench results CSV (+ raw samples), for compare and report.
 
 What maps, and from where (nothing else is filled in; absent means empty, never guessed):
-  * timing: with raw data (`--benchmark-save-data`: stats.data, seconds per call) the samples
-    file gets every round and the statistics are kvbench's own (harness/stats.py
-    summarize); without it, median_ms, iqr_ms, n_samples (rounds) and cv (stddev / mean) from stats.
+  * timing: the raw data (`--benchmark-save-data`: stats.data, seconds per call): the samples
+    file gets every round and the statistics are kvbench's own (harness/stats.py summarize).
+    A benchmark without raw data (no stats, no stats.data, or an empty list) is refused: a row
+    whose figures no sample backs cannot be tested, and `stats.data: []` beside `rounds: 20`
+    used to become an ok row claiming 20 samples (issue 27).
   * the case: extra_info["case"] (the Case fields; kvbench's benchmarks store them), so rows
     join `kvbench run` rows on case_id; a foreign benchmark gets case_id = sha1(fullname)[:12].
   * context: commit_info (commit, dirty, branch), machine_info (host, os), datetime
@@ -80,7 +82,9 @@ def _check(path: Path, doc: dict) -> None:
         for key in STAT_KEYS:
             if stats.get(key) is not None:
                 timing(f"{where}.stats.{key}", stats[key])
-        data = stats.get("data") or []
+        data = stats.get("data")
+        need(data not in (None, []), f"{where}.stats.data", "no raw samples (run pytest with "
+             "--benchmark-save-data; a row without samples cannot be compared)")  # fmt: skip
         need(isinstance(data, list), f"{where}.stats.data", "not a list")
         for j, v in enumerate(data):
             timing(f"{where}.stats.data[{j}]", v)
@@ -147,19 +151,9 @@ def case_fields(bench: dict) -> dict:
 
 
 def timing(stats: dict) -> tuple[dict, list[float]]:
-    """Row statistics and raw samples (ms) from a benchmark's stats."""
-    data = stats.get("data")
-    if data:
-        samples_ms = [float(s) * 1e3 for s in data]  # pytest-benchmark: seconds per call
-        return summarize(samples_ms), samples_ms
-    mean, sd = stats.get("mean"), stats.get("stddev")
-    row = {
-        "median_ms": stats["median"] * 1e3 if stats.get("median") is not None else None,
-        "iqr_ms": stats["iqr"] * 1e3 if stats.get("iqr") is not None else None,
-        "cv": sd / mean if mean and sd is not None else None,
-        "n_samples": stats.get("rounds"),
-    }
-    return row, []
+    """Row statistics and raw samples (ms) from a benchmark's stats (raw data checked present)."""
+    samples_ms = [float(s) * 1e3 for s in stats["data"]]  # pytest-benchmark: seconds per call
+    return summarize(samples_ms), samples_ms
 
 
 def convert(doc: dict) -> tuple[list, list]:

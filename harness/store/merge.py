@@ -21,8 +21,9 @@ from pathlib import Path
 import pandas as pd
 
 from kvbench.errors import UserError
+from kvbench.store.checks import dir_files
 from kvbench.store.record import COLUMNS, SAMPLE_COLUMNS, Record, write_csv_atomic
-from kvbench.store.results import is_results_csv, load_run, pick_rows
+from kvbench.store.results import load_run, pick_rows
 
 MERGE_KEYS = ("case_id", "host")
 INT_COLUMNS = [f.name for f in dataclasses.fields(Record) if str(f.type).startswith("int")]
@@ -43,12 +44,12 @@ def run_files(inputs: list[str]) -> list[Path]:
     for given in inputs:
         path = Path(given)
         if path.is_dir():
-            files += sorted(p for p in path.glob("*.csv") if not p.name.endswith(".samples.csv"))
+            files += dir_files(path)  # other CSVs are skipped, with a word (store/checks.py)
         elif path.is_file():
-            files.append(path)
+            files.append(path)  # named: read as a run, or refused
         else:
             raise UserError(f"{given}: no such results directory or CSV")
-    return [f for f in files if is_results_csv(f)]
+    return files
 
 
 def merge(inputs: list[str], out_dir: str | Path) -> Merged:

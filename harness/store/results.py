@@ -43,6 +43,7 @@ from kvbench.case import label_of
 from kvbench.errors import UserError
 from kvbench.files import check_output_file
 from kvbench.store import git
+from kvbench.store.checks import check_against_samples, check_rows, dir_files, whole_lines
 from kvbench.store.migrate_v1 import with_v1_facts
 from kvbench.store.record import COLUMNS, METRIC_STAGE, Record
 
@@ -219,16 +220,19 @@ def read_rows(path: str | Path) -> pd.DataFrame:
     """One results CSV's rows, migrated to today's columns (`migrate`), numeric columns as
     numbers (text in one is refused, never compared as a string)."""
     path = Path(path)
+    whole_lines(path)
     rows = read_csv(path)
     missing = {"run_id", "case_id", "status"} - set(rows.columns)
     if missing:
         raise UserError(f"{path}: not a kvbench results CSV (no {', '.join(sorted(missing))})")
     rows = numeric(rows.dropna(subset=["case_id"]).copy(), NUMERIC_COLUMNS, path)
+    check_rows(rows, path)  # store/checks.py: timings that can be timings
     return migrate(rows, str(path))
 
 
 def read_samples(path: Path) -> pd.DataFrame:
-    """A raw-samples file: its columns checked, `ms` finite and non-negative."""
+    """A raw-samples file: whole, its columns checked, `ms` finite and non-negative."""
+    whole_lines(path)
     df = read_csv(path)
     missing = [c for c in ("case_id", "stage", "ms") if c not in df.columns]
     if missing:
@@ -292,6 +296,7 @@ def load_run(path: str | Path) -> tuple[pd.DataFrame, pd.DataFrame]:
     rows = read_rows(path)
     sp = samples_path(path)
     samples = read_samples(sp) if sp.exists() else pd.DataFrame()
+    check_against_samples(rows, samples, path)
     if not samples.empty:
         # the samples file has no run_id column: every sample belongs to this file's run
         samples["run_id"] = rows["run_id"].iloc[0] if len(rows) else path.stem
@@ -315,9 +320,7 @@ def _concat(frames: list[pd.DataFrame]) -> pd.DataFrame:
 
 def load_dir(path: str | Path) -> ResultSet:
     path = Path(path)
-    files = sorted(p for p in path.glob("*.csv") if not p.name.endswith(".samples.csv"))
-    # other CSVs in the directory (a saved compare table, say) are not runs: skip them
-    files = [p for p in files if is_results_csv(p)]
+    files = dir_files(path)  # other CSVs are skipped, with a word (store/checks.py)
     loaded = [load_run(p) for p in files]
     rows = _concat([r for r, _ in loaded])
     if rows.empty:
