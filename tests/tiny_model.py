@@ -18,10 +18,12 @@ ROPE_BASE, EPS = 10000.0, 1e-5
 LAYER_NAMES = ("q", "k", "v", "o", "gate", "up", "down", "attn_norm", "ffn_norm")
 
 
-def weights(seed: int = 0, qkv_bias: bool = False, tied: bool = True) -> dict:
-    """HF-order float32 weights: {"embed", "norm", ["lm_head"], "layers": [dict]}."""
+def weights(seed: int = 0, qkv_bias: bool = False, tied: bool = True, head_dim=None) -> dict:
+    """HF-order float32 weights: {"embed", "norm", ["lm_head"], "layers": [dict]}; head_dim
+    (default TINY's) may differ from hidden / n_heads."""
     t, rng = TINY, np.random.default_rng(seed)
-    hq, hkv, h = t["n_heads"] * t["head_dim"], t["n_kv_heads"] * t["head_dim"], t["hidden"]
+    d = head_dim or t["head_dim"]
+    hq, hkv, h = t["n_heads"] * d, t["n_kv_heads"] * d, t["hidden"]
     w = lambda *s: (rng.standard_normal(s) / np.sqrt(s[-1])).astype(np.float32)  # noqa: E731
     layers = []
     for _ in range(t["n_layers"]):
@@ -192,3 +194,78 @@ def np_forward(wts: dict, tokens: list[int]) -> np.ndarray:
         g = h @ lp["gate"].T
         x = x + ((g / (1 + np.exp(-g))) * (h @ lp["up"].T)) @ lp["down"].T
     return rms(x, wts["norm"]) @ wts.get("lm_head", wts["embed"]).T
+
+
+# ---- GGUF through gguf.GGUFWriter (what llama.cpp's converter uses) ----------------------------
+
+
+def write_gguf_writer(path: Path, wts: dict, arch: str = "llama", context_len: int = 256) -> Path:
+    """The tiny model as llama.cpp's converter writes it: gguf.GGUFWriter, Q/K rows permuted for
+    `llama`, float32 tensors, metadata under `<arch>.`."""
+    import gguf
+
+    t = TINY
+    w = gguf.GGUFWriter(str(path), arch)
+    w.add_block_count(t["n_layers"])
+    w.add_context_length(context_len)
+    w.add_embedding_length(t["hidden"])
+    w.add_feed_forward_length(t["ffn"])
+    w.add_head_count(t["n_heads"])
+    w.add_head_count_kv(t["n_kv_heads"])
+    head_dim = wts["layers"][0]["q"].shape[0] // t["n_heads"]
+    w.add_key_length(head_dim)
+    w.add_value_length(head_dim)
+    w.add_rope_freq_base(ROPE_BASE)
+    w.add_layer_norm_rms_eps(EPS)
+    w.add_vocab_size(t["vocab"])
+    w.add_tensor("token_embd.weight", wts["embed"])
+    w.add_tensor("output_norm.weight", wts["norm"])
+    if "lm_head" in wts:
+        w.add_tensor("output.weight", wts["lm_head"])
+    for i, lp in enumerate(wts["layers"]):
+        for n, g in GGUF_NAMES.items():
+            a = lp[n]
+            if arch == "llama" and n in ("q", "k"):
+                a = permute(a, t["n_heads"] if n == "q" else t["n_kv_heads"])
+            w.add_tensor(f"blk.{i}.{g}.weight", np.ascontiguousarray(a))
+        for n in ("q", "k", "v"):
+            if n + "_bias" in lp:
+                w.add_tensor(f"blk.{i}.{GGUF_NAMES[n]}.bias", lp[n + "_bias"])
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+# ---- any mlx-lm architecture, random weights -------------------------------------------------
+
+ARCH_CONFIGS = {
+    "llama": dict(intermediate_size=192, rope_theta=ROPE_BASE, tie_word_embeddings=True),
+    "qwen2": dict(intermediate_size=192, rope_theta=ROPE_BASE, tie_word_embeddings=True),
+    # gemma3: layers 0-2 slide over a window of 8 positions, layer 3 is global
+    "gemma3_text": dict(intermediate_size=192, sliding_window=8, sliding_window_pattern=4,
+                        query_pre_attn_scalar=64, rope_local_base_freq=ROPE_BASE),
+}  # fmt: skip
+
+
+def write_random_mlx_dir(path: Path, model_type: str, seed: int = 0, n_layers: int = 2) -> Path:
+    """An mlx-lm directory of `model_type` with seeded random weights (mlx-lm builds the model,
+    so the parameter names are mlx-lm's own)."""
+    from mlx.utils import tree_flatten, tree_map
+    from mlx_lm.utils import _get_classes
+
+    t = TINY
+    cfg = {"model_type": model_type, "hidden_size": t["hidden"], "num_hidden_layers": n_layers,
+           "num_attention_heads": t["n_heads"], "num_key_value_heads": t["n_kv_heads"],
+           "head_dim": t["head_dim"], "vocab_size": t["vocab"], "rms_norm_eps": EPS,
+           "max_position_embeddings": 256, **ARCH_CONFIGS[model_type]}  # fmt: skip
+    model_class, args_class = _get_classes(cfg)
+    net = model_class(args_class.from_dict(cfg))
+    rng = np.random.default_rng(seed)
+    net.update(tree_map(lambda a: mx.array(rng.standard_normal(a.shape).astype(np.float32)
+                                           / np.sqrt(a.shape[-1])), net.parameters()))  # fmt: skip
+    path.mkdir(parents=True, exist_ok=True)
+    mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(net.parameters())))
+    (path / "config.json").write_text(json.dumps(cfg))
+    return path

@@ -28,7 +28,8 @@ import mlx.core as mx
 from kvbench.kernels.attention.registry import KERNELS, rotated, unsupported_reason
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.formats.rotation import K_ORDERS, ROTATIONS, gguf_order, rotate
-from kvbench.kernels.stores.cache import KVCache
+from kvbench.kernels.stores.cache import ALL, KVCache, KVStore
+from kvbench.kernels.stores.window import Ring
 
 AXES = ("token", "channel")
 
@@ -310,6 +311,205 @@ class MixedCache:
 
     def held_bytes(self) -> int:
         return sum(s.held_bytes() for s in (*self.k, *self.v))
+
+
+class WindowCache:
+    """One sliding-window layer (mlx-lm's RotatingKVCache(max_size, keep)) in kvbench's window
+    layout (kernels/stores/window.py Ring: `keep` sink cells, then a ring of
+    window + max_step - 1 cells), K/V stored in one format (a plain spec), attended over every
+    cell with the ring's visibility mask."""
+
+    def __init__(self, spec, n_kv_heads, head_dim, window, sinks, max_step, kernel, tile_kv=None):
+        if not spec.plain:
+            raise ValueError(f"a sliding-window layer holds one plain format; {spec.label} is not")
+        self.fmt = spec.formats()[0]
+        check_kernel(kernel, self.fmt)
+        self.ring = Ring(window, sinks, max_step)
+        self.kv = KVStore(self.fmt, 1, 1, n_kv_heads, self.ring.size, head_dim)
+        self.kernel, self.tile_kv, self.offset = kernel, tile_kv, 0
+        self.rot, self.spec = (spec.rotate_k, spec.rotate_v), spec
+
+    def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
+        q, k = self.spec.keys_in_order(q, k)  # as PlainCache: stored order and rotation
+        n = k.shape[2]
+        rk, rv = self.rot
+        cells = self.ring.write(n)
+        self.kv.put(0, (ALL, ALL, mx.array(cells)), rotate(k, rk), rotate(v, rv))
+        mask = mx.array(self.ring.mask(range(self.offset, self.offset + n)))
+        ks, vs = self.kv.view(0, self.ring.size)
+        dtype = mx.float32 if self.kernel == "reference" else self.fmt.compute_dtype
+        fn = rotated(KERNELS[self.kernel].fn, *self.rot)
+        out = fn(q.astype(dtype), ks, vs, self.fmt, mask=mask, scale=scale, tile_kv=self.tile_kv)
+        return out.astype(mx.float32)
+
+    def advance(self, n: int) -> None:
+        self.offset += n
+
+    def mark(self) -> tuple:
+        return self.offset, self.ring.pos.copy(), self.ring.next
+
+    def rewind(self, mark: tuple) -> None:
+        self.offset, pos, self.ring.next = mark
+        self.ring.pos = pos.copy()
+
+    def arrays(self) -> list[mx.array]:
+        return self.kv.arrays()
+
+    def held_bytes(self) -> int:
+        return sum(a.nbytes for a in self.kv.arrays()) * self.ring.held() // self.ring.size
+
+
+# ---- mlx-lm's cache protocol ------------------------------------------------------------------
+
+
+class LayerCache:
+    """One layer's cache as mlx-lm's models use it (mlx_lm/models/cache.py: `offset`,
+    `update_and_fetch`, `state`, `make_mask`, `is_trimmable`, `size`, `nbytes`, `empty`), over
+    a kvbench store of that layer alone (PlainCache, MixedCache or WindowCache, built on the
+    first write from the K/V shape the model hands it).
+
+    update_and_fetch keeps the new K/V; mlx-lm's scaled_dot_product_attention, rerouted by
+    kernels/model/seam.py, then calls `attend`: the store writes them in its format (quantize
+    on write) and runs the case's kernel over what it holds. What update_and_fetch returns is
+    never read by that path."""
+
+    def __init__(self, make_store):
+        self.make_store, self.store, self.pending = make_store, None, None
+
+    @property
+    def offset(self) -> int:
+        return 0 if self.store is None else self.store.offset
+
+    def update_and_fetch(self, keys: mx.array, values: mx.array):
+        if self.store is None:
+            self.store = self.make_store(keys.shape[1], keys.shape[3])
+        self.pending = (keys, values)
+        return keys, values
+
+    def attend(self, queries: mx.array, scale: float) -> mx.array:
+        if self.pending is None:
+            raise RuntimeError("attention before update_and_fetch on a kvbench cache")
+        k, v = self.pending
+        self.pending = None
+        out = self.store.attend(0, queries, k, v, scale)
+        self.store.advance(k.shape[2])
+        return out.astype(queries.dtype)
+
+    def make_mask(self, *args, **kwargs):
+        return None  # the store knows its positions and masks inside attend
+
+    @property
+    def state(self):
+        return self.arrays()
+
+    def is_trimmable(self) -> bool:
+        return False
+
+    def size(self) -> int:
+        return self.offset
+
+    @property
+    def nbytes(self) -> int:
+        return self.held_bytes()
+
+    def empty(self) -> bool:
+        return self.store is None
+
+    def arrays(self) -> list[mx.array]:
+        return [] if self.store is None else self.store.arrays()
+
+    def held_bytes(self) -> int:
+        return 0 if self.store is None else self.store.held_bytes()
+
+
+class ModelCache:
+    """Every layer's cache of one sequence, one per layer as the model's `make_cache` asks
+    (mlx-lm's KVCache -> a full kvbench cache; RotatingKVCache(max_size, keep) -> kvbench's
+    window layout; caches that hold no K/V, e.g. a state-space layer's, stay mlx-lm's own)."""
+
+    def __init__(self, layers: list):
+        self.layers = layers
+        self.kv = [c for c in layers if isinstance(c, LayerCache)]
+
+    @property
+    def offset(self) -> int:
+        return self.kv[0].offset
+
+    def arrays(self) -> list[mx.array]:
+        own = [a for c in self.kv for a in c.arrays()]
+        other = [a for c in self.layers if not isinstance(c, LayerCache) for a in _state(c)]
+        return own + other
+
+    def held_bytes(self) -> int:
+        return sum(c.held_bytes() for c in self.kv)
+
+    def mark(self) -> list:
+        """The state to come back to (rewind): each store's counters."""
+        if len(self.kv) != len(self.layers):
+            raise ValueError("rewind needs every layer's cache to be kvbench's")
+        return [c.store.mark() for c in self.kv]
+
+    def rewind(self, mark: list) -> None:
+        """Back to `mark`: the next write lands where it landed after mark() (a decode step
+        at a fixed depth, repeated; the same token writes the same bytes again)."""
+        for c, m in zip(self.kv, mark):
+            c.store.rewind(m)
+
+    def check_attended(self, arch: str) -> None:
+        """Every layer that took K/V attended through the seam (else the architecture computes
+        attention itself and kvbench's kernels were not inside it)."""
+        for i, c in enumerate(self.kv):
+            if c.pending is not None:
+                c.pending = None
+                raise ValueError(
+                    f"model {arch}: layer {i} stored K/V but never called mlx-lm's "
+                    "scaled_dot_product_attention; kvbench's kernels cannot run inside it"
+                )
+
+
+def _state(c) -> list[mx.array]:
+    from mlx.utils import tree_flatten
+
+    return [a for _, a in tree_flatten(c.state) if isinstance(a, mx.array)]
+
+
+def layer_kinds(net) -> list:
+    """Per layer: ("full",), ("window", max_size, keep) or ("other", cache) from the model's
+    own make_cache (mlx-lm's default, one KVCache per layer, where it has none)."""
+    from mlx_lm.models import cache as mc
+
+    protos = mc.make_prompt_cache(net)
+    kinds = []
+    for p in protos:
+        if type(p) is mc.KVCache:
+            kinds.append(("full",))
+        elif type(p) is mc.RotatingKVCache:
+            kinds.append(("window", p.max_size, p.keep))
+        elif hasattr(p, "update_and_fetch"):
+            raise ValueError(f"mlx-lm cache {type(p).__name__}: kvbench has no layout for it")
+        else:
+            kinds.append(("other", p))
+    return kinds
+
+
+def model_cache(spec: CacheSpec, model, capacity: int, kernel: str = "reference", tile_kv=None,
+               max_step: int | None = None) -> ModelCache:  # fmt: skip
+    """The cache of `model` (kernels/model/load.py Model) in `spec`, holding up to `capacity`
+    positions; `max_step`: the most tokens one forward call writes (window layers' ring)."""
+    store = MixedCache if not spec.plain else PlainCache
+    layers = []
+    for kind in layer_kinds(model.net):
+        if kind[0] == "full":
+            make = lambda h, d: store(spec, 1, h, d, capacity, kernel, tile_kv)  # noqa: E731
+        elif kind[0] == "window":
+            make = lambda h, d, w=kind[1], s=kind[2]: WindowCache(  # noqa: E731
+                spec, h, d, w, s, max_step or capacity, kernel, tile_kv
+            )
+        else:
+            layers.append(kind[1])
+            continue
+        layers.append(LayerCache(make))
+    return ModelCache(layers)
 
 
 def make_cache(spec: CacheSpec, config, capacity: int, kernel: str = "reference", tile_kv=None):

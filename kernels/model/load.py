@@ -1,0 +1,255 @@
+"""A real model as mlx-lm builds it: from a GGUF file or an mlx-lm model directory.
+
+The architecture is mlx-lm's (`mlx_lm.models.<model_type>`): kvbench writes no forward pass of
+its own. kvbench's cache goes in through mlx-lm's cache protocol (kernels/model/cache.py) and its
+attention kernels through mlx-lm's one attention function (kernels/model/seam.py).
+
+* mlx-lm model directory (config.json + model*.safetensors, mlx-lm-quantized ones included):
+  `mlx_lm.utils.load_model`, as `mlx_lm.load` does.
+* GGUF file: the `gguf` package reads the file (every quant type llama.cpp writes, K-quants
+  included) and dequantizes each tensor to float32; gguf's own name table
+  (`gguf.get_tensor_name_map`, the one llama.cpp's converter writes with) maps each mlx-lm
+  parameter name onto its GGUF tensor, and the config.json mlx-lm wants is rebuilt from the
+  GGUF metadata (GGUF_CONFIG). Dense float32 weights: the CPU path runs plain matmuls, no
+  quantized matmul, and the float32 cache that quality is measured against is the model's own
+  precision. llama.cpp's converter permutes the Q and K rows of `llama` models so that its
+  interleaved RoPE (x[2i] with x[2i+1]) computes what Hugging Face's half-split RoPE computes;
+  the loader undoes that (PERMUTED_ARCHS), so K/V are cached in the channel order mlx-lm and
+  Hugging Face hold them (this matters for group-wise and per-channel key scales).
+"""
+
+from __future__ import annotations
+
+import inspect
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import mlx.core as mx
+import mlx.nn as nn
+import numpy as np
+
+PERMUTED_ARCHS = ("llama",)  # archs whose GGUF Q/K rows llama.cpp permutes for its RoPE
+
+# GGUF architecture -> (mlx-lm model_type, extra config.json keys)
+GGUF_ARCHS = {"llama": ("llama", {}), "qwen2": ("qwen2", {})}
+
+# config.json key -> GGUF metadata key under "<arch>." (those every mapped arch has)
+GGUF_CONFIG = {
+    "hidden_size": "embedding_length",
+    "num_hidden_layers": "block_count",
+    "intermediate_size": "feed_forward_length",
+    "num_attention_heads": "attention.head_count",
+    "num_key_value_heads": "attention.head_count_kv",
+    "head_dim": "attention.key_length",
+    "rms_norm_eps": "attention.layer_norm_rms_epsilon",
+    "rope_theta": "rope.freq_base",
+    "max_position_embeddings": "context_length",
+    "vocab_size": "vocab_size",
+}
+REQUIRED = ("hidden_size", "num_hidden_layers", "num_attention_heads")
+
+
+class ModelError(ValueError):
+    """A model that cannot be loaded (the message is one line naming the file and the reason)."""
+
+
+@dataclass(frozen=True)
+class Shape:
+    """What kvbench needs to know of a model's attention: per-layer K/V sizes, windows."""
+
+    arch: str
+    n_layers: int
+    n_heads: int
+    n_kv_heads: int
+    head_dim: int
+    vocab: int
+    trained_context: int | None  # max_position_embeddings / <arch>.context_length
+
+
+@dataclass
+class Model:
+    net: nn.Module  # the mlx-lm Model: net(tokens [B, n], cache=[per-layer caches]) -> logits
+    config: Shape
+    hf_config: dict  # the config.json mlx-lm built the model from
+    metadata: dict = field(default_factory=dict)  # GGUF metadata (tokenizer, chat template)
+    path: str = ""
+
+
+def shape_of(cfg: dict) -> Shape:
+    text = cfg.get("text_config") or {}
+    get = lambda k, d=None: cfg.get(k, text.get(k, d))  # noqa: E731
+    n_heads = get("num_attention_heads")
+    return Shape(
+        arch=cfg.get("model_type", "?"),
+        n_layers=get("num_hidden_layers"),
+        n_heads=n_heads,
+        n_kv_heads=get("num_key_value_heads") or n_heads,
+        head_dim=get("head_dim") or get("hidden_size") // n_heads,
+        vocab=get("vocab_size"),
+        trained_context=get("max_position_embeddings"),
+    )
+
+
+def _build(path, cfg: dict) -> nn.Module:
+    from mlx_lm.utils import _get_classes
+
+    try:
+        model_class, args_class = _get_classes(cfg)
+    except ValueError:
+        raise ModelError(f"{path}: model_type {cfg.get('model_type')!r}: mlx-lm has no such "
+                         "architecture") from None  # fmt: skip
+    try:
+        return model_class(args_class.from_dict(cfg))
+    except (TypeError, KeyError, ValueError, AttributeError) as e:
+        raise ModelError(f"{path}: config.json does not fit mlx-lm's {cfg['model_type']}: "
+                         f"{type(e).__name__}: {e}") from None  # fmt: skip
+
+
+# ---- mlx-lm directories ---------------------------------------------------------------------
+
+
+def load_mlx_dir(path: str | Path) -> Model:
+    """An mlx-lm model directory (or a Hugging Face snapshot of one)."""
+    from mlx_lm.utils import load_model as mlx_load
+
+    path = Path(path)
+    if not (path / "config.json").is_file():
+        raise ModelError(f"{path}: a model directory needs config.json (none there)")
+    if not list(path.glob("model*.safetensors")):
+        raise ModelError(f"{path}: no model*.safetensors weights")
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelError(f"{path / 'config.json'}: unreadable: {e}") from None
+    if "model_type" not in cfg:
+        raise ModelError(f"{path / 'config.json'}: no model_type")
+    _build(path, cfg)  # one clear line for an unknown architecture, before mlx-lm's own loader
+    try:
+        net, cfg = mlx_load(path)
+    except (ValueError, KeyError, FileNotFoundError) as e:
+        raise ModelError(f"{path}: mlx-lm cannot load it: {str(e).splitlines()[0]}") from None
+    return Model(net, shape_of(cfg), cfg, {}, str(path))
+
+
+# ---- GGUF -----------------------------------------------------------------------------------
+
+
+def gguf_metadata(reader) -> dict:
+    """Every metadata field of a GGUFReader as Python values (lists for arrays)."""
+    out = {}
+    for key, f in reader.fields.items():
+        if key.startswith("GGUF."):
+            continue
+        try:
+            out[key] = f.contents()
+        except (ValueError, IndexError, UnicodeDecodeError):
+            continue
+    return out
+
+
+def gguf_config(md: dict, tensor_names, path) -> dict:
+    """The config.json mlx-lm wants, from a GGUF's metadata."""
+    arch = md.get("general.architecture")
+    if arch not in GGUF_ARCHS:
+        raise ModelError(f"{path}: GGUF architecture {arch!r}: kvbench maps "
+                         f"{', '.join(GGUF_ARCHS)} onto mlx-lm") from None  # fmt: skip
+    model_type, extra = GGUF_ARCHS[arch]
+    cfg = {"model_type": model_type, **extra}
+    for key, gkey in GGUF_CONFIG.items():
+        if f"{arch}.{gkey}" in md:
+            cfg[key] = md[f"{arch}.{gkey}"]
+    missing = [k for k in REQUIRED if k not in cfg]
+    if missing:
+        raise ModelError(f"{path}: GGUF metadata lacks {arch}.{GGUF_CONFIG[missing[0]]}")
+    cfg.setdefault("vocab_size", len(md.get("tokenizer.ggml.tokens", [])))
+    cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
+    cfg.setdefault("rms_norm_eps", 1e-5)
+    cfg.setdefault("intermediate_size", 4 * cfg["hidden_size"])
+    if f"{arch}.rope.scale_linear" in md:
+        cfg["rope_scaling"] = {"type": "linear", "factor": float(md[f"{arch}.rope.scale_linear"])}
+    if "rope_freqs.weight" in tensor_names:
+        raise ModelError(f"{path}: rope_freqs (Llama 3.1 RoPE scaling) is not mapped yet; "
+                         "use the model's mlx-lm directory")  # fmt: skip
+    cfg["tie_word_embeddings"] = "output.weight" not in tensor_names
+    return cfg
+
+
+def unpermute(w: np.ndarray, n_heads: int) -> np.ndarray:
+    """Undo llama.cpp's Q/K row permutation: GGUF row h*D + 2j + s holds HF row h*D + s*D/2 + j."""
+    d = w.shape[0] // n_heads
+    return w.reshape(n_heads, d // 2, 2, *w.shape[1:]).swapaxes(1, 2).reshape(w.shape)
+
+
+def _tensor(t) -> np.ndarray:
+    from gguf import GGMLQuantizationType as Q
+    from gguf.quants import dequantize
+
+    if t.tensor_type in (Q.F32, Q.F16, Q.BF16):
+        a = np.asarray(dequantize(t.data, t.tensor_type) if t.tensor_type == Q.BF16 else t.data)
+    else:
+        a = dequantize(t.data, t.tensor_type)
+    return a.astype(np.float32).reshape([int(n) for n in reversed(t.shape)])
+
+
+def load_gguf(path: str | Path) -> Model:
+    """A GGUF file as an mlx-lm model with dequantized float32 weights (see module)."""
+    import gguf
+    from mlx.utils import tree_flatten
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except (OSError, ValueError, struct_error()) as e:
+        raise ModelError(f"{path}: not a readable GGUF file: {e}") from None
+    md = gguf_metadata(reader)
+    tensors = {t.name: t for t in reader.tensors}
+    cfg = gguf_config(md, tensors, path)
+    net = _build(path, cfg)
+    arch = md["general.architecture"]
+    if (
+        "head_dim" not in inspect.signature(type(net.args)).parameters
+        and cfg.get("head_dim", cfg["hidden_size"] // cfg["num_attention_heads"])
+        * cfg["num_attention_heads"]
+        != cfg["hidden_size"]
+    ):
+        raise ModelError(f"{path}: {arch}.attention.key_length {cfg['head_dim']} is not "
+                         f"embedding_length / head_count, which mlx-lm's {cfg['model_type']} "
+                         "assumes")  # fmt: skip
+    names = gguf.get_tensor_name_map(
+        {v: k for k, v in gguf.MODEL_ARCH_NAMES.items()}[arch], cfg["num_hidden_layers"]
+    )
+    weights = {}
+    for name, _ in tree_flatten(net.parameters()):
+        src = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        if src not in tensors:
+            if name == "lm_head.weight" and cfg["tie_word_embeddings"]:
+                continue
+            raise ModelError(f"{path}: no GGUF tensor for {name} (looked for {src})")
+        a = _tensor(tensors[src])
+        if arch in PERMUTED_ARCHS and src.endswith(("attn_q.weight", "attn_k.weight")):
+            heads = cfg["num_attention_heads"] if "attn_q" in src else cfg["num_key_value_heads"]
+            a = unpermute(a, heads)
+        weights[name] = mx.array(a)
+    if hasattr(net, "sanitize"):
+        weights = net.sanitize(weights)
+    net.load_weights(list(weights.items()), strict=True)
+    mx.eval(net.parameters())
+    return Model(net, shape_of(cfg), cfg, md, str(path))
+
+
+def struct_error():
+    import struct
+
+    return struct.error
+
+
+def load_model(path: str | Path) -> Model:
+    """A GGUF file or an mlx-lm model directory (ModelError, one line, for anything else)."""
+    path = Path(path)
+    if not path.exists():
+        raise ModelError(f"{path}: no such file or directory")
+    if path.is_dir():
+        return load_mlx_dir(path)
+    if path.suffix != ".gguf":
+        raise ModelError(f"{path}: not a .gguf file or a model directory")
+    return load_gguf(path)
