@@ -413,6 +413,17 @@ def quality(cur: pd.DataFrame) -> list[Finding]:
     return out
 
 
+def _tasks(name: str):
+    """A topic of harness/analysis/task_findings.py (imported when run: it imports this)."""
+
+    def topic(cur: pd.DataFrame) -> list[Finding]:
+        from kvbench.analysis import task_findings
+
+        return getattr(task_findings, name)(cur)
+
+    return topic
+
+
 TOPICS = {
     "fastest": fastest,
     "formats vs fp16": formats,
@@ -421,6 +432,9 @@ TOPICS = {
     "kvbench vs peers": peers,
     "quality": quality,
     "accuracy": accuracy,
+    "retrieval": _tasks("retrieval"),
+    "decode-time error": _tasks("generate"),
+    "quality by position": _tasks("by_position"),
 }
 
 

@@ -1,0 +1,191 @@
+"""The report of a real model's tasks (harness/report/tasks.py, harness/analysis/
+task_findings.py) on hand-made rows: the findings' counts and Wilson intervals by hand, the
+Pareto per model and context, the retrieval heatmap's cells, and the page in headless chromium.
+The numbers are invented rows for structure, never reported as measurements."""
+
+from __future__ import annotations
+
+import pandas as pd
+import pytest
+import report_browser
+from scipy.stats import binomtest
+
+from kvbench.analysis import task_findings as T
+from kvbench.analysis.findings import findings
+from kvbench.report import tasks
+from kvbench.report.page import write_report
+from kvbench.store.record import COLUMNS
+
+
+def row(**kw) -> dict:
+    r = dict.fromkeys(COLUMNS)
+    r.update(
+        run_id="20261125T120000Z-abc",
+        suite="q",
+        status="ok",
+        model="smollm2-135m",
+        n_layers=30,
+        n_q_heads=9,
+        n_kv_heads=3,
+        head_dim=64,
+        kernel="reference",
+        k_axis="token",
+        sink_tokens=0,
+        recent_tokens=0,
+        timestamp="2026-11-25T12:00:00",
+        device="cpu",
+        backend="cpu",
+        case_id=str(len(kw)) + str(sorted(kw.items())),
+    )
+    r.update(kw)
+    return r
+
+
+def retrieval_rows() -> list[dict]:
+    """passkey at 8192 over two depths, 10 trials each: int4 6 + 6 = 12/20, fp16 20/20;
+    at 4096 int4 9 + 10, fp16 10 + 10 (overlapping intervals)."""
+    out = []
+    cells = {
+        (8192, "int4"): (6, 6),
+        (8192, "fp16"): (10, 10),
+        (4096, "int4"): (9, 10),
+        (4096, "fp16"): (10, 10),
+    }
+    for (ctx, fmt), hits in cells.items():
+        for depth, k in zip((0.1, 0.9), hits):
+            out.append(
+                row(
+                    phase="retrieval",
+                    task="passkey",
+                    context_len=ctx,
+                    kv_dtype=fmt,
+                    depth=depth,
+                    trials=10,
+                    n_trials=10,
+                    n_correct=k,
+                    accuracy=k / 10,
+                    ref_accuracy=1.0,
+                    bits_per_elem=4.5 if fmt == "int4" else 16,
+                )
+            )
+    return out
+
+
+def quality_rows() -> list[dict]:
+    out = []
+    for ctx in (2048, 4096):
+        for fmt, bits, kl in (
+            ("fp16", 16, 1e-4),
+            ("int8", 8.5, 1e-3),
+            ("int4", 4.5, 0.1),
+            ("fp4", 4.5, 0.2),
+        ):
+            pos = {f"kl_pos{i}": kl * (1 + 0.1 * i) for i in range(1, 5)}
+            npos = {f"n_pos{i}": 256 for i in range(1, 5)}
+            out.append(
+                row(
+                    phase="quality",
+                    context_len=ctx,
+                    kv_dtype=fmt,
+                    bits_per_elem=bits,
+                    kl_mean=kl * ctx / 2048,
+                    n_scored=1024,
+                    delta_ppl=kl,
+                    **pos,
+                    **npos,
+                )
+            )
+    out.append(
+        row(
+            phase="quality",
+            context_len=4096,
+            kv_dtype="int4",
+            bits_per_elem=4.6,
+            kl_mean=0.3,
+            n_scored=1024,
+            window=2048,
+            sink_tokens=4,
+        )
+    )
+    return out
+
+
+def generate_rows() -> list[dict]:
+    return [
+        row(
+            phase="generate",
+            context_len=2048,
+            kv_dtype=f,
+            gen_tokens=32,
+            gen_kl_mean=kl,
+            gen_kl_max=3 * kl,
+            gen_first_diverge=fd,
+            gen_first_diverge_min=int(fd) - 1,
+            gen_agree=ag,
+            gen_tokens_scored=64,
+            bits_per_elem=b,
+        )
+        for f, kl, fd, ag, b in (("fp16", 1e-4, 32, 1.0, 16), ("int4", 0.08, 7.5, 0.4, 4.5))
+    ]
+
+
+def test_retrieval_findings_by_hand():
+    got = T.retrieval(pd.DataFrame(retrieval_rows()))
+    by_ctx = {f.text.split(" (")[0]: f for f in got}
+    at8 = by_ctx["passkey at 8K"]
+    lo, hi = T.wilson(12, 20)
+    assert f"int4 in 12/20 ({lo:.2f}-{hi:.2f})" in at8.text and "fp16 in 20/20" in at8.text
+    assert "the float32 cache in 20/20" in at8.text
+    assert at8.supported and "not separated" not in at8.text  # 0.78 < 0.84: apart
+    at4 = by_ctx["passkey at 4K"]
+    assert "int4 in 19/20" in at4.text and not at4.supported and "not separated" in at4.text
+
+
+def test_wilson_of_the_analysis_matches_scipy():
+    for k, n in [(0, 4), (12, 20), (20, 20), (7, 9)]:
+        ci = binomtest(k, n).proportion_ci(method="wilson")
+        assert T.wilson(k, n) == (pytest.approx(ci.low, abs=1e-9), pytest.approx(ci.high))
+
+
+def test_generate_and_position_findings():
+    gen = T.generate(pd.DataFrame(generate_rows()))
+    assert gen[0].text.startswith("fp16 at 2K") and "after 7.5 tokens (least 6)" in gen[1].text
+    assert "teacher-forced KL 0.08 on 64 positions" in gen[1].text
+    pos = T.by_position(pd.DataFrame(quality_rows()))
+    assert any("int4 at 2K: KL 0.11 in the first quarter" in f.text for f in pos)
+    assert all("(256 tokens)" in f.text for f in pos)
+
+
+def test_window_rows_are_their_own_configuration():
+    assert T.config_label(row(kv_dtype="int4", window=2048, sink_tokens=4)) == (
+        "int4, window 2048 + 4 sinks"
+    )
+    assert T.config_label(row(kv_dtype="int4", sink_tokens=4)) == "int4, 4 sinks"
+
+
+def test_heatmap_cells_and_pareto_panels():
+    df = pd.DataFrame(retrieval_rows() + quality_rows() + generate_rows())
+    fig = tasks.retrieval(df)
+    cells = fig.table.set_index(["cache", "context", "depth"])
+    assert cells.loc[("int4", 8192, 0.1), "correct"] == 6
+    assert cells.loc[("fp16", 4096, 0.9), "trials"] == 10
+    heat = fig.fig.data[0]
+    assert heat.type == "heatmap" and list(heat.x) == ["4096", "8192"]
+    q = tasks.quality_context(df)
+    assert set(q.table["context"]) == {2048, 4096} and len(q.table) == 9
+    assert "int4, window 2048 + 4 sinks" in set(q.table["cache"])
+    assert tasks.generate(df) is not None
+
+
+@pytest.mark.skipif(report_browser.chromium() is None, reason="chromium not installed")
+def test_the_task_figures_render_in_headless_chromium(tmp_path):
+    csv = tmp_path / "q.csv"
+    pd.DataFrame(retrieval_rows() + quality_rows() + generate_rows()).to_csv(csv, index=False)
+    out = tmp_path / "r.html"
+    write_report([csv], out)
+    got = report_browser.probe(out)
+    assert got["errors"] == [] and got["console"] == [], got
+    assert got["plots"] == got["drawn"] >= 3
+    text = out.read_text()
+    assert "passkey at 8K" in text and "Retrieval: depth x context" in text
+    assert any(f.topic == "retrieval" for f in findings(pd.read_csv(csv)))
