@@ -249,3 +249,51 @@ def test_build_steps_on_a_toy_sdist(cache):
     assert all(Path(p).is_file() for p in stamp["binaries"].values())
     assert lb.read_stamp(lb.build_dir("0.0.1")) == stamp
     assert lb.build("0.0.1") == stamp  # the second run reads the stamp
+
+
+# ---- llama.cpp's own memory figures -------------------------------------------------------------
+
+# lines as b11434's printf formats lay them out (src/llama-model.cpp "%s: %12s model buffer size
+# = %8.2f MiB", src/llama-kv-cache.cpp "%s: %10s KV buffer size = %8.2f MiB" and "%s: size =
+# %7.2f MiB (%6u cells, ...", src/llama-context.cpp "%s: %10s  output buffer size = %8.2f MiB"
+# and "%s: %10s compute buffer size = %8.2f MiB"); a first context's lines, then the real one
+LOG = """load_tensors:   CPU_Mapped model buffer size =    85.82 MiB
+llama_kv_cache:        CPU KV buffer size =     4.00 MiB
+llama_context:        CPU compute buffer size =     1.00 MiB
+llama_kv_cache:        CPU KV buffer size =    11.25 MiB
+llama_kv_cache: size =   11.25 MiB (   512 cells,  30 layers,  1/1 seqs), K (f16):    5.62 MiB, V (f16):    5.62 MiB
+llama_context:        CPU  output buffer size =     0.19 MiB
+llama_context:        CPU compute buffer size =    10.51 MiB
+"""  # noqa: E501
+
+
+def test_memory_info_reads_the_last_report_of_each_buffer():
+    mib = 1 << 20
+    got = lc.memory_info(LOG)
+    assert got == {
+        "model_bytes": round(85.82 * mib),
+        "kv_bytes": round(11.25 * mib),
+        "compute_bytes": round(10.51 * mib),
+        "output_bytes": round(0.19 * mib),
+        "kv_cells": 512,
+    }
+    assert lc.memory_info("no log at all") == {}
+
+
+def test_memory_fields_and_peak_are_llama_cpps_context_buffers():
+    from kvbench.engines import llamacpp as engine
+
+    fields, peak = engine.memory_fields(lc.memory_info(LOG))
+    mib = 1 << 20
+    assert fields == {
+        "peer_kv_bytes": round(11.25 * mib),
+        "peer_compute_bytes": round(10.51 * mib) + round(0.19 * mib),
+        "peer_kv_cells": 512,
+    }
+    assert peak == round(11.25 * mib) + round(10.51 * mib) + round(0.19 * mib)  # no weights
+    assert engine.memory_fields({}) == ({}, None)
+
+
+def test_the_memory_run_asks_for_the_log():
+    cmd = lc.bench_command(Path("b"), Path("m.gguf"), depth=8, n_gen=16, verbose=True)
+    assert cmd[-1] == "-v" and "-v" not in lc.bench_command(Path("b"), Path("m"), depth=8, n_gen=1)

@@ -65,6 +65,10 @@ def test_a_real_decode_row_has_one_sample_per_repetition():
     row = _row(case(phase="model_decode", kv_dtype="int8", group_size=32))
     assert row.n_samples == 2 and row.median_ms > 0 and row.kernel_kind == "peer"
     assert row.peer_kv_types == "q8_0/q8_0" and row.peer_version.startswith("llama.cpp")
+    # llama.cpp's own figures (its log): its cells cover the context; q8_0 = int8/g32's bytes
+    assert row.peer_kv_cells >= row.context_len
+    assert row.peer_kv_bytes >= 0.99 * row.kv_bytes
+    assert row.peak_mem_bytes == row.peer_kv_bytes + row.peer_compute_bytes
 
 
 def test_a_real_quality_row_compares_with_the_f16_cache():

@@ -5,7 +5,9 @@ rows of the same model, depth, text and K/V types (docs/peers.md).
 * model_decode: `llama-bench -p 0 -n N -d context_len-1 -ctk K -ctv V -fa 1 -t T -r R`: a cached
   prompt of context_len - 1 tokens (untimed), then N decode steps; one sample per repetition =
   that repetition's time per token (llama-bench's samples_ns / N). Depth context_len - 1, as the
-  model engine's step decodes the context_len-th token.
+  model engine's step decodes the context_len-th token. Memory: llama.cpp's own figures from
+  one more, untimed repetition with its log on (-v): peer_kv_bytes, peer_compute_bytes,
+  peer_kv_cells; peak_mem_bytes their sum (its context's buffers, allocated up front).
 * quality: `llama-perplexity -c context_len --chunks C` over the same text file, first with an
   f16 cache saving its log-probabilities (--kl-divergence-base, once per text, context and
   chunks), then with the case's K/V types against them (--kl-divergence): ppl, ppl_ref (the f16
@@ -107,6 +109,30 @@ def text_path(text: str) -> Path:
     return path
 
 
+@lru_cache(maxsize=16)
+def bench_memory(gguf: Path, depth: int, type_k: str, type_v: str, env: tuple) -> dict:
+    """llama.cpp's own memory figures for a decode case: one untimed repetition with its log
+    on (-v; the timed runs stay quiet, as a log line per step would be timed), same context."""
+    [res] = llamacpp.run_bench(
+        gguf, depth=depth, n_gen=N_GEN, type_k=type_k, type_v=type_v, flash_attn=True,
+        threads=threads(), reps=1, env=dict(env), verbose=True,
+    )  # fmt: skip
+    return res.get("memory", {})
+
+
+def memory_fields(mem: dict) -> tuple[dict, int | None]:
+    """(row fields, peak_mem_bytes) from llama.cpp's figures: the peak is its context's buffers
+    (KV, compute, output), which ggml allocates up front at their planned size."""
+    fields = {
+        "peer_kv_bytes": mem.get("kv_bytes"),
+        "peer_compute_bytes": mem.get("compute_bytes", 0) + mem.get("output_bytes", 0) or None,
+        "peer_kv_cells": mem.get("kv_cells"),
+    }
+    parts = [mem.get(k) for k in ("kv_bytes", "compute_bytes", "output_bytes")]
+    peak = sum(p for p in parts if p) if mem.get("kv_bytes") else None
+    return {k: v for k, v in fields.items() if v is not None}, peak
+
+
 def decode_job(case: Case, gguf: Path):
     type_k, type_v = types_of(case)
 
@@ -117,8 +143,11 @@ def decode_job(case: Case, gguf: Path):
             gguf, depth=case.context_len - 1, n_gen=N_GEN, type_k=type_k, type_v=type_v,
             flash_attn=True, threads=threads(), reps=reps, env=rotation_env(case),
         )  # fmt: skip
-        extra = {"peer_kv_types": f"{res.get('type_k')}/{res.get('type_v')}"}
-        return JobResult({"step": res["step_ms_samples"]}, {}, extra=extra)
+        env = tuple(sorted(rotation_env(case).items()))
+        mem = bench_memory(gguf, case.context_len - 1, type_k, type_v, env)
+        fields, peak = memory_fields(mem)
+        extra = {"peer_kv_types": f"{res.get('type_k')}/{res.get('type_v')}", **fields}
+        return JobResult({"step": res["step_ms_samples"]}, {}, peak_mem_bytes=peak, extra=extra)
 
     return job
 

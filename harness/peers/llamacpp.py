@@ -168,11 +168,13 @@ def bench_command(
     threads: int = 2,
     reps: int = 5,
     n_prompt: int = 0,
+    verbose: bool = False,
 ) -> list[str]:
-    """llama-bench for one decode case: n_gen tokens after a cached prompt of `depth` tokens."""
+    """llama-bench for one decode case: n_gen tokens after a cached prompt of `depth` tokens;
+    verbose: llama.cpp's log on stderr (its buffer sizes: memory_info)."""
     cmd = [str(binary), "-m", str(model), "-o", "json", "-p", str(n_prompt), "-n", str(n_gen)]
     cmd += ["-d", str(depth), "-ctk", type_k, "-ctv", type_v, "-fa", fa_flag(flash_attn)]
-    return cmd + ["-t", str(threads), "-r", str(reps)]
+    return cmd + ["-t", str(threads), "-r", str(reps)] + (["-v"] if verbose else [])
 
 
 BENCH_KEYS = (
@@ -215,10 +217,14 @@ def run_bench(model: Path, timeout_s: float = 600, save_to: Path | None = None, 
     binary = llamacpp_bin("llama-bench")
     if binary is None:
         raise LlamaCppError(missing_reason("llama-bench"))
-    stdout, _ = run_tool(bench_command(binary, model, **kwargs), timeout_s, env)
+    stdout, stderr = run_tool(bench_command(binary, model, **kwargs), timeout_s, env)
     if save_to is not None:
         Path(save_to).write_text(stdout)
-    return parse_bench_json(stdout)
+    results = parse_bench_json(stdout)
+    if kwargs.get("verbose"):
+        for res in results:
+            res["memory"] = memory_info(stderr)
+    return results
 
 
 # ---- llama-perplexity --------------------------------------------------------------------------
@@ -329,3 +335,29 @@ def run_perplexity(
     res.setdefault("type_k", kwargs.get("type_k", "f16"))
     res.setdefault("type_v", kwargs.get("type_v", "f16"))
     return res
+
+
+# ---- llama.cpp's memory figures -----------------------------------------------------------------
+
+# llama.cpp's own memory figures, from its log (b11434: src/llama-kv-cache.cpp, llama-context.cpp,
+# llama-model.cpp print "<func>: <buffer type> <kind> buffer size = <MiB, 2 decimals> MiB" and
+# "llama_kv_cache: size = <MiB> MiB (<cells> cells, <layers> layers, ...)")
+BUFFER_RE = re.compile(rf"^\w+: +(\S+) +(KV|compute|output|model) buffer size = +{NUM} MiB", re.M)
+KV_CELLS_RE = re.compile(rf"llama_kv_cache: size = +{NUM} MiB \( *(\d+) cells,")
+MIB = 1 << 20
+
+
+def memory_info(text: str) -> dict:
+    """Bytes of each kind of buffer llama.cpp reports (kv, compute, output, model: summed over
+    buffer types, the last report of each), and the KV cells; {} when it printed none. MiB
+    printed with 2 decimals: each figure is within 5 KiB of the true size."""
+    last: dict[tuple[str, str], float] = {}
+    for m in BUFFER_RE.finditer(text):
+        last[(m.group(2).lower(), m.group(1))] = float(m.group(3))
+    out: dict = {}
+    for (kind, _), mib in last.items():
+        out[f"{kind}_bytes"] = out.get(f"{kind}_bytes", 0) + round(mib * MIB)
+    cells = KV_CELLS_RE.findall(text)
+    if cells:
+        out["kv_cells"] = int(cells[-1][1])
+    return out

@@ -223,6 +223,10 @@ class _Measured:
     peer_version: str | None = None  # peer kernels: their package and version ("mlx-lm 0.32.2")
     peer_kv_types: str | None = None  # llama.cpp rows: the K/V cache types it ran ("q8_0/q4_0")
     peer_threads: int | None = None  # llama.cpp rows: threads
+    # llama.cpp rows: its own memory figures, from its log (MiB with 2 decimals: +-5 KiB)
+    peer_kv_bytes: int | None = None  # its KV buffer (cells allocated, K and V)
+    peer_compute_bytes: int | None = None  # its compute and output buffers
+    peer_kv_cells: int | None = None  # KV cells it allocated (context padded)
     # "kvbench" (kvbench's own kernel) or "peer" (harness/peers/registry.py), recorded at run time
     # so
     # that analysis needs no copy of the peer registry; store/migrate_v1.py for older rows
