@@ -60,6 +60,9 @@ def _row(run: int, i: int, **case) -> dict:
         bits_per_elem=FORMATS[dtype],
         alloc_bytes=kv_bytes,
         peak_mem_bytes=int(kv_bytes * 1.5),
+        cache_bytes=kv_bytes,
+        resident_bytes=kv_bytes,
+        resident_end_bytes=kv_bytes,
         rel_err=ERRORS[dtype],
         max_abs_err=ERRORS[dtype] * 3,
         cosine=1 - ERRORS[dtype] ** 2,
@@ -97,6 +100,8 @@ def rows(run: int = 0) -> pd.DataFrame:
             row = _row(run, i, layout=layout, **case)
             share = 1.0 if layout == "per-stream" else 0.7  # issue 4's cell accounting
             row.update(bytes_alloc=int(row["kv_bytes"] * share), bytes_used=row["kv_bytes"] // 2)
+            # the cache's arrays are the cells allocated; the step keeps 64 KiB beside them
+            row.update(cache_bytes=row["bytes_alloc"], resident_bytes=row["bytes_alloc"] + 65536)
             out.append(row)
             i += 1
     bad = _row(run, i, kv_dtype="fp16", context_len=64, gqa_ratio=1, kernel="metal")

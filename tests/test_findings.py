@@ -149,3 +149,35 @@ def test_quality_rows_carry_no_time_and_each_cache_configuration_is_its_own_line
     lines = [f.text for f in quality(rows)]
     assert len(lines) == 2 and "V int4" in lines[1] and "KL 0.02" in lines[1]
     assert "KL 0.0008" in lines[0] and "V int4" not in lines[0]
+
+
+def test_memory_sets_exact_resident_and_peak_side_by_side_per_layout():
+    mem = dict(kv_bytes=1000, cache_bytes=1000, resident_bytes=1000, peak_mem_bytes=1004)
+    rows = frame(
+        row(1.0, **mem),
+        row(1.0, **mem | {"context_len": 512, "peak_mem_bytes": 1500}),
+        # unified: 1000 B of K/V held in 1900 B of cells, 2000 B resident with the step's arrays
+        row(
+            1.0,
+            layout="unified",
+            **mem | {"cache_bytes": 1900, "resident_bytes": 2000, "peak_mem_bytes": 2100},
+        ),  # fmt: skip
+        # a row measured before the gate existed: resident below exact
+        row(1.0, layout="paged", **mem | {"resident_bytes": 250}),
+        # llama.cpp: no kvbench measurement, its own KV buffer and context buffers
+        row(1.0, kernel="llama.cpp", kv_bytes=1000, peer_kv_bytes=1100, peak_mem_bytes=3300),
+        row(1.0, kv_bytes=1000),  # no memory figure: not counted
+    )
+    lines = [f.text for f in fd.memory(rows)]
+    assert lines == [
+        "paged: resident falls SHORT of exact in 1 of 1 case (×0.25): part of the cache is not "
+        "there; peak ×4.02 resident: the timed stages allocate beyond the cache",
+        "per-stream: resident = exact (×1, 2 cases); peak ×1–1.5 resident: the timed stages "
+        "allocate beyond the cache",
+        "per-stream (llama.cpp's own figures): resident ×1.1 exact (1 case): the cache holds "
+        "more than its K/V (capacity, padding, free cells) or the case keeps other arrays; "
+        "peak ×3 resident: the timed stages allocate beyond the cache",
+        "unified: resident ×2 exact (1 case): the cache holds more than its K/V (capacity, "
+        "padding, free cells) or the case keeps other arrays; its arrays declare ×1.9 exact; "
+        "peak ×1.05 resident: the timed stages allocate beyond the cache",
+    ]

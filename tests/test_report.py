@@ -14,7 +14,8 @@ from kvbench.cli import main
 from kvbench.report.figures import frontier, split_memory
 from kvbench.report.page import build, current, load, write_report
 
-ALL = ["latency", "formats", "layouts", "tiles", "accuracy", "memory", "bandwidth", "roofline"]
+ALL = ["latency", "formats", "layouts", "tiles", "accuracy", "memory", "residency", "bandwidth"]
+ALL += ["roofline"]
 ALL += ["history", "compare"]
 
 
@@ -80,9 +81,12 @@ def test_figures_follow_the_data(tmp_path):
     plain = df[df["tile_kv"].isna() & (df["n_seqs"] == 1) & (df["kv_dtype"] != "int4")]
     plain.to_csv(tmp_path / "a.csv", index=False)
     ids = [s["id"] for s in parse(build([tmp_path / "a.csv"])).sections]
-    assert ids == ["latency", "formats", "accuracy", "memory", "bandwidth", "roofline"]
+    assert ids == ["latency", "formats", "accuracy", "memory", "residency", "bandwidth", "roofline"]
     one = plain[plain["kv_dtype"] == "fp16"].assign(bits_per_elem=None, gbps=None, flops=None)
     one.to_csv(tmp_path / "b.csv", index=False)
+    ids = [s["id"] for s in parse(build([tmp_path / "b.csv"])).sections]
+    assert ids == ["latency", "memory", "residency"]
+    one.drop(columns=["resident_bytes"]).to_csv(tmp_path / "b.csv", index=False)  # older rows
     assert [s["id"] for s in parse(build([tmp_path / "b.csv"])).sections] == ["latency", "memory"]
 
 
@@ -131,8 +135,8 @@ def test_cli_report_and_compare_option(tmp_path, capsys):
     syn.compare_rows().to_csv(cmp, index=False)
     out = tmp_path / "r.html"
     assert main(["report", str(tmp_path), "-o", str(out), "--compare", str(cmp)]) == 0
-    # latency, memory, bandwidth, roofline, compare
-    assert "(5 figures)" in capsys.readouterr().out
+    # latency, memory, residency, bandwidth, roofline, compare
+    assert "(6 figures)" in capsys.readouterr().out
     assert 'id="compare"' in out.read_text()
     assert main(["report", str(tmp_path / "missing"), "-o", str(out)]) == 2
     assert main(["report", str(cmp), "-o", str(out)]) == 0  # a compare table alone

@@ -12,7 +12,8 @@ Topics (figure anchors in brackets): fastest configuration per workload [latency
 format against fp16 by context, with the context where the verdict crosses [formats]; unified
 against per-stream by shared-prefix fraction [layouts]; best tile per context [tiles];
 kvbench's kernels against the best peer [peers]; accuracy per format [accuracy]; quality per
-format (ppl, delta_ppl, kl_mean, when those columns exist) [quality].
+format (ppl, delta_ppl, kl_mean, when those columns exist) [quality]; exact, resident and peak
+memory per layout (analysis/memory.py) [residency].
 This module imports neither mlx nor kernels/.
 """
 
@@ -23,6 +24,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from kvbench.analysis.memory import memory_lines
 from kvbench.analysis.rules import Rules
 from kvbench.store.results import format_label
 
@@ -424,6 +426,11 @@ def _tasks(name: str):
     return topic
 
 
+def memory(cur: pd.DataFrame) -> list[Finding]:
+    """Per layout: exact, resident and peak bytes side by side (analysis/memory.py)."""
+    return [Finding("memory", line, "residency", True) for line in memory_lines(cur)]
+
+
 TOPICS = {
     "fastest": fastest,
     "formats vs fp16": formats,
@@ -435,6 +442,7 @@ TOPICS = {
     "retrieval": _tasks("retrieval"),
     "decode-time error": _tasks("generate"),
     "quality by position": _tasks("by_position"),
+    "memory": memory,
 }
 
 

@@ -13,7 +13,9 @@ import pandas as pd
 import plotly.express as px
 from plotly.subplots import make_subplots
 
+from kvbench.analysis.memory import LLAMACPP_SOURCE, memory_rows
 from kvbench.report.common import (
+    MIB,
     Figure,
     add_series,
     colors,
@@ -218,3 +220,66 @@ def peers(cur: pd.DataFrame) -> Figure | None:
     cols.update(best_peer="best peer", best_peer_ms="best peer (ms)", ratio="ratio")
     height = 200 + 28 * len(r)
     return Figure("peers", title, style(fig, max(height, 360)), table(r, cols), note)
+
+
+MEMORY_BARS = (
+    ("exact_b", "exact (kv_bytes)", "#1f77b4"),
+    ("resident_b", "resident after the fill", "#2ca02c"),
+    ("peak_b", "peak in the timed stages", "#d62728"),
+)
+
+
+def residency(cur: pd.DataFrame) -> Figure | None:
+    """Exact, resident and peak memory side by side, one panel per layout, at each panel's
+    largest context (analysis/memory.py shapes the rows; every context is in the table)."""
+    d = memory_rows(cur)
+    if d.empty:
+        return None
+    d = add_series(d, exclude=("layout", "context_len"), always=("fmt", "kernel"))
+    panels = sorted(d["layout"].astype(str).unique())
+    largest = {
+        lay: int(d.loc[d["layout"].astype(str) == lay, "context_len"].max()) for lay in panels
+    }
+    titles = [f"{lay} · ctx {largest[lay]}" for lay in panels]
+    fig = make_subplots(1, len(panels), subplot_titles=titles, shared_yaxes=True)
+    for i, layout in enumerate(panels):
+        p = d[(d["layout"].astype(str) == layout) & (d["context_len"] == largest[layout])]
+        # short bar labels: the axes that vary within the panel, format and kernel always
+        p = add_series(p, exclude=("layout", "context_len"), always=("fmt", "kernel"))
+        p = p.sort_values("series")
+        x = p["series"]
+        for col, name, color in MEMORY_BARS:
+            fig.add_bar(
+                x=x, y=p[col] / MIB, name=name, marker_color=color, legendgroup=name,
+                showlegend=i == 0, row=1, col=i + 1,
+            )  # fmt: skip
+        fig.add_scatter(
+            x=x, y=p["declared_b"] / MIB, mode="markers", name="declared (cache_bytes)",
+            marker={"symbol": "line-ew-open", "size": 22, "color": "black", "line": {"width": 3}},
+            legendgroup="declared", showlegend=i == 0, row=1, col=i + 1,
+        )  # fmt: skip
+    fig.update_xaxes(tickangle=-30, automargin=True)
+    fig.update_layout(barmode="group")
+    fig.update_yaxes(title_text="memory (MiB)", col=1)
+    title = "Memory truth: exact, resident and peak bytes per layout (MiB, 1 MiB = 2^20 B)"
+    note = (
+        "exact: kv_bytes, the format's formula for the K/V the case holds. resident: active "
+        "memory above the case's pre-cache baseline after the fill, before anything reads or "
+        "writes the cache (the residency gate fails a case below its cache's declared bytes). "
+        "peak: the peak above the same baseline during the timed stages. Marker: the bytes the "
+        f"cache's arrays declare (capacity, padding, free cells). Rows marked {LLAMACPP_SOURCE}: "
+        "the KV buffer and the context's buffers llama.cpp reports in its log. Each panel "
+        "shows its largest context; the table has every case."
+    )
+    d = d.assign(
+        exact_mib=d["exact_b"] / MIB, declared_mib=d["declared_b"] / MIB,
+        resident_mib=d["resident_b"] / MIB, end_mib=d["end_b"] / MIB, peak_mib=d["peak_b"] / MIB,
+    ).sort_values(["layout", "series", "context_len"])  # fmt: skip
+    cols = {
+        "series": "case", "layout": "layout", "context_len": "context (tokens)",
+        "exact_mib": "exact (MiB)", "declared_mib": "declared (MiB)",
+        "resident_mib": "resident (MiB)", "end_mib": "resident after stages (MiB)",
+        "peak_mib": "peak (MiB)", "resident_x": "resident / exact", "peak_x": "peak / resident",
+        "source": "figures by",
+    }  # fmt: skip
+    return Figure("residency", title, style(fig, 480), table(d, cols), note)
