@@ -148,12 +148,20 @@ def notice() -> str:
     )
 
 
-def child_env() -> dict:
+def child_env(ld_preload: bool) -> dict:
     """os.environ for a process that runs another tree's kvbench (the gate's BASE, its paired
-    workers): the library chosen here preloaded there too (LD_PRELOAD), so both sides of a
-    comparison, older trees that choose none included, run on the same BLAS."""
+    workers), so both sides of a comparison run on the BLAS chosen here: KVBENCH_BLAS names it
+    (or `off`), and with ld_preload the dynamic linker loads it first (older trees choose none).
+    The paired workers load it themselves after pinning to a CPU (harness/run/worker.py): a
+    library loaded before the pin starts a thread per core that the pin does not move."""
     env = dict(os.environ)
-    path = preload().get("path")
-    if path is not None:
+    info = preload()
+    path = info.get("path")
+    if path is None:
+        if info["blas"] == "bundled":
+            env[ENV] = "off"
+        return env
+    env[ENV] = str(path)
+    if ld_preload:
         env["LD_PRELOAD"] = " ".join(filter(None, [str(path), env.get("LD_PRELOAD", "")]))
     return env

@@ -101,5 +101,30 @@ def test_the_cli_refuses_a_bad_setting_in_one_line(tmp_path):
 
 @needs_fast_blas
 def test_child_processes_get_the_same_library():
-    env = blas.child_env()
-    assert str(blas.preload()["path"]) in env["LD_PRELOAD"].split()
+    path = str(blas.preload()["path"])
+    env = blas.child_env(ld_preload=True)
+    assert env[blas.ENV] == path and path in env["LD_PRELOAD"].split()
+    env = blas.child_env(ld_preload=False)
+    assert env[blas.ENV] == path and path not in env.get("LD_PRELOAD", "").split()
+
+
+@needs_fast_blas
+def test_the_paired_worker_loads_it_after_its_pin_for_any_tree():
+    # harness/run/worker.py loads the driver's choice itself (a tree may choose none), after
+    # pinning to one CPU: OpenBLAS then starts one thread, on that CPU
+    from kvbench.run import worker
+
+    env = blas.child_env(ld_preload=False)
+    code = f"""
+import json, os, sys
+os.sched_setaffinity(0, {{0}})
+sys.path.insert(0, {str(worker.BLAS_FILE.parent / "run")!r})
+import worker
+got = worker.preload_blas()
+import ctypes
+lib = ctypes.CDLL(str(got["path"]))
+threads = lib.openblas_get_num_threads() if hasattr(lib, "openblas_get_num_threads") else 1
+print(json.dumps({{"blas": got["blas"], "threads": threads, "kvbench": "kvbench" in sys.modules}}))
+"""
+    got = probe(env, code)
+    assert got == {"blas": blas.chosen()["blas"], "threads": 1, "kvbench": False}

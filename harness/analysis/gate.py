@@ -109,7 +109,9 @@ def run_in_tree(cwd: Path, suite: Path, results: Path, device: str | None) -> Pa
     cmd = [*tree_command(cwd), "run", str(suite), "--out", str(results)]
     cmd += ["--device", device] if device else []
     print(f"kvbench gate: running {suite.name} in {cwd}", file=sys.stderr)
-    if subprocess.run(cmd, cwd=cwd, stdout=sys.stderr, env=blas.child_env()).returncode:
+    if subprocess.run(
+        cmd, cwd=cwd, stdout=sys.stderr, env=blas.child_env(ld_preload=True)
+    ).returncode:
         raise UserError(f"{suite}: the run in {cwd} failed (see above)")
     new = set(results.glob("*.csv")) - before
     new = [p for p in new if not p.name.endswith(".samples.csv")]

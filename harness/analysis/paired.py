@@ -93,7 +93,7 @@ class Worker:
             stdout=subprocess.PIPE,
             text=True,
             bufsize=1,
-            env=blas.child_env(),  # both sides on the BLAS this process chose (kvbench.blas)
+            env=blas.child_env(ld_preload=False),  # both sides on this process's BLAS
         )
 
     def ask(self, **req) -> dict:

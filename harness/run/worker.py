@@ -33,6 +33,17 @@ import sys
 import time
 from pathlib import Path
 
+BLAS_FILE = Path(__file__).resolve().parents[1] / "blas.py"  # the driver's, not the tree's
+
+
+def preload_blas() -> dict:
+    """The BLAS the driver chose (KVBENCH_BLAS, set by kvbench.blas.child_env), loaded by this
+    checkout's harness/blas.py, so a tree whose code chooses none (older) runs on it too."""
+    spec = importlib.util.spec_from_file_location("kvbench_worker_blas", BLAS_FILE)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.preload()
+
 
 def load_tree(tree: Path) -> dict:
     """The functions the worker needs, from the kvbench code at `tree`."""
@@ -148,6 +159,7 @@ def main(argv: list[str]) -> int:
     cpu = option(argv, "--cpu")
     if cpu is not None:  # before mlx starts its threads: they inherit the affinity
         os.sched_setaffinity(0, {int(cpu)})
+    preload_blas()  # before the tree's code imports mlx.core, after the pin (BLAS threads too)
     out, sys.stdout = sys.stdout, sys.stderr  # protocol on stdout, everything else on stderr
     try:
         api = load_tree(tree)
