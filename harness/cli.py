@@ -56,9 +56,14 @@ def _run(args) -> int:
     if args.dry_run:
         for case in cases:
             print(f"{case.case_id}  {case.label()}")
+        from kvbench.spec.suite import time_floor_s
+
+        st = suite.settings
         print(
-            f"{len(cases)} cases, {suite.settings.rounds} rounds, budget "
-            f"{suite.settings.budget_s:g} s per case"
+            f"{len(cases)} cases, {st.rounds} rounds, budget {st.budget_s:g} s per case; at "
+            f"least {time_floor_s(st, len(cases)):,.1f} s in all (cases x (rounds x warmup_s + "
+            "budget_s); a case whose steps are slow overruns its budget: `kvbench run` measures "
+            "the read bandwidth and warns, before measuring, of each case that will)"
         )
         return 0
     if not cases:

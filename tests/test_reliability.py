@@ -135,3 +135,84 @@ def test_a_saved_compare_table_beside_the_runs_is_skipped_without_a_word(tmp_pat
     (tmp_path / "cmp.csv").write_text(capsys.readouterr().out)
     assert main(["history", str(tmp_path)]) == 0
     assert "cmp.csv" not in capsys.readouterr().err
+
+
+# ---- 4: runs that cannot finish are refused before they start -----------------------------------
+
+NEVER_ENDS = {
+    "rounds 1e9": ("{rounds: 1000000000}", "settings.rounds"),
+    "min_samples 1e6": ("{min_samples: 1000000, max_samples: 1000000, budget_s: 0.01}",
+                        "settings.m"),
+    "warmup_s 1e9": ("{warmup_s: 1000000000}", "settings.warmup_s"),
+    "max_samples 1e9": ("{max_samples: 1000000000, budget_s: 1000000000}", "settings."),
+    "floor over max_hours": ("{warmup_s: 3600, rounds: 1000}", "settings: the run needs at least"),
+    "a raised max_hours too": ("{max_hours: 100000}", "settings.max_hours"),
+}  # fmt: skip
+
+
+@pytest.mark.parametrize("name", NEVER_ENDS)
+def test_settings_that_never_finish_are_refused_at_load(tmp_path, capsys, name):
+    settings, key = NEVER_ENDS[name]
+    path = tmp_path / "s.yaml"
+    path.write_text(f"settings: {settings}\nfixed: {{model: tiny, context_len: 16}}\n")
+    one_line_error(capsys, ["run", path, "--dry-run"], f"{path}: {key}")
+
+
+def test_a_named_pipe_as_the_suite_is_refused_not_waited_on(tmp_path):
+    import os
+    import subprocess
+    import sys
+
+    fifo = tmp_path / "suite.yaml"
+    os.mkfifo(fifo)
+    cmd = [sys.executable, "-m", "kvbench", "run", str(fifo), "--dry-run"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=60)
+    assert done.returncode == 2 and done.stderr.count("\n") == 1, done.stderr
+    assert done.stderr.startswith(f"kvbench: {fifo}: ") and "named pipe" in done.stderr
+
+
+def test_the_dry_run_gives_the_time_floor(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "settings: {warmup_s: 0.5, budget_s: 2, rounds: 3}\n"
+        "fixed: {model: tiny}\nsweep: {context_len: [16, 32]}\n"
+    )
+    assert main(["run", str(path), "--dry-run"]) == 0
+    assert "at least 7.0 s in all" in capsys.readouterr().out  # 2 x (3 x 0.5 + 2)
+
+
+def test_a_case_whose_steps_cannot_meet_its_budget_is_flagged():
+    from kvbench.run.floor import check_floors
+    from kvbench.spec.suite import Settings, resolve
+
+    case = resolve("s.yaml", {"model": "llama-3-8b", "context_len": 8192, "kv_dtype": "fp16"})
+    settings = Settings(min_samples=5, rounds=1, budget_s=0.5)
+    # the cache: 2 (K, V) x 32 layers x 8 heads x 128 x 2 B x 8192 = 1,073,741,824 B; at 10 GB/s
+    # a step reads it in >= 0.107 s; 5 samples + 2 warm-up calls >= 0.752 s > 0.5 s
+    (line,) = check_floors([case], settings, 10.0, "s.yaml")
+    assert "1.07 GB" in line and "at least 0.752 s" in line and "budget of 0.5 s" in line
+    assert check_floors([case], settings, 1000.0, "s.yaml") == []  # 7 x 1.07 ms: in budget
+    with pytest.raises(Exception, match="settings.max_hours: the run needs at least"):
+        check_floors([case], Settings(min_samples=100_000, max_samples=100_000), 0.1, "s.yaml")
+
+
+def test_an_interrupted_run_says_so_in_its_files_and_its_report(tmp_path):
+    from kvbench.report.page import build
+    from kvbench.run import runner, session
+    from kvbench.spec.suite import Settings, resolve
+    from kvbench.store.record import ResultsWriter
+
+    cases = [resolve("s.yaml", {"model": "tiny", "context_len": c}) for c in (16, 32, 64)]
+    runs = {c.case_id: runner.CaseRun(c) for c in cases}
+    first = runs[cases[0].case_id]
+    first.samples, first.rounds_done = {"step": [1.0, 1.1, 0.9]}, 1
+    first.sample_rows = [(cases[0].case_id, "step", 0, i, v) for i, v in enumerate([1.0, 1.1, 0.9])]
+    writer = ResultsWriter.claim(tmp_path, "r1")
+    common = {"run_id": "r1", "suite": "s", "timestamp": "2026-01-01T00:00:00+00:00"}
+    session._keep_partial(runs, Settings(rounds=2), common, writer, "SIGINT")
+    text = session.kept_text(writer, 2)
+    want = "kept 1 partial rows (partial: 1 of 2 rounds); 2 cases not measured (skipped rows"
+    assert text == f"{want} say so) in {writer.csv_path}"
+    html = build([str(tmp_path)])
+    assert "Interrupted run: 1 cases measured in only some of their rounds" in html
+    assert "2 cases not measured at all" in html

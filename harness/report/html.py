@@ -122,6 +122,21 @@ def findings_html(found: list[Finding], figures: list[Figure]) -> str:
     return "".join(parts)
 
 
+def interrupted_html(cur: pd.DataFrame) -> str:
+    """A line saying the run was interrupted, when rows say so (session.py: partial rows, and
+    skipped rows for the cases not measured)."""
+    error = cur["error"].astype(object).where(cur["error"].notna(), "").astype(str)
+    partial = int(error.str.startswith("interrupted after").sum())
+    left_out = int(error.str.startswith("not measured: the run was interrupted").sum())
+    if not partial and not left_out:
+        return ""
+    return (
+        f'<p class="bad">Interrupted run: {partial} cases measured in only some of their rounds '
+        f"(partial), {left_out} cases not measured at all; their figures are missing or rest "
+        "on fewer samples.</p>"
+    )
+
+
 def header(cur: pd.DataFrame, figures: list[Figure], title: str, found=()) -> str:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     counts = cur["status"].value_counts()
@@ -129,6 +144,7 @@ def header(cur: pd.DataFrame, figures: list[Figure], title: str, found=()) -> st
     parts = [
         f"<h1>{html.escape(title)}</h1>",
         f'<p class="note">Generated {now} by kvbench report. {len(cur)} rows ({status}).</p>',
+        interrupted_html(cur),
         findings_html(list(found), figures),
     ]
     if len(cur):

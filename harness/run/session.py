@@ -21,7 +21,7 @@ import mlx.core as mx
 from kvbench import engines
 from kvbench.case import Case
 from kvbench.files import check_output_dir
-from kvbench.run import interrupt, memory, runner
+from kvbench.run import floor, interrupt, memory, runner
 from kvbench.run.bandwidth import peak_read_bandwidth
 from kvbench.run.context import run_context, run_id
 from kvbench.run.progress import Progress
@@ -77,14 +77,18 @@ def kept_text(writer: ResultsWriter, rounds: int) -> str:
     if not writer.records:
         return "no round had finished: nothing was written"
     counts: dict[str, int] = {}
+    left_out = [r for r in writer.records if (r.error or "").startswith("not measured: the run")]
     for r in writer.records:
-        counts[r.status] = counts.get(r.status, 0) + 1
+        if not (r.error or "").startswith("not measured: the run"):
+            counts[r.status] = counts.get(r.status, 0) + 1
     notes = [re.search(r"after (\d+) of", r.error or "") for r in writer.records]
     done = sorted({int(m.group(1)) for m in notes if m})
     what = ", ".join(f"{n} {status}" for status, n in counts.items()) + " rows"
     if done:
         k = str(done[0]) if len(done) == 1 else f"{done[0]}-{done[-1]}"
         what += f" (partial: {k} of {rounds} rounds)"
+    if left_out:
+        what += f"; {len(left_out)} cases not measured (skipped rows say so)"
     return f"kept {what} in {writer.csv_path}"
 
 
@@ -101,12 +105,15 @@ def _run_cases(suite: Suite, cases: list[Case], writer: ResultsWriter, ctx: dict
             runs[case.case_id] = runner.CaseRun(case)
     with interrupt.deferred():
         writer.add_many(skipped)
+    planned = [r.case for r in runs.values()]
+    for line in floor.check_floors(planned, settings, common.get("peak_gbps"), suite.path):
+        print(f"kvbench: warning: {line}", file=sys.stderr)  # before anything is measured
     progress = progress or Progress(len(runs) * settings.rounds, stream=sys.stderr)
     try:
         _rounds(runs, settings, common, writer, progress)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as exc:
         progress.close()
-        _keep_partial(runs, settings, common, writer)
+        _keep_partial(runs, settings, common, writer, str(exc) or "SIGINT")
         raise
     progress.close()
 
@@ -134,14 +141,24 @@ def _rounds(runs: dict, settings: Settings, common: dict, writer, progress) -> N
                     del runs[cid]
 
 
-def _keep_partial(runs: dict, settings: Settings, common: dict, writer) -> None:
-    """Cases with finished rounds become partial rows, written together (samples first); a
-    second signal waits for them, a third cuts this short and leaves the files whole
-    (harness/run/interrupt.py)."""
-    items = []
+NOT_MEASURED = "not measured: the run was interrupted ({}) before this case finished a round"
+
+
+def _keep_partial(runs: dict, settings: Settings, common: dict, writer, signal: str) -> None:
+    """Cases with finished rounds become partial rows, written together (samples first), and the
+    cases not measured at all skipped rows that say so (unless nothing was measured: then no run
+    is left behind); a second signal waits for them, a third cuts this short and leaves the files
+    whole (harness/run/interrupt.py)."""
+    items, left_out = [], []
     for run in runs.values():
         if run.rounds_done:
             note = f"interrupted after {run.rounds_done} of {settings.rounds} rounds"
             items.append((runner.finish(run, settings, common, "partial", note), run.sample_rows))
+        else:
+            left_out.append(
+                (runner.failed(run.case, common, "skipped", NOT_MEASURED.format(signal)), [])
+            )
+    if items or any(r.status == "ok" for r in writer.records):
+        items += left_out  # the file says which cases the interruption left out
     with interrupt.deferred():
         writer.add_many(items)

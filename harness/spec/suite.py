@@ -2,7 +2,8 @@
 
 Grammar (every top-level key optional except the axes needed to define a case):
     name, description
-    settings: {warmup_s, min_samples, max_samples, budget_s, target_ci, rounds, cv_warn, stages}
+    settings: {warmup_s, min_samples, max_samples, budget_s, target_ci, rounds, cv_warn, stages,
+               max_hours}
     fixed:   {axis: value}                      one value for every case
     sweep:   {axis: [values]}                   cartesian product
     zip:     [{axis: [values], axis2: [...]}]   axes that move together (same length)
@@ -17,6 +18,8 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -37,7 +40,11 @@ from kvbench.spec.validate import (
 )
 
 MAX_COMBINATIONS = 100_000  # a sweep product beyond this is a typo, not a benchmark
-SETTING_MAX = 1e9  # seconds, samples or rounds: anything larger never finishes
+SETTING_MAX = 1e9  # any setting: anything larger never finishes
+# a setting past its limit names a run that cannot finish (issue 27: rounds 1e9, min_samples 1e6,
+# warmup_s 1e9 were accepted and ran on for ever); max_hours bounds the whole run's time floor
+SETTING_LIMITS = {"rounds": 1000, "min_samples": 100_000, "max_samples": 100_000,
+                  "warmup_s": 3600.0, "budget_s": 86400.0, "max_hours": 1e4}  # fmt: skip
 TOP_KEYS = ("name", "description", "settings", "fixed", "sweep", "zip", "exclude")
 
 
@@ -51,6 +58,7 @@ class Settings:
     rounds: int = 2  # cases are interleaved in rounds to spread drift over all of them
     cv_warn: float = 0.10  # rows with a higher coefficient of variation are flagged unstable
     stages: bool = True  # also time the write and attend stages on their own
+    max_hours: float = 24.0  # a suite whose time floor (time_floor_s) is longer is refused
 
 
 @dataclass(frozen=True)
@@ -113,10 +121,50 @@ def _load_settings(path: str, raw) -> Settings:
         kind += f" {type(default).__name__}" + ("" if kind == "a" else f" <= {SETTING_MAX:g}")
         if not ok:
             raise SuiteError(path, where, f"must be {kind}, got {value!r}")
+        if key in SETTING_LIMITS and value > SETTING_LIMITS[key]:
+            limit = SETTING_LIMITS[key]
+            raise SuiteError(path, where, f"{value!r} is more than {limit:g}: the run would not "
+                             "finish")  # fmt: skip
     settings = Settings(**raw)
     if settings.min_samples > settings.max_samples:
         raise SuiteError(path, "settings.min_samples", "is larger than settings.max_samples")
     return settings
+
+
+def time_floor_s(settings: Settings, n_cases: int) -> float:
+    """The least time a run of n_cases can take: each case warms up every round and samples
+    for its budget (the time to build caches and min_samples of slow steps come on top)."""
+    return n_cases * (settings.rounds * settings.warmup_s + settings.budget_s)
+
+
+def check_time(suite: Suite, n_cases: int) -> None:
+    floor_s = time_floor_s(suite.settings, n_cases)
+    if floor_s > suite.settings.max_hours * 3600:
+        raise SuiteError(
+            suite.path, "settings", f"the run needs at least {floor_s / 3600:,.1f} h ({n_cases} "
+            f"cases x (rounds x warmup_s + budget_s)), over max_hours "
+            f"{suite.settings.max_hours:g}; shrink the suite or raise settings.max_hours",
+        )  # fmt: skip
+
+
+NOT_REGULAR = {
+    stat.S_ISDIR: "a directory",
+    stat.S_ISFIFO: "a named pipe",
+    stat.S_ISCHR: "a device",
+    stat.S_ISBLK: "a device",
+    stat.S_ISSOCK: "a socket",
+}
+
+
+def _regular_file(path: str) -> None:
+    """A suite is a regular file: a named pipe would block for ever, a device never ends."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise SuiteError(path, "-", f"cannot read: {e.strerror}") from None
+    if not stat.S_ISREG(mode):
+        kind = next((k for test, k in NOT_REGULAR.items() if test(mode)), "not a regular file")
+        raise SuiteError(path, "-", f"{kind}, not a suite file")
 
 
 def _load_axes(path: str, section: str, raw: dict, as_lists: bool) -> dict:
@@ -156,6 +204,7 @@ def _load_exclude(path: str, raw) -> list:
 
 def load_suite(path: str | Path) -> Suite:
     path = str(path)
+    _regular_file(path)
     text = read_text(
         path, error=SuiteError
     )  # capped, strict UTF-8: one-line errors for binary or huge files
@@ -197,7 +246,7 @@ def load_suite(path: str | Path) -> Suite:
         exclude=_load_exclude(path, raw.get("exclude")),
     )
     _check_overlaps(suite)
-    expand(suite)  # every combination must resolve before anything runs
+    check_time(suite, len(expand(suite)))  # every combination must resolve before anything runs
     return suite
 
 
