@@ -280,6 +280,15 @@ def test_memory_info_reads_the_last_report_of_each_buffer():
     assert lc.memory_info("no log at all") == {}
 
 
+def test_memory_info_on_a_real_log():
+    # 256 cells x 30 layers x (K + V) x 3 KV heads x 64 dims in q8_0 (34 B per 32 values)
+    got = lc.memory_info((DATA / "bench-v-d127-n16-q8_0-memory.txt").read_text())
+    exact = 256 * 30 * 2 * 3 * 64 // 32 * 34  # 3,133,440 B = 2.988 MiB, printed as 2.99
+    assert got["kv_cells"] == 256 and abs(got["kv_bytes"] - exact) <= 5 * 1024
+    assert got["compute_bytes"] == round(28.49 * (1 << 20))  # not the "size is 28.4901" line
+    assert got["output_bytes"] == round(0.19 * (1 << 20))
+
+
 def test_memory_fields_and_peak_are_llama_cpps_context_buffers():
     from kvbench.engines import llamacpp as engine
 

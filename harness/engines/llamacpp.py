@@ -112,7 +112,7 @@ def text_path(text: str) -> Path:
 @lru_cache(maxsize=16)
 def bench_memory(gguf: Path, depth: int, type_k: str, type_v: str, env: tuple) -> dict:
     """llama.cpp's own memory figures for a decode case: one untimed repetition with its log
-    on (-v; the timed runs stay quiet, as a log line per step would be timed), same context."""
+    on (-v), the same context; the timed runs stay exactly as they were, without the log."""
     [res] = llamacpp.run_bench(
         gguf, depth=depth, n_gen=N_GEN, type_k=type_k, type_v=type_v, flash_attn=True,
         threads=threads(), reps=1, env=dict(env), verbose=True,
