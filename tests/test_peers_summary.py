@@ -61,3 +61,13 @@ def test_recorded_kernel_kind_decides_what_is_a_peer():
     assert peer_ratios(df).empty  # older rows: new_peer is not in the frozen v1 table
     out = peer_ratios(df.assign(kernel_kind=["kvbench", "peer"]))
     assert out.loc[0, "best_peer"] == "new_peer" and out.loc[0, "ratio"] == 2.0
+
+
+def test_the_peers_figure_names_the_blas_its_rows_ran_on():
+    from kvbench.report.views import blas_note, peers
+
+    df = rows((1024, "fp32", "sdpa", 3.0), (1024, "fp32", "numpy_ref", 1.5))
+    df["kernel_kind"] = ["kvbench", "peer"]
+    assert blas_note(df) == ""  # older rows: no blas column, nothing claimed
+    df["blas"], df["blas_gflops"] = "openblas 0.3.21 SkylakeX", [40.0, 44.0]
+    assert "MLX's CPU matmuls ran on: openblas 0.3.21 SkylakeX (42 GFLOP/s fp32)." in peers(df).note

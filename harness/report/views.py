@@ -190,6 +190,16 @@ def compare(cmp: pd.DataFrame | None) -> Figure | None:
     return Figure("compare", title, style(fig, max(height, 360)), table(d, cols), note)
 
 
+def blas_note(cur: pd.DataFrame) -> str:
+    """Which BLAS MLX's CPU matmuls ran on in these rows (docs/blas.md): on MLX's Linux wheel
+    the reference BLAS is ~30x slower than OpenBLAS on fp32, so a ratio depends on it."""
+    if "blas" not in cur or cur["blas"].dropna().empty:
+        return ""
+    runs = cur.dropna(subset=["blas"]).groupby("blas")["blas_gflops"].median()
+    said = ", ".join(f"{name} ({gf:.3g} GFLOP/s fp32)" for name, gf in runs.items())
+    return f" MLX's CPU matmuls ran on: {said}."
+
+
 def peers(cur: pd.DataFrame) -> Figure | None:
     """Each kvbench kernel's median over the fastest peer's in the same case group."""
     from kvbench.analysis.peers_summary import peer_ratios
@@ -215,6 +225,7 @@ def peers(cur: pd.DataFrame) -> Figure | None:
         "For each case group (same shape, context, format and data), the fastest peer row's "
         "median is the yardstick; a bar is a kvbench kernel's median divided by it "
         "(harness/analysis/peers_summary.py). Dashed line: as fast as the best peer."
+        + blas_note(cur)
     )
     cols = {"case": "case", "kernel": "kernel", "median_ms": "median (ms)"}
     cols.update(best_peer="best peer", best_peer_ms="best peer (ms)", ratio="ratio")
