@@ -166,6 +166,7 @@ def test_memory_sets_exact_resident_and_peak_side_by_side_per_layout():
         row(1.0, layout="paged", **mem | {"resident_bytes": 250}),
         # llama.cpp: no kvbench measurement, its own KV buffer and context buffers
         row(1.0, kernel="llama.cpp", kv_bytes=1000, peer_kv_bytes=1100, peak_mem_bytes=3300),
+        row(1.0, layout="window", **mem | {"resident_bytes": 1050, "peak_mem_bytes": 1050}),
         row(1.0, kv_bytes=1000),  # no memory figure: not counted
     )
     lines = [f.text for f in fd.memory(rows)]
@@ -175,9 +176,10 @@ def test_memory_sets_exact_resident_and_peak_side_by_side_per_layout():
         "per-stream: resident = exact (×1, 2 cases); peak ×1–1.5 resident: the timed stages "
         "allocate beyond the cache",
         "per-stream (llama.cpp's own figures): resident ×1.1 exact (1 case): the cache holds "
-        "more than its K/V (capacity, padding, free cells) or the case keeps other arrays; "
-        "peak ×3 resident: the timed stages allocate beyond the cache",
-        "unified: resident ×2 exact (1 case): the cache holds more than its K/V (capacity, "
-        "padding, free cells) or the case keeps other arrays; its arrays declare ×1.9 exact; "
-        "peak ×1.05 resident: the timed stages allocate beyond the cache",
+        "more than its K/V (capacity, padding, free cells); peak ×3 resident: the timed stages "
+        "allocate beyond the cache",
+        "unified: resident ×2 exact (1 case): its arrays declare ×1.9 exact (capacity, padding, "
+        "free cells); peak ×1.05 resident: the timed stages allocate beyond the cache",
+        "window: resident ×1.05 exact (1 case): its arrays hold exactly the K/V, the rest is "
+        "other arrays kept beside the cache; peak = resident (×1)",
     ]

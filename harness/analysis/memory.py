@@ -75,11 +75,13 @@ def _resident_clause(g: pd.DataFrame) -> str:
     if (x <= 1 + SAME_TOL).all():
         return f"resident = exact ({_span(x)}, {_cases(len(g))})"
     decl = (g["declared_b"] / g["exact_b"]).dropna()
-    held = f"; its arrays declare {_span(decl)} exact" if len(decl) else ""
-    return (
-        f"resident {_span(x)} exact ({_cases(len(g))}): the cache holds more than its K/V "
-        f"(capacity, padding, free cells) or the case keeps other arrays{held}"
-    )
+    if decl.empty:
+        why = "the cache holds more than its K/V (capacity, padding, free cells)"
+    elif (decl <= 1 + SAME_TOL).all():
+        why = "its arrays hold exactly the K/V, the rest is other arrays kept beside the cache"
+    else:
+        why = f"its arrays declare {_span(decl)} exact (capacity, padding, free cells)"
+    return f"resident {_span(x)} exact ({_cases(len(g))}): {why}"
 
 
 def _peak_clause(g: pd.DataFrame) -> str:

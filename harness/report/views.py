@@ -247,27 +247,31 @@ def residency(cur: pd.DataFrame) -> Figure | None:
     if d.empty:
         return None
     d = add_series(d, exclude=("layout", "context_len"), always=("fmt", "kernel"))
-    panels = sorted(d["layout"].astype(str).unique())
-    largest = {
-        lay: int(d.loc[d["layout"].astype(str) == lay, "context_len"].max()) for lay in panels
-    }
-    titles = [f"{lay} · ctx {largest[lay]}" for lay in panels]
-    fig = make_subplots(1, len(panels), subplot_titles=titles, shared_yaxes=True)
-    for i, layout in enumerate(panels):
-        p = d[(d["layout"].astype(str) == layout) & (d["context_len"] == largest[layout])]
+    # one panel per layout and model (different models' caches are not one scale of cases)
+    d["panel"] = d["layout"].astype(str) + " · " + d["model"].astype(str)
+    panels = sorted(d["panel"].unique())
+    largest = {p: int(d.loc[d["panel"] == p, "context_len"].max()) for p in panels}
+    ncol = min(len(panels), 4)
+    nrow = -(-len(panels) // ncol)
+    fig = make_subplots(
+        nrow, ncol, subplot_titles=[f"{p} · ctx {largest[p]}" for p in panels],
+        vertical_spacing=row_spacing(nrow, 0.3),
+    )  # fmt: skip
+    for i, panel in enumerate(panels):
+        p = d[(d["panel"] == panel) & (d["context_len"] == largest[panel])]
         # short bar labels: the axes that vary within the panel, format and kernel always
         p = add_series(p, exclude=("layout", "context_len"), always=("fmt", "kernel"))
         p = p.sort_values("series")
-        x = p["series"]
+        x, pos = p["series"], {"row": i // ncol + 1, "col": i % ncol + 1}
         for col, name, color in MEMORY_BARS:
             fig.add_bar(
                 x=x, y=p[col] / MIB, name=name, marker_color=color, legendgroup=name,
-                showlegend=i == 0, row=1, col=i + 1,
+                showlegend=i == 0, **pos,
             )  # fmt: skip
         fig.add_scatter(
             x=x, y=p["declared_b"] / MIB, mode="markers", name="declared (cache_bytes)",
             marker={"symbol": "line-ew-open", "size": 22, "color": "black", "line": {"width": 3}},
-            legendgroup="declared", showlegend=i == 0, row=1, col=i + 1,
+            legendgroup="declared", showlegend=i == 0, **pos,
         )  # fmt: skip
     fig.update_xaxes(tickangle=-30, automargin=True)
     fig.update_layout(barmode="group")
@@ -279,8 +283,8 @@ def residency(cur: pd.DataFrame) -> Figure | None:
         "writes the cache (the residency gate fails a case below its cache's declared bytes). "
         "peak: the peak above the same baseline during the timed stages. Marker: the bytes the "
         f"cache's arrays declare (capacity, padding, free cells). Rows marked {LLAMACPP_SOURCE}: "
-        "the KV buffer and the context's buffers llama.cpp reports in its log. Each panel "
-        "shows its largest context; the table has every case."
+        "the KV buffer and the context's buffers llama.cpp reports in its log. One panel per "
+        "layout and model, at its largest context; the table has every case."
     )
     d = d.assign(
         exact_mib=d["exact_b"] / MIB, declared_mib=d["declared_b"] / MIB,
@@ -293,4 +297,4 @@ def residency(cur: pd.DataFrame) -> Figure | None:
         "peak_mib": "peak (MiB)", "resident_x": "resident / exact", "peak_x": "peak / resident",
         "source": "figures by",
     }  # fmt: skip
-    return Figure("residency", title, style(fig, 480), table(d, cols), note)
+    return Figure("residency", title, style(fig, 120 + 400 * nrow), table(d, cols), note)
