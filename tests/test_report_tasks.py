@@ -158,7 +158,7 @@ def test_generate_and_position_findings():
 
 def test_window_rows_are_their_own_configuration():
     assert T.config_label(row(kv_dtype="int4", window=2048, sink_tokens=4)) == (
-        "int4, window 2048 + 4 sinks"
+        "int4, sliding window 2048 + 4 sinks"
     )
     assert T.config_label(row(kv_dtype="int4", sink_tokens=4)) == "int4, 4 sinks"
 
@@ -173,7 +173,7 @@ def test_heatmap_cells_and_pareto_panels():
     assert heat.type == "heatmap" and list(heat.x) == ["4096", "8192"]
     q = tasks.quality_context(df)
     assert set(q.table["context"]) == {2048, 4096} and len(q.table) == 9
-    assert "int4, window 2048 + 4 sinks" in set(q.table["cache"])
+    assert "int4, sliding window 2048 + 4 sinks" in set(q.table["cache"])
     assert tasks.generate(df) is not None
 
 

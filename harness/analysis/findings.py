@@ -380,15 +380,23 @@ def accuracy(cur: pd.DataFrame) -> list[Finding]:
 
 def cache_config(row: dict) -> str:
     """A quality row's cache configuration: the format, and V's format, per-channel keys,
-    fp16 sinks and window when set (the model engine's options)."""
+    fp16 sinks and residual window when set (the model engine's options), and a sliding
+    attention window with its sinks."""
     parts = [format_label(row)]
     extra = (("v_dtype", "V {}"), ("k_axis", "{} keys"), ("sink_tokens", "{} sinks"),
              ("recent_tokens", "window {}"))  # fmt: skip
     defaults = {"k_axis": "token", "sink_tokens": 0, "recent_tokens": 0}
+    w = row.get("window")
+    windowed = w is not None and w == w and w != ""
     for col, text in extra:
         v = row.get(col)
+        if windowed and col == "sink_tokens":
+            continue  # a sliding window's sinks: named with it below
         if v is not None and v == v and v != "" and v != defaults.get(col):
             parts.append(text.format(int(v) if isinstance(v, float) else v))
+    if windowed:
+        sinks = int(row.get("sink_tokens") or 0)
+        parts.append(f"sliding window {int(w)}" + (f" + {sinks} sinks" if sinks else ""))
     return ", ".join(parts)
 
 

@@ -36,17 +36,8 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
 
 
 def config_label(row: dict) -> str:
-    """cache_config plus the attention window and its sinks when the row has one."""
-    text = cache_config({**row, "sink_tokens": 0} if _window(row) else row)
-    if _window(row):
-        sinks = int(row.get("sink_tokens") or 0)
-        text += f", window {int(row['window'])}" + (f" + {sinks} sinks" if sinks else "")
-    return text
-
-
-def _window(row: dict) -> bool:
-    w = row.get("window")
-    return w is not None and w == w and w != ""
+    """The row's cache configuration (findings.cache_config: format, options, window)."""
+    return cache_config(row)
 
 
 def _ok(cur: pd.DataFrame, phase: str, col: str) -> pd.DataFrame:
@@ -124,5 +115,5 @@ def by_position(cur: pd.DataFrame) -> list[Finding]:
             f"of the scored half ({int(r['n_pos1'])} tokens), {last:.3g} in the last "
             f"({int(r['n_pos4'])} tokens){ratio} (no interval: a description, not a verdict)"
         )
-        out.append(Finding("quality by position", text, "quality-context", False))
+        out.append(Finding("quality by position", text, "qualityctx", False))
     return out

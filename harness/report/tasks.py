@@ -1,6 +1,6 @@
 """Figures of a real model's quality at context and its task phases (pandas and plotly only):
 
-* quality-context: KL against stored bits per element, one panel per (model, context), the
+* qualityctx: KL against stored bits per element, one panel per (model, context), the
   Pareto frontier of each panel dotted; beside it, KL by position in the scored half (4 runs).
 * retrieval: one heatmap per (model, task, cache configuration): depth (rows) x context
   (columns), colour = accuracy, cell text = correct / trials.
@@ -28,6 +28,18 @@ def _rows(cur: pd.DataFrame, phase: str, col: str) -> pd.DataFrame:
     return d.assign(config=[config_label(r) for r in d.to_dict("records")])
 
 
+SYMBOLS = ("circle", "diamond", "square", "triangle-up", "x", "cross")
+
+
+def _symbol(config: str) -> str:
+    """A marker per cache option beyond the format (sliding window, per-channel keys, a V
+    format, an fp16 residual window, fp16 sinks); a circle for none."""
+    for i, key in enumerate(("sliding window", "channel keys", "V ", "window", "sinks")):
+        if key in config:
+            return SYMBOLS[i + 1]
+    return SYMBOLS[0]
+
+
 def quality_context(cur: pd.DataFrame) -> Figure | None:
     """KL vs bits per element per (model, context) with each panel's Pareto frontier, and KL
     by position (kl_pos1..4) per configuration."""
@@ -41,11 +53,20 @@ def quality_context(cur: pd.DataFrame) -> Figure | None:
     g = d.groupby(keys, sort=False)[cols].median().reset_index()
     panels = list(dict.fromkeys(zip(g["model"], g["context_len"])))
     has_pos = "kl_pos1" in g and g["kl_pos1"].notna().any()
-    titles = [f"{m} · ctx {int(c)}: KL vs bits" for m, c in panels]
-    if has_pos:
-        titles += [f"{m} · ctx {int(c)}: KL by position" for m, c in panels]
-    fig = subplots(titles, ncol_max=2 if has_pos else 3, shared_y=False)
-    ncol = grid(len(titles), 2 if has_pos else 3)[1]
+    titles = []
+    for m, c in panels:
+        titles += [f"{m} · ctx {int(c)}: KL vs bits"]
+        titles += [f"{m} · ctx {int(c)}: KL by position"] if has_pos else []
+    ncol = 2 if has_pos else min(3, len(titles))
+    nrow = grid(len(titles), ncol)[0]
+    fig = make_subplots(
+        nrow,
+        ncol,
+        subplot_titles=titles,
+        horizontal_spacing=0.08,
+        vertical_spacing=min(0.12, 0.5 / max(nrow - 1, 1)),
+    )
+    fig.update_annotations(font_size=12)
     shown = set()
     for i, (m, c) in enumerate(panels):
         p = g[(g["model"] == m) & (g["context_len"] == c)]
@@ -54,14 +75,11 @@ def quality_context(cur: pd.DataFrame) -> Figure | None:
             fig.add_scatter(
                 x=[r.bits_per_elem],
                 y=[r.kl_mean],
-                mode="markers+text",
-                text=[r.config],
-                textposition="top center",
-                textfont={"size": 9},
+                mode="markers",
                 name=r.config,
                 legendgroup=r.config,
                 showlegend=r.config not in shown,
-                marker={"color": format_color(r.kv_dtype), "size": 9},
+                marker={"color": format_color(r.kv_dtype), "size": 10, "symbol": _symbol(r.config)},
                 hovertemplate=f"{r.config}<br>%{{x:.3g}} bits<br>KL %{{y:.3g}}"
                 f"<br>{int(r.n_scored)} tokens<extra></extra>",
                 **pos,
@@ -119,9 +137,8 @@ def quality_context(cur: pd.DataFrame) -> Figure | None:
         "kl_pos3": "KL q3",
         "kl_pos4": "KL q4",
     }
-    nrow = grid(len(titles), ncol)[0]
     title = "Quality against bits per element, per model and context, and by position"
-    return Figure("quality-context", title, style(fig, 140 + 340 * nrow), table(g, names), note)
+    return Figure("qualityctx", title, style(fig, 140 + 340 * nrow), table(g, names), note)
 
 
 def retrieval(cur: pd.DataFrame) -> Figure | None:
