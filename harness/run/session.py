@@ -21,7 +21,7 @@ import mlx.core as mx
 from kvbench import engines
 from kvbench.case import Case
 from kvbench.files import check_output_dir
-from kvbench.run import floor, interrupt, memory, runner
+from kvbench.run import floor, inputs, interrupt, memory, runner
 from kvbench.run.bandwidth import peak_read_bandwidth
 from kvbench.run.context import run_context, run_id
 from kvbench.run.progress import Progress
@@ -60,6 +60,7 @@ def common_fields(suite: Suite, writer: ResultsWriter, ctx: dict) -> dict:
 def run_suite(
     suite: Suite, cases: list[Case], out_dir: str | Path, progress: Progress | None = None
 ) -> ResultsWriter:
+    inputs.prepare_models(cases)  # once, before anything is measured
     ctx = run_context()
     writer = prepare_output(out_dir, cases, suite.settings, ctx["commit"])
     try:

