@@ -136,6 +136,9 @@ TABLE: tuple[Axis, ...] = (
     Axis("k_order", "str", "hf", "choice:k_orders", label="k:{}", column="k-order",
          hide_default=True, doc="a real model's key channel order in its cache: hf (half-split) "
          "or gguf (interleaved, as llama.cpp stores keys)"),
+    Axis("q_quant", "str", "none", "choice:q_quants", label="q:{}", column="q-quant",
+         hide_default=True, doc="a real model's queries rounded through q8_0 before the key dot "
+         "product, as llama.cpp's CPU flash attention does against a quantized K"),
     # the model's task phases (harness/engines/model_tasks.py, docs/quality.md)
     Axis("task", "str", "none", "choice:retrieval_tasks", label="{}", column="task",
          hide_default=True, doc="phase retrieval: passkey, niah, multikey or vartrack"),

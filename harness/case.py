@@ -106,6 +106,7 @@ class Case:
     rotate_k: str = "none"
     rotate_v: str = "none"
     k_order: str = "hf"
+    q_quant: str = "none"
     task: str = "none"
     depth: float = 0.5
     trials: int = 1

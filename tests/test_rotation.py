@@ -297,3 +297,20 @@ def test_llamacpp_rotation_rule_and_env():
     assert engine.rotation_env(rot) == {}
     assert engine.rotation_reason(plain) is None and engine.rotation_reason(rot) is None
     assert "rotate_v=hadamard" in engine.rotation_reason(half)
+
+
+def test_q_quant_rounds_queries_through_q8_0_in_the_key_basis():
+    from kvbench.kernels.model.cache import quantize_query
+
+    q = mx.random.normal((1, 3, 2, 64), key=mx.random.key(5))
+    assert quantize_query(q, "none", "hadamard") is q
+    q8 = get_format("q8_0")
+    h = np_walsh(64)
+    want = np.array(q8.decode(q8.encode(mx.array(np.array(q) @ h)), mx.float32)) @ h
+    got = np.array(quantize_query(q, "q8_0", "hadamard"))
+    np.testing.assert_allclose(got, want, atol=1e-5)
+    assert np.abs(got - np.array(q)).max() > 1e-4  # it does round
+    spec = CacheSpec("q8_0", q_quant="q8_0", k_order="gguf")
+    assert spec.label == "q8_0-kgguf-qq8_0"
+    with pytest.raises(ValueError, match="q_quant"):
+        CacheSpec("q8_0", q_quant="q4_0")

@@ -28,6 +28,7 @@ def spec_of(case: Case) -> CacheSpec:
         rotate_k=case.rotate_k,
         rotate_v=case.rotate_v,
         k_order=case.k_order,
+        q_quant=case.q_quant,
     )
 
 

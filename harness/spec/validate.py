@@ -17,6 +17,7 @@ from kvbench.kernels.data import KV_DATA, load_kv_file
 from kvbench.kernels.formats import rotation
 from kvbench.kernels.formats.registry import FORMATS
 from kvbench.kernels.model.cache import AXES as K_AXES
+from kvbench.kernels.model.cache import Q_QUANTS
 from kvbench.kernels.model.fetch import MODELS
 from kvbench.kernels.model.retrieval import TASKS as RETRIEVAL_TASKS
 from kvbench.kernels.stores.layouts import LAYOUT_KINDS
@@ -111,6 +112,7 @@ CHOICES = {
     "kv_edits": KV_EDITS,
     "rotations": rotation.ROTATIONS,
     "k_orders": rotation.K_ORDERS,
+    "q_quants": Q_QUANTS,
     "retrieval_tasks": ("none", *RETRIEVAL_TASKS),
 }
 NAMED_CHECKS = {
@@ -207,7 +209,8 @@ def check_rotation(path: str, case: Case) -> None:
             raise SuiteError(path, axis, f"{ROTATED_ENGINE}{why}; not with this {bad[0]}")
 
 
-MODEL_AXES = ("v_dtype", "k_axis", "sink_tokens", "recent_tokens", "text", "chunks", "k_order")
+MODEL_AXES = ("v_dtype", "k_axis", "sink_tokens", "recent_tokens", "text", "chunks")
+MODEL_AXES += ("k_order", "q_quant")
 PHASE_AXES = {  # axes that only one phase reads
     "task": "retrieval", "depth": "retrieval", "trials": "retrieval",
     "gen_tokens": "generate", "quantized_kv_start": "generate",

@@ -76,6 +76,7 @@ class _CaseColumns:
     rotate_k: str | None = None
     rotate_v: str | None = None
     k_order: str | None = None
+    q_quant: str | None = None
     task: str | None = None
     depth: float | None = None
     trials: int | None = None

@@ -46,6 +46,7 @@ class CacheSpec:
     rotate_k: str = "none"  # rotation before quantization (kernels/formats/rotation.py)
     rotate_v: str = "none"
     k_order: str = "hf"  # key channel order stored: "hf" (the model's) or "gguf" (llama.cpp's)
+    q_quant: str = "none"  # "q8_0": queries rounded through q8_0 blocks before the key dot
 
     def __post_init__(self):
         if self.k_axis not in AXES:
@@ -58,6 +59,8 @@ class CacheSpec:
             raise ValueError(f"rotate_k / rotate_v must be one of {ROTATIONS}")
         if self.k_order not in K_ORDERS:
             raise ValueError(f"k_order must be one of {K_ORDERS}, got {self.k_order!r}")
+        if self.q_quant not in Q_QUANTS:
+            raise ValueError(f"q_quant must be one of {Q_QUANTS}, got {self.q_quant!r}")
 
     @property
     def v_name(self) -> str:
@@ -88,11 +91,29 @@ class CacheSpec:
             out += f"-recent{self.recent_tokens}"
         for part, rot in (("K", self.rotate_k), ("V", self.rotate_v)):
             out += f"-rot{part}" if rot != "none" else ""
-        return out + ("-kgguf" if self.k_order == "gguf" else "")
+        out += "-kgguf" if self.k_order == "gguf" else ""
+        return out + ("-qq8_0" if self.q_quant == "q8_0" else "")
 
     def keys_in_order(self, q: mx.array, k: mx.array) -> tuple[mx.array, mx.array]:
-        """q and k with their channels in the stored key order (q.k unchanged)."""
-        return (q, k) if self.k_order == "hf" else (gguf_order(q), gguf_order(k))
+        """q and k with their channels in the stored key order (q.k unchanged); with q_quant,
+        q rounded as llama.cpp's CPU flash attention rounds it against a quantized K."""
+        if self.k_order == "gguf":
+            q, k = gguf_order(q), gguf_order(k)
+        return quantize_query(q, self.q_quant, self.rotate_k), k
+
+
+Q_QUANTS = ("none", "q8_0")
+
+
+def quantize_query(q: mx.array, q_quant: str, rotate_k: str) -> mx.array:
+    """q [..., D] as llama.cpp's CPU flash attention uses it against a quantized K (ggml-cpu
+    ops.cpp: Q is converted to K's vec_dot_type, q8_0 for q4_0 / q8_0 keys, before the dot
+    product): in the keys' stored basis (rotated when K is), rounded through q8_0 blocks of 32,
+    then back to the model's basis. "none": q unchanged."""
+    if q_quant == "none":
+        return q
+    fmt = get_format(q_quant)
+    return rotate(fmt.decode(fmt.encode(rotate(q, rotate_k)), mx.float32), rotate_k).astype(q.dtype)
 
 
 # ---- exact bytes ---------------------------------------------------------------------------
