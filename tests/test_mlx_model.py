@@ -7,6 +7,7 @@ own forward with its own caches (every architecture)."""
 from __future__ import annotations
 
 import json
+from dataclasses import replace
 
 import mlx.core as mx
 import numpy as np
@@ -23,7 +24,7 @@ from tiny_model import (
 
 from kvbench.kernels.model import load as L
 from kvbench.kernels.model import seam
-from kvbench.kernels.model.cache import CacheSpec, WindowCache, model_cache
+from kvbench.kernels.model.cache import CacheSpec, LayeredCache, WindowCache, make_cache
 
 TOKENS = [5, 17, 42, 299, 0, 7, 7, 123, 64, 1, 250, 33]
 LONG = np.random.default_rng(7).integers(0, TINY["vocab"], 30).tolist()
@@ -31,7 +32,7 @@ LONG = np.random.default_rng(7).integers(0, TINY["vocab"], 30).tolist()
 
 def logits(model, tokens, spec=None, kernel="reference", step=None) -> np.ndarray:
     """kvbench's cache in `spec`, fed `step` tokens per forward call (default all at once)."""
-    cache = model_cache(spec or CacheSpec("fp32"), model, len(tokens), kernel, max_step=step)
+    cache = make_cache(spec or CacheSpec("fp32"), model.config, len(tokens), kernel, max_step=step)
     step = step or len(tokens)
     outs = [seam.forward(model, mx.array([tokens[s : s + step]]), cache)[0]
             for s in range(0, len(tokens), step)]  # fmt: skip
@@ -97,34 +98,23 @@ def test_every_arch_matches_mlx_lms_own_cache(tmp_path, arch):
 
 def test_sliding_window_layers_get_kvbench_window_layout(tmp_path):
     model = L.load_model(write_random_mlx_dir(tmp_path / "g", "gemma3_text", n_layers=4))
-    cache = model_cache(CacheSpec("fp16"), model, 30, "sdpa", max_step=1)
+    assert model.config.windows == ((8, 0), (8, 0), (8, 0), None)
+    cache = make_cache(CacheSpec("fp16"), model.config, 30, "sdpa", max_step=1)
+    assert isinstance(cache, LayeredCache)
     for t in LONG:
         seam.forward(model, mx.array([[t]]), cache)
-    stores = [c.store for c in cache.layers]
-    assert [type(s) is WindowCache for s in stores] == [True, True, True, False]
-    assert stores[0].kv.size == 8  # window 8, one token per step: 8 cells, whatever the context
-    # the window is what makes it match: a full cache on the sliding layers does not
-    full = logits(model, LONG)  # (window layers through the ring, as mlx-lm does)
-    cache2 = model_cache(CacheSpec("fp32"), model, 30)
-    cache2.layers[:3] = model_cache(CacheSpec("fp32"), _as_llama(model), 30).layers[:3]
-    wrong = np.array(seam.forward(model, mx.array([LONG]), cache2)[0])
-    assert np.abs(wrong - full).max() > 1e-3
-
-
-def _as_llama(model):
-    """The same model seen as having no sliding layers (full caches everywhere)."""
-
-    class Net:
-        def __init__(self, n):
-            self.layers = [None] * n
-
-    return L.Model(Net(model.config.n_layers), model.config, {})
+    assert [type(s) is WindowCache for s in cache.stores] == [True, True, True, False]
+    assert cache.stores[0].kv.size == 8  # window 8, one token per step: 8 cells, any context
+    # the window is what makes it match mlx-lm: full caches on the sliding layers do not
+    full = make_cache(CacheSpec("fp32"), replace(model.config, windows=()), 30)
+    wrong = np.array(seam.forward(model, mx.array([LONG]), full)[0])
+    assert np.abs(wrong - logits(model, LONG)).max() > 1e-3
 
 
 def test_incremental_decode_equals_full_prefill(tmp_path):
     model = L.load_model(write_gguf_writer(tmp_path / "t.gguf", weights(seed=4)))
     full = logits(model, TOKENS)
-    cache = model_cache(CacheSpec("fp32"), model, len(TOKENS))
+    cache = make_cache(CacheSpec("fp32"), model.config, len(TOKENS))
     seam.forward(model, mx.array([TOKENS[:5]]), cache)
     for i in range(5, len(TOKENS)):
         step = np.array(seam.forward(model, mx.array([[TOKENS[i]]]), cache)[0, -1])

@@ -12,7 +12,7 @@ from kvbench.case import Case
 from kvbench.engines import engine_for
 from kvbench.engines import model as engine
 from kvbench.errors import SuiteError
-from kvbench.kernels.model.llama import load_model
+from kvbench.kernels.model.load import load_model
 from kvbench.run import runner
 from kvbench.spec.suite import Settings
 from kvbench.spec.validate import check_model

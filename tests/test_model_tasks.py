@@ -20,7 +20,8 @@ from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.model import generate as G
 from kvbench.kernels.model.cache import CacheSpec, make_cache
 from kvbench.kernels.model.capture import capture_kv
-from kvbench.kernels.model.llama import forward, load_model
+from kvbench.kernels.model.load import load_model
+from kvbench.kernels.model.quality import forward
 from kvbench.spec.validate import check_model
 
 TOKENS = tuple(np.random.default_rng(1).integers(0, TINY["vocab"], 200).tolist())

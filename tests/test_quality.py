@@ -1,8 +1,6 @@
 """Quality metrics, text, K/V capture and decode on the tiny model (fast), and on the real
 SmolLM2-135M when it has been fetched (`kvbench model fetch`; skipped otherwise)."""
 
-from dataclasses import replace
-
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -10,11 +8,12 @@ from tiny_model import TINY, weights, write_gguf
 
 from kvbench.kernels.data import load_kv_file
 from kvbench.kernels.formats.registry import FORMATS
+from kvbench.kernels.model import load as L
 from kvbench.kernels.model import quality as Q
 from kvbench.kernels.model.cache import CacheSpec, make_cache
 from kvbench.kernels.model.capture import capture_kv, read_mlx_prompt_cache, save_kv_npz
 from kvbench.kernels.model.fetch import model_path
-from kvbench.kernels.model.llama import load_model, rope
+from kvbench.kernels.model.load import load_model
 
 RNG = np.random.default_rng(0)
 TOKS = RNG.integers(0, TINY["vocab"], 64).tolist()
@@ -46,9 +45,7 @@ def test_ppl_is_exp_mean_nll(tiny):
     """ppl from an independent numpy log-softmax of the reference logits."""
     ch = Q.chunks(TOKS, 32, 1)
     cache = make_cache(CacheSpec("fp32"), tiny.config, 32)
-    from kvbench.kernels.model.llama import forward
-
-    logits = np.array(forward(tiny, mx.array([ch[0]]), cache)[0], dtype=np.float64)
+    logits = np.array(Q.forward(tiny, mx.array([ch[0]]), cache)[0], dtype=np.float64)
     lp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     nll = [-lp[j, ch[0][j + 1]] for j in range(16, 31)]
     r = Q.quality(tiny, ch, CacheSpec("fp16"), Q.reference_run(tiny, ch))
@@ -74,7 +71,8 @@ def test_options_quality_is_finite_and_ubatch_runs(tiny):
 def test_capture_post_rope_is_rope_of_pre_rope(tiny, tmp_path):
     post, pre = capture_kv(tiny, TOKS[:20]), capture_kv(tiny, TOKS[:20], post_rope=False)
     assert len(post) == TINY["n_layers"] and post[0][0].shape == (2, 20, 64)
-    roped = np.array(rope(tiny, mx.array(pre[1][0])[None], 0)[0])
+    rope = tiny.net.model.layers[1].self_attn.rope  # the model's own RoPE
+    roped = np.array(rope(mx.array(pre[1][0])[None], offset=0)[0])
     np.testing.assert_allclose(post[1][0], roped, atol=1e-5)
     np.testing.assert_array_equal(post[1][1], pre[1][1])  # values are never rotated
     path = tmp_path / "kv.npz"
@@ -152,15 +150,16 @@ def test_real_model_greedy_text_is_coherent(smol):
 
 
 @needs_model
-def test_real_model_fp16_ppl_within_1pct_and_rope_matters(smol):
+def test_real_model_fp16_ppl_within_1pct_and_rope_matters(smol, monkeypatch):
     model, tok = smol
     ch = Q.chunks(tok.encode(Q.default_text()), 32, 1)  # 15 scored tokens: keeps it quick
     ref = Q.reference_run(model, ch)
     r = Q.quality(model, ch, CacheSpec("fp16"), ref)
     assert abs(r["ppl"] / r["ppl_ref"] - 1) < 0.01
     assert 2 < r["ppl_ref"] < 100  # a sane perplexity for English prose
-    # the interleaved (llama.cpp) convention on un-permuted rows is wrong: much worse
-    bad = replace(model, config=replace(model.config, rope_traditional=True))
+    # Q/K rows left in llama.cpp's permuted order under half-split RoPE: much worse
+    monkeypatch.setattr(L, "PERMUTED_ARCHS", ())
+    bad = load_model(REAL)
     wrong = Q.quality(bad, ch, CacheSpec("fp32"), ref)
     assert wrong["ppl"] > 2 * r["ppl_ref"]
 

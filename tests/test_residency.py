@@ -15,7 +15,7 @@ from kvbench.case import Case
 from kvbench.engines import engine_for, residency
 from kvbench.engines import model as model_engine
 from kvbench.kernels.formats.registry import get_format
-from kvbench.kernels.model.llama import load_model
+from kvbench.kernels.model.load import load_model
 from kvbench.kernels.stores import cache as store_module
 from kvbench.peers.registry import missing_reason
 from kvbench.run.session import run_suite

@@ -74,6 +74,8 @@ def write_gguf(path: Path, wts: dict, arch: str = "llama") -> Path:
         "general.architecture": arch,
         f"{arch}.block_count": u(t["n_layers"]),
         f"{arch}.embedding_length": u(t["hidden"]),
+        f"{arch}.feed_forward_length": u(t["ffn"]),
+        f"{arch}.context_length": u(256),
         f"{arch}.attention.head_count": u(t["n_heads"]),
         f"{arch}.attention.head_count_kv": u(t["n_kv_heads"]),
         f"{arch}.attention.key_length": u(t["head_dim"]),

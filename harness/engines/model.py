@@ -1,5 +1,6 @@
-"""The model engine: a real model (kernels/model/llama.py) with its KV cache stored in the case's
-format through kvbench's own formats and kernels (kernels/model/cache.py).
+"""The model engine: a real model (mlx-lm's architecture, kernels/model/load.py) with its KV
+cache stored in the case's format through kvbench's own formats and kernels
+(kernels/model/cache.py; in the model through kernels/model/seam.py).
 
 * phase model_decode: the cache is prefilled with the text's first context_len - 1 tokens
   (untimed, as llama-bench's `-d`); the timed step is one whole-model decode step at that depth
@@ -29,7 +30,7 @@ from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.model import cache as kv_store
 from kvbench.kernels.model import quality
 from kvbench.kernels.model.fetch import require_model
-from kvbench.kernels.model.llama import load_model
+from kvbench.kernels.model.load import load_model
 from kvbench.kernels.model.tokenizer import load_tokenizer
 from kvbench.spec.cache_spec import MODEL_PHASES, format_of, spec_of
 
@@ -107,23 +108,29 @@ def weight_bytes(model) -> int:
     """Bytes of every weight array of the model (quantized weights with scales and biases)."""
     from mlx.utils import tree_flatten
 
-    return sum(a.nbytes for _, a in tree_flatten(model.params) if isinstance(a, mx.array))
+    return sum(a.nbytes for _, a in tree_flatten(model.net.parameters()))
 
 
-def linear_params(p: dict) -> int:
-    """Multiply-adds per token of one linear layer: out x in features."""
-    if "scales" in p:
-        return p["weight"].shape[0] * p["scales"].shape[1] * p["group_size"]
-    return p["weight"].size
+def matmul_macs(model) -> int:
+    """Multiply-adds per token of every linear layer (out x in features, quantized ones
+    unpacked) and of the output head (the embedding, where the model ties it)."""
+    import mlx.nn as nn
+
+    macs, head = 0, False
+    for name, m in model.net.named_modules():
+        if isinstance(m, nn.QuantizedLinear):
+            macs += m.weight.shape[0] * m.weight.shape[1] * 32 // m.bits
+        elif isinstance(m, nn.Linear):
+            macs += m.weight.size
+        head = head or name.endswith("lm_head")
+    return macs if head else macs + model.config.vocab * model.config.hidden
 
 
 def decode_flops(case: Case, model) -> int:
     """Matmul FLOPs of one decode step: 2 per multiply-add of every linear layer and the
     output head, plus attention over the context (4 * Hq * L * D per layer)."""
     c = model.config
-    linears = [p for layer in model.params["layers"] for p in layer.values() if "weight" in p]
-    macs = sum(linear_params(p) for p in [*linears, model.params["lm_head"]])
-    return 2 * macs + c.n_layers * 4 * c.n_heads * case.context_len * c.head_dim
+    return 2 * matmul_macs(model) + c.n_layers * 4 * c.n_heads * case.context_len * c.head_dim
 
 
 def decode_traffic(case: Case, model) -> tuple[int, int]:

@@ -380,160 +380,72 @@ class WindowCache:
         return sum(a.nbytes for a in self.kv.arrays()) * self.ring.held() // self.ring.size
 
 
-# ---- mlx-lm's cache protocol ------------------------------------------------------------------
+class LayeredCache:
+    """A model whose layers differ (sliding-window layers beside global ones, as the model's
+    make_cache asks): one store per layer, each holding that layer alone; the same
+    attend / advance / mark / rewind / arrays / held_bytes as PlainCache and MixedCache."""
 
+    def __init__(self, stores: list):
+        self.stores, self.offset = stores, 0
 
-class LayerCache:
-    """One layer's cache as mlx-lm's models use it (mlx_lm/models/cache.py: `offset`,
-    `update_and_fetch`, `state`, `make_mask`, `is_trimmable`, `size`, `nbytes`, `empty`), over
-    a kvbench store of that layer alone (PlainCache, MixedCache or WindowCache, built on the
-    first write from the K/V shape the model hands it).
+    def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
+        return self.stores[layer].attend(0, q, k, v, scale)
 
-    update_and_fetch keeps the new K/V; mlx-lm's scaled_dot_product_attention, rerouted by
-    kernels/model/seam.py, then calls `attend`: the store writes them in its format (quantize
-    on write) and runs the case's kernel over what it holds. What update_and_fetch returns is
-    never read by that path."""
-
-    def __init__(self, make_store):
-        self.make_store, self.store, self.pending = make_store, None, None
-
-    @property
-    def offset(self) -> int:
-        return 0 if self.store is None else self.store.offset
-
-    def update_and_fetch(self, keys: mx.array, values: mx.array):
-        if self.store is None:
-            self.store = self.make_store(keys.shape[1], keys.shape[3])
-        self.pending = (keys, values)
-        return keys, values
-
-    def attend(self, queries: mx.array, scale: float) -> mx.array:
-        if self.pending is None:
-            raise RuntimeError("attention before update_and_fetch on a kvbench cache")
-        k, v = self.pending
-        self.pending = None
-        out = self.store.attend(0, queries, k, v, scale)
-        self.store.advance(k.shape[2])
-        return out.astype(queries.dtype)
-
-    def make_mask(self, *args, **kwargs):
-        return None  # the store knows its positions and masks inside attend
-
-    @property
-    def state(self):
-        return self.arrays()
-
-    def is_trimmable(self) -> bool:
-        return False
-
-    def size(self) -> int:
-        return self.offset
-
-    @property
-    def nbytes(self) -> int:
-        return self.held_bytes()
-
-    def empty(self) -> bool:
-        return self.store is None
-
-    def arrays(self) -> list[mx.array]:
-        return [] if self.store is None else self.store.arrays()
-
-    def held_bytes(self) -> int:
-        return 0 if self.store is None else self.store.held_bytes()
-
-
-class ModelCache:
-    """Every layer's cache of one sequence, one per layer as the model's `make_cache` asks
-    (mlx-lm's KVCache -> a full kvbench cache; RotatingKVCache(max_size, keep) -> kvbench's
-    window layout; caches that hold no K/V, e.g. a state-space layer's, stay mlx-lm's own)."""
-
-    def __init__(self, layers: list):
-        self.layers = layers
-        self.kv = [c for c in layers if isinstance(c, LayerCache)]
-
-    @property
-    def offset(self) -> int:
-        return self.kv[0].offset
-
-    def arrays(self) -> list[mx.array]:
-        own = [a for c in self.kv for a in c.arrays()]
-        other = [a for c in self.layers if not isinstance(c, LayerCache) for a in _state(c)]
-        return own + other
-
-    def held_bytes(self) -> int:
-        return sum(c.held_bytes() for c in self.kv)
+    def advance(self, n: int) -> None:
+        self.offset += n
+        for s in self.stores:
+            s.advance(n)
 
     def mark(self) -> list:
-        """The state to come back to (rewind): each store's counters."""
-        if len(self.kv) != len(self.layers):
-            raise ValueError("rewind needs every layer's cache to be kvbench's")
-        return [c.store.mark() for c in self.kv]
+        return [s.mark() for s in self.stores]
 
     def rewind(self, mark: list) -> None:
-        """Back to `mark`: the next write lands where it landed after mark() (a decode step
-        at a fixed depth, repeated; the same token writes the same bytes again)."""
-        for c, m in zip(self.kv, mark):
-            c.store.rewind(m)
+        for s, m in zip(self.stores, mark):
+            s.rewind(m)
+        self.offset = self.stores[0].offset
 
-    def check_attended(self, arch: str) -> None:
-        """Every layer that took K/V attended through the seam (else the architecture computes
-        attention itself and kvbench's kernels were not inside it)."""
-        for i, c in enumerate(self.kv):
-            if c.pending is not None:
-                c.pending = None
-                raise ValueError(
-                    f"model {arch}: layer {i} stored K/V but never called mlx-lm's "
-                    "scaled_dot_product_attention; kvbench's kernels cannot run inside it"
-                )
+    def arrays(self) -> list[mx.array]:
+        return [a for s in self.stores for a in s.arrays()]
+
+    def held_bytes(self) -> int:
+        return sum(s.held_bytes() for s in self.stores)
 
 
-def _state(c) -> list[mx.array]:
-    from mlx.utils import tree_flatten
+def make_cache(
+    spec: CacheSpec, config, capacity: int, kernel: str = "reference", tile_kv=None, max_step=None
+):
+    """A cache for `config` (kernels/model/load.py Shape) holding up to `capacity` positions:
+    one store for every layer when every layer keeps its whole context, else one per layer
+    (config.windows: (window, sinks) of a sliding-window layer, kernels/stores/window.py's
+    ring; `max_step`, the most tokens one forward writes, sizes the ring: default capacity)."""
+    cls = PlainCache if spec.plain else MixedCache
+    h, d = config.n_kv_heads, config.head_dim
+    windows = getattr(config, "windows", None) or (None,) * config.n_layers
+    if not any(windows):
+        return cls(spec, config.n_layers, h, d, capacity, kernel, tile_kv)
+    step = max_step or capacity
+    stores = [
+        cls(spec, 1, h, d, capacity, kernel, tile_kv)
+        if w is None
+        else WindowCache(spec, h, d, w[0], w[1], step, kernel, tile_kv)
+        for w in windows
+    ]
+    return LayeredCache(stores)
 
-    return [a for _, a in tree_flatten(c.state) if isinstance(a, mx.array)]
 
-
-def layer_kinds(net) -> list:
-    """Per layer: ("full",), ("window", max_size, keep) or ("other", cache) from the model's
-    own make_cache (mlx-lm's default, one KVCache per layer, where it has none)."""
+def layer_windows(net) -> tuple:
+    """Per layer None (mlx-lm's KVCache: the whole context) or (max_size, keep) (its
+    RotatingKVCache: a sliding window), from the model's own make_cache (mlx-lm's default,
+    a KVCache per layer, where it has none)."""
     from mlx_lm.models import cache as mc
 
-    protos = mc.make_prompt_cache(net)
-    kinds = []
-    for p in protos:
-        if type(p) is mc.KVCache:
-            kinds.append(("full",))
-        elif type(p) is mc.RotatingKVCache:
-            kinds.append(("window", p.max_size, p.keep))
-        elif hasattr(p, "update_and_fetch"):
-            raise ValueError(f"mlx-lm cache {type(p).__name__}: kvbench has no layout for it")
+    out = []
+    for i, c in enumerate(mc.make_prompt_cache(net)):
+        if type(c) is mc.KVCache:
+            out.append(None)
+        elif type(c) is mc.RotatingKVCache:
+            out.append((c.max_size, c.keep))
         else:
-            kinds.append(("other", p))
-    return kinds
-
-
-def model_cache(spec: CacheSpec, model, capacity: int, kernel: str = "reference", tile_kv=None,
-               max_step: int | None = None) -> ModelCache:  # fmt: skip
-    """The cache of `model` (kernels/model/load.py Model) in `spec`, holding up to `capacity`
-    positions; `max_step`: the most tokens one forward call writes (window layers' ring)."""
-    store = MixedCache if not spec.plain else PlainCache
-    layers = []
-    for kind in layer_kinds(model.net):
-        if kind[0] == "full":
-            make = lambda h, d: store(spec, 1, h, d, capacity, kernel, tile_kv)  # noqa: E731
-        elif kind[0] == "window":
-            make = lambda h, d, w=kind[1], s=kind[2]: WindowCache(  # noqa: E731
-                spec, h, d, w, s, max_step or capacity, kernel, tile_kv
-            )
-        else:
-            layers.append(kind[1])
-            continue
-        layers.append(LayerCache(make))
-    return ModelCache(layers)
-
-
-def make_cache(spec: CacheSpec, config, capacity: int, kernel: str = "reference", tile_kv=None):
-    """A cache for `config` (kernels.model.Config) holding up to `capacity` positions."""
-    cls = PlainCache if spec.plain else MixedCache
-    return cls(spec, config.n_layers, config.n_kv_heads, config.head_dim, capacity, kernel, tile_kv)
+            raise ValueError(f"layer {i}: mlx-lm cache {type(c).__name__}; kvbench stores K/V "
+                             "for KVCache and RotatingKVCache layers only")  # fmt: skip
+    return tuple(out)

@@ -15,20 +15,63 @@ import mlx.core as mx
 import numpy as np
 
 from kvbench.kernels.model.cache import CacheSpec, make_cache
-from kvbench.kernels.model.llama import Model, forward
+from kvbench.kernels.model.load import Model
+from kvbench.kernels.model.quality import forward
 
 REFERENCE_SPEC = CacheSpec("fp32")
 
 
+class _Tap:
+    """A float32 cache that keeps each layer's K/V as the model hands them over, and the
+    pre-RoPE keys: `pre` maps the id of each RoPE output to its input (_RopeTap), and the keys a
+    layer stores are the very array its RoPE returned."""
+
+    def __init__(self, inner):
+        self.inner, self.kv, self.pre = inner, [], {}
+
+    @property
+    def offset(self) -> int:
+        return self.inner.offset
+
+    def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
+        self.kv.append((self.pre.get(id(k), (None, None))[1], k, v))
+        return self.inner.attend(layer, q, k, v, scale)
+
+    def advance(self, n: int) -> None:
+        self.inner.advance(n)
+
+
+class _RopeTap:
+    """A layer's RoPE, unchanged, remembering each output's input (both kept alive, so ids
+    stay unique)."""
+
+    def __init__(self, rope, seen: dict):
+        self.rope, self.seen = rope, seen
+
+    def __call__(self, x, offset=0):
+        y = self.rope(x, offset=offset)
+        self.seen[id(y)] = (y, x)
+        return y
+
+
 def capture_kv(model: Model, tokens: list[int], post_rope: bool = True) -> list[tuple]:
     """Per layer (k, v) float32 numpy [n_kv_heads, L, head_dim] from a float32 prefill of
-    `tokens` (L = len(tokens)); keys post-RoPE as caches hold them, or pre-RoPE."""
-    taps: list = []
-    cache = make_cache(REFERENCE_SPEC, model.config, len(tokens), "reference")
-    forward(model, mx.array([tokens]), cache, logits_from=len(tokens), taps=taps)
+    `tokens` (L = len(tokens)); keys post-RoPE as caches hold them, or pre-RoPE (what the
+    layer's RoPE was given: the keys as projected, after any key norm)."""
+    tap = _Tap(make_cache(REFERENCE_SPEC, model.config, len(tokens), "reference"))
+    ropes = [m for _, m in model.net.named_modules() if callable(getattr(m, "rope", None))]
+    try:
+        for m in ropes:
+            m.rope = _RopeTap(m.rope, tap.pre)
+        forward(model, mx.array([tokens]), tap, logits_from=len(tokens))
+    finally:
+        for m in ropes:
+            m.rope = m.rope.rope
     out = []
-    for k_pre, k, v in taps:
+    for k_pre, k, v in tap.kv:
         kk = k if post_rope else k_pre
+        if kk is None:
+            raise ValueError(f"model {model.config.arch}: its keys did not come from a `rope`")
         mx.eval(kk, v)
         out.append((np.array(kk[0], dtype=np.float32), np.array(v[0], dtype=np.float32)))
     return out
@@ -83,7 +126,7 @@ def default_capture(context_len: int) -> tuple[np.ndarray, np.ndarray]:
     """The middle layer's post-RoPE K and V [n_kv_heads, context_len, head_dim] of the default
     model over the first context_len tokens of the default text (`kv_data: model`)."""
     from kvbench.kernels.model.fetch import require_model
-    from kvbench.kernels.model.llama import load_model
+    from kvbench.kernels.model.load import load_model
     from kvbench.kernels.model.quality import default_text
     from kvbench.kernels.model.tokenizer import load_tokenizer
 

@@ -65,6 +65,8 @@ class Shape:
     head_dim: int
     vocab: int
     trained_context: int | None  # max_position_embeddings / <arch>.context_length
+    hidden: int = 0
+    windows: tuple = ()  # per layer None or (window, sinks): kernels/model/cache.py layer_windows
 
 
 @dataclass
@@ -76,19 +78,52 @@ class Model:
     path: str = ""
 
 
-def shape_of(cfg: dict) -> Shape:
+def shape_of(cfg: dict, net=None) -> Shape:
+    """The Shape of a model: from config.json, and with `net`, the K/V each layer really
+    stores (one token through mlx-lm's own caches: an architecture may ignore a config key,
+    as mlx-lm's qwen2 ignores head_dim) and the window of each layer (its make_cache)."""
     text = cfg.get("text_config") or {}
     get = lambda k, d=None: cfg.get(k, text.get(k, d))  # noqa: E731
     n_heads = get("num_attention_heads")
+    n_kv, head_dim = get("num_key_value_heads") or n_heads, get("head_dim")
+    if net is not None:
+        n_kv, head_dim = _kv_shape(net)
     return Shape(
         arch=cfg.get("model_type", "?"),
         n_layers=get("num_hidden_layers"),
         n_heads=n_heads,
-        n_kv_heads=get("num_key_value_heads") or n_heads,
-        head_dim=get("head_dim") or get("hidden_size") // n_heads,
+        n_kv_heads=n_kv,
+        head_dim=head_dim or get("hidden_size") // n_heads,
         vocab=get("vocab_size"),
         trained_context=get("max_position_embeddings"),
+        hidden=get("hidden_size"),
+        windows=() if net is None else _windows(net),
     )
+
+
+def _kv_shape(net) -> tuple[int, int]:
+    """(KV heads, head_dim) every layer stores, read from mlx-lm's caches after one token."""
+    from mlx_lm.models.cache import make_prompt_cache
+
+    caches = make_prompt_cache(net)
+    net(mx.array([[0]]), cache=caches)
+    shapes = {
+        (c.keys.shape[1], c.keys.shape[3]) for c in caches if getattr(c, "keys", None) is not None
+    }
+    if len(shapes) != 1:
+        kinds = sorted(shapes)
+        raise ModelError(f"model {type(net).__module__}: layers store K/V of shapes {kinds}; "
+                         "kvbench's caches take one for every layer")  # fmt: skip
+    return shapes.pop()
+
+
+def _windows(net) -> tuple:
+    from kvbench.kernels.model.cache import layer_windows
+
+    try:
+        return layer_windows(net)
+    except ValueError as e:
+        raise ModelError(f"model {type(net).__module__}: {e}") from None
 
 
 def _build(path, cfg: dict) -> nn.Module:
@@ -129,7 +164,7 @@ def load_mlx_dir(path: str | Path) -> Model:
         net, cfg = mlx_load(path)
     except (ValueError, KeyError, FileNotFoundError) as e:
         raise ModelError(f"{path}: mlx-lm cannot load it: {str(e).splitlines()[0]}") from None
-    return Model(net, shape_of(cfg), cfg, {}, str(path))
+    return Model(net, shape_of(cfg, net), cfg, {}, str(path))
 
 
 # ---- GGUF -----------------------------------------------------------------------------------
@@ -234,7 +269,7 @@ def load_gguf(path: str | Path) -> Model:
         weights = net.sanitize(weights)
     net.load_weights(list(weights.items()), strict=True)
     mx.eval(net.parameters())
-    return Model(net, shape_of(cfg), cfg, md, str(path))
+    return Model(net, shape_of(cfg, net), cfg, md, str(path))
 
 
 def struct_error():

@@ -32,8 +32,9 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
+from kvbench.kernels.model import seam
 from kvbench.kernels.model.cache import CacheSpec, make_cache
-from kvbench.kernels.model.llama import Model, forward
+from kvbench.kernels.model.load import Model
 
 DEFAULT_TEXT = "pydoc-topics"
 REFERENCE_SPEC = CacheSpec("fp32")
@@ -79,6 +80,20 @@ def text_info(text: str) -> dict:
 
 
 # ---- running the model over chunks -----------------------------------------------------------
+
+
+def forward(model: Model, tokens: mx.array, cache, logits_from: int = 0) -> mx.array:
+    """Logits [B, n - logits_from, vocab] of tokens [B, n] at positions cache.offset.. (lazy)
+    through the mlx-lm model with `cache` (kernels/model/seam.py). The tokens before
+    logits_from go through their own forward pass whose logits are never evaluated, so the
+    output head runs only where logits are wanted."""
+    n = tokens.shape[1]
+    if logits_from >= n:
+        return seam.forward(model, tokens, cache)[:, n:]
+    if logits_from > 0:
+        seam.forward(model, tokens[:, :logits_from], cache)
+        tokens = tokens[:, logits_from:]
+    return seam.forward(model, tokens, cache)
 
 
 def chunks(tokens: list[int], context_len: int, n_chunks: int | None = None) -> list[list[int]]:

@@ -24,7 +24,7 @@ from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.model.cache import CacheSpec, kv_bytes, make_cache
 from kvbench.kernels.model.capture import capture_kv
 from kvbench.kernels.model.fetch import require_model
-from kvbench.kernels.model.llama import Model, load_model
+from kvbench.kernels.model.load import Model, load_model
 from kvbench.kernels.model.quality import (
     chunks,
     decode_step,

@@ -99,10 +99,12 @@ def from_model_dir(path: str | Path) -> TextTokenizer:
 
 
 def load_tokenizer(model) -> TextTokenizer:
-    """The tokenizer of a kernels.model.Model (GGUF metadata or its directory's tokenizer.json)."""
+    """The tokenizer of a kernels/model/load.py Model: its GGUF's own vocabulary, or its
+    directory's tokenizer.json."""
     md = model.metadata
     if "tokenizer.ggml.tokens" in md:
         return from_gguf_metadata(md)
-    if "_path" in md:
-        return from_model_dir(md["_path"])
-    raise ValueError("model has no tokenizer metadata")
+    path = Path(model.path or ".")
+    if path.is_dir() and (path / "tokenizer.json").is_file():
+        return from_model_dir(path)
+    raise ValueError(f"{model.path}: no tokenizer (GGUF vocabulary or tokenizer.json)")
