@@ -6,6 +6,7 @@ Bad input (UserError) prints one line `kvbench: <file>: <key>: <reason>` and exi
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from kvbench.errors import UserError
@@ -269,8 +270,8 @@ def cmd_model_fetch(args) -> int:
 
     try:
         print(fetch_model(args.name))
-    except (ModelFetchError, KeyError) as e:
-        raise UserError(f"kvbench model fetch: {str(e).strip(chr(39))}") from None
+    except (ModelFetchError, KeyError) as e:  # a KeyError's str() is the repr of its text
+        raise UserError(f"kvbench model fetch: {e.args[0] if e.args else e}") from None
     return 0
 
 
@@ -297,9 +298,7 @@ def cmd_merge(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
-        prog="kvbench", description="Benchmark LLM KV-cache configurations on MLX."
-    )
+    p = OneLineParser(prog="kvbench", description="Benchmark LLM KV-cache configurations on MLX.")
     sub = p.add_subparsers(dest="command", required=True)
 
     run = sub.add_parser("run", help="run a suite and write results/<run-id>.csv")
@@ -452,6 +451,14 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
+class OneLineParser(argparse.ArgumentParser):
+    """argparse with its errors on one line (the usage is a `-h` away), exit 2 as argparse."""
+
+    def error(self, message: str):
+        _say(f"{self.prog}: {message} (see {self.prog} -h)")
+        raise SystemExit(2)
+
+
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
@@ -463,6 +470,9 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         _say("kvbench: interrupted")
         return 130
+    except BrokenPipeError:  # `kvbench compare ... | head`: the reader left; say nothing
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())  # no error at exit
+        return 141  # 128 + SIGPIPE, as a process the pipe killed
     except OSError as e:  # a file kvbench reads or writes failed where no check named it
         _say(f"kvbench: {e.filename or '-'}: {e.strerror or e}")
         return 2

@@ -273,3 +273,56 @@ def test_a_text_long_enough_passes(tmp_path, capsys):
     suite = tmp_path / "s.yaml"
     suite.write_text(MODEL_SUITE.format(text=f", text: {text}"))
     assert main(["run", str(suite), "--dry-run"]) == 0
+
+
+# ---- 7 (met on the way): refusals on one line, quiet on a closed pipe --------------------------
+
+
+def test_argparse_errors_are_one_line(capsys):
+    with pytest.raises(SystemExit) as e:
+        main(["compare"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and err.count("\n") == 1, err
+    assert err.startswith("kvbench compare: ") and "base, new" in err and "-h" in err
+
+
+def test_a_broken_suite_through_gate_is_one_line(tmp_path, capsys):
+    path = tmp_path / "broken.yaml"
+    path.write_text("name: x\nfixed: {model: tiny\n")
+    one_line_error(capsys, ["gate", "HEAD", "--suite", path], f"{path}: line 3: invalid YAML")
+
+
+def test_model_fetch_of_an_unknown_name_quotes_no_repr(capsys):
+    line = one_line_error(capsys, ["model", "fetch", "HuggingFaceTB/SmolLM2-135M"])
+    assert "unknown model 'HuggingFaceTB/SmolLM2-135M'; known: smollm2-135m" in line
+    assert '"' not in line
+
+
+@pytest.mark.parametrize(
+    "text,needle",
+    [
+        ("# only comments\n", "fixed: the suite names no axes"),
+        ("fixed: {model: tiny, context_lne: 16}\n", "did you mean 'context_len'?"),
+    ],
+)
+def test_suite_messages_name_the_real_problem(tmp_path, capsys, text, needle):
+    path = tmp_path / "s.yaml"
+    path.write_text(text)
+    one_line_error(capsys, ["run", path, "--dry-run"], needle)
+
+
+def test_a_number_written_1e_3_is_a_number(tmp_path, capsys):
+    path = tmp_path / "s.yaml"
+    path.write_text("settings: {budget_s: 1e-3}\nfixed: {model: tiny, context_len: 16}\n")
+    assert main(["run", str(path), "--dry-run"]) == 0
+    assert "budget 0.001 s per case" in capsys.readouterr().out
+
+
+def test_compare_into_a_closed_pipe_is_quiet(tmp_path):
+    import subprocess
+    import sys
+
+    run = write_run(tmp_path, "r1", {f"c{i}": draw(20, 1.0, seed=i) for i in range(400)})
+    cmd = f"'{sys.executable}' -m kvbench compare '{run}' '{run}' | head -1"
+    done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
+    assert done.stdout.count("\n") == 1 and done.stderr == "", done.stderr

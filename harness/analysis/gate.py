@@ -36,7 +36,7 @@ from kvbench.analysis.compare import Comparison, compare, comparison_table
 from kvbench.analysis.paired import PAIR_COLUMNS, Budget, run_pairs, table_row
 from kvbench.analysis.rules import Rules, check_rules
 from kvbench.errors import UserError
-from kvbench.files import read_text
+from kvbench.files import not_regular, read_text
 from kvbench.store import git
 from kvbench.store.record import write_csv_atomic
 from kvbench.store.results import (
@@ -79,12 +79,19 @@ def tree_command(tree: Path) -> list[str]:
 def suite_name(path: Path) -> str:
     """The suite's name as load_suite gives it (the file stem without a name: key), read
     without load_suite, which imports mlx; the run itself validates the suite."""
+    if (why := not_regular(path)) is not None:  # a named pipe would block for ever
+        raise UserError(
+            f"{path}: -: {why if why.startswith('cannot') else why + ', not a suite file'}"
+        )
     text = read_text(path)  # capped, strict UTF-8 (harness/files.py)
     try:
         raw = yaml.safe_load(text) or {}
-    except (yaml.YAMLError, RecursionError) as e:
-        why = "nested too deeply" if isinstance(e, RecursionError) else e
-        raise UserError(f"{path}: name: cannot read the suite's name ({why})") from None
+    except RecursionError:
+        raise UserError(f"{path}: -: nested too deeply to be a suite") from None
+    except yaml.YAMLError as e:  # one line, as load_suite says it
+        mark = getattr(e, "problem_mark", None)
+        where = f"line {mark.line + 1}" if mark else "-"
+        raise UserError(f"{path}: {where}: invalid YAML: {getattr(e, 'problem', e)}") from None
     if not isinstance(raw, dict):
         raise UserError(f"{path}: (top level): must be a mapping, got {type(raw).__name__}")
     return str(raw.get("name", path.stem))

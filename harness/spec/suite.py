@@ -18,6 +18,7 @@ from __future__ import annotations
 import dataclasses
 import itertools
 import math
+import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -97,6 +98,14 @@ class _StrictLoader(yaml.SafeLoader):
                 raise _DuplicateKey(key, key_node.start_mark.line + 1)
             seen.add(key)
         return super().construct_mapping(node, deep)
+
+
+# YAML 1.1 reads 1e-3 as text (its floats need a dot); a person writing a setting means a number
+_StrictLoader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^[-+]?[0-9][0-9_]*(?:\.[0-9_]*)?[eE][-+]?[0-9]+$"),
+    list("-+0123456789"),
+)
 
 
 def _load_settings(path: str, raw) -> Settings:
@@ -204,6 +213,8 @@ def load_suite(path: str | Path) -> Suite:
         where = f"line {mark.line + 1}" if mark else "-"
         raise SuiteError(path, where, f"invalid YAML: {getattr(e, 'problem', e)}") from None
     raw = _need(path, "(top level)", raw, dict, "a mapping")
+    if not any(raw.get(k) for k in ("fixed", "sweep", "zip")):  # else: n_layers of model=custom
+        raise SuiteError(path, "fixed", "the suite names no axes (fixed, sweep or zip): empty")
     for key in raw:
         if key not in TOP_KEYS:
             raise SuiteError(path, key, f"unknown key; known: {', '.join(TOP_KEYS)}")

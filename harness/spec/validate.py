@@ -4,6 +4,7 @@ A problem raises SuiteError(file, key, reason)."""
 
 from __future__ import annotations
 
+import difflib
 import os
 from functools import lru_cache
 
@@ -146,7 +147,9 @@ AXIS_DEFAULTS = {a.name: a.default for a in TABLE}
 
 def check_axis(path: str, key: str, axis: str, value) -> None:
     if axis not in CHECKS:
-        raise SuiteError(path, key, f"unknown axis {axis!r}; known: {', '.join(AXES)}")
+        close = difflib.get_close_matches(str(axis), AXES, n=1)
+        hint = f"did you mean {close[0]!r}? " if close else ""
+        raise SuiteError(path, key, f"unknown axis {axis!r}; {hint}known: {', '.join(AXES)}")
     reason = CHECKS[axis](value)
     if reason:
         raise SuiteError(path, key, reason)
