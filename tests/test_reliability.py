@@ -326,3 +326,13 @@ def test_compare_into_a_closed_pipe_is_quiet(tmp_path):
     cmd = f"'{sys.executable}' -m kvbench compare '{run}' '{run}' | head -1"
     done = subprocess.run(["bash", "-c", cmd], capture_output=True, text=True, timeout=120)
     assert done.stdout.count("\n") == 1 and done.stderr == "", done.stderr
+
+
+def test_import_never_overwrites_a_run(tmp_path, capsys):
+    from test_fault_inputs import FIXTURE
+
+    assert main(["import", str(FIXTURE), "--out", str(tmp_path)]) == 0
+    assert len(list(tmp_path.glob("*.csv"))) == 2  # the run and its samples
+    before = {p: p.read_bytes() for p in tmp_path.iterdir()}
+    one_line_error(capsys, ["import", FIXTURE, "--out", tmp_path], "exists and is not overwritten")
+    assert {p: p.read_bytes() for p in tmp_path.iterdir()} == before

@@ -179,6 +179,9 @@ def import_file(path: str | Path, out_dir: str | Path = "results") -> tuple[Path
     check_output_dir(out_dir, 0)
     # the samples first: the rows never exist on disk without them
     csv_path = Path(out_dir) / f"{records[0].run_id}.csv"
+    for path in (csv_path, csv_path.with_name(csv_path.stem + ".samples.csv")):
+        if path.exists():  # the same file imported before, or another run of that name
+            raise UserError(f"{path}: --out: exists and is not overwritten (imported already?)")
     write_csv_atomic(csv_path.with_name(csv_path.stem + ".samples.csv"), SAMPLE_COLUMNS, samples)
     write_csv_atomic(csv_path, COLUMNS, [dataclasses.astuple(r) for r in records])
     return csv_path, len(records)
