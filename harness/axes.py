@@ -58,8 +58,9 @@ def _gqa(values: Mapping) -> int:
 
 # fmt: off
 TABLE: tuple[Axis, ...] = (
-    Axis("model", "str", check="choice:models", label="{}", always=True, column="model",
-         doc="model preset (shape of every layer), or custom"),
+    Axis("model", "str", check="model_name", label="{}", always=True, column="model",
+         doc="model preset (shape of every layer), custom, or a real model: a GGUF file, an "
+             "mlx-lm directory or a Hugging Face repo id (model phases)"),
     Axis("n_layers", "int", check="positive_int", series="layers {}",
          doc="layers in the cache"),
     Axis("n_q_heads", "int", check="positive_int", doc="query heads"),
@@ -152,6 +153,10 @@ TABLE: tuple[Axis, ...] = (
     Axis("quantized_kv_start", "int", 0, "non_negative_int", label="qstart{}",
          column="qstart", hide_default=True,
          doc="phase generate: fp16 cache until this many positions are held (mlx-lm's)"),
+    Axis("context_limit", "str", "trained", "choice:context_limits", label="ctx:{}",
+         column="ctx-limit", hide_default=True,
+         doc="a real model's context_len: within its trained length (trained), or past it "
+             "(beyond: asked for explicitly, and the row says so)"),
 )
 # fmt: on
 

