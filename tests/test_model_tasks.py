@@ -139,3 +139,41 @@ def test_suite_checks_of_the_task_axes():
         check_model("s.yaml", case(phase="retrieval", task="niah", gen_tokens=8))
     check_model("s.yaml", case(phase="retrieval", task="vartrack", depth=1.0))
     check_model("s.yaml", case(phase="generate", quantized_kv_start=64))
+
+
+def test_a_window_as_long_as_the_context_is_the_full_cache(tiny, monkeypatch):
+    """window + sinks covering every position: the same quality row as no window; a short
+    window attends over less and its row differs."""
+    from kvbench.engines.model import quality_state
+
+    monkeypatch.setattr(base, "tokens_of", lambda name, text: TOKENS)
+    base.reference_of.cache_clear()
+    kw = dict(phase="quality", context_len=64, kv_dtype="fp16")
+    full = quality_state(case(**kw)).check()
+    same = quality_state(case(window=60, sink_tokens=4, **kw)).check()
+    short = quality_state(case(window=8, sink_tokens=2, **kw)).check()
+    assert same["kl_mean"] == pytest.approx(full["kl_mean"], rel=1e-5)
+    assert short["kl_mean"] > 10 * full["kl_mean"]
+    base.reference_of.cache_clear()
+
+
+def test_window_bytes_by_hand(tiny):
+    """window 8 + 2 sinks at context 64, fp16: 10 positions x 2 layers x 2 KV heads x 64
+    x 2 (K, V) x 2 bytes = 10240; bits per context element 16 x 10 / 64 = 2.5."""
+    c = case(phase="quality", context_len=64, kv_dtype="fp16", window=8, sink_tokens=2)
+    assert base.kv_bytes(c) == 10 * 2 * 2 * 64 * 2 * 2
+    assert base.bits_per_elem(c) == pytest.approx(16 * 10 / 64)
+
+
+def test_retrieval_runs_in_a_window(tiny):
+    c = case(phase="retrieval", task="passkey", trials=1, window=32, sink_tokens=4)
+    row = engine.build(c).check()
+    assert row["n_trials"] == 1 and row["prompt_tokens"] <= 200
+
+
+def test_window_checks():
+    with pytest.raises(SuiteError, match="window: a sliding window holds one plain format"):
+        check_model("s.yaml", case(phase="quality", kv_dtype="int8", v_dtype="int4", window=16))
+    with pytest.raises(SuiteError, match="window: model_decode times the full cache"):
+        check_model("s.yaml", case(phase="model_decode", window=16))
+    check_model("s.yaml", case(phase="quality", kv_dtype="int4", window=16, sink_tokens=4))

@@ -20,6 +20,7 @@ are loaded once per process and shared by every case.
 
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 import mlx.core as mx
@@ -144,8 +145,25 @@ def decode_traffic(case: Case, model) -> tuple[int, int]:
     return weight_bytes(model) + held, written
 
 
+def windowed(model, case: Case):
+    """The model as a case runs it: with `window` set, every layer a sliding window of that
+    many positions plus `sink_tokens` sinks (kernels/model/cache.py WindowCache, mlx-lm's
+    RotatingKVCache semantics), the weights shared."""
+    if case.window is None:
+        return model
+    windows = ((case.window, case.sink_tokens),) * model.config.n_layers
+    return replace(model, config=replace(model.config, windows=windows))
+
+
+def held_positions(case: Case) -> int:
+    """Positions the cache holds after context_len tokens: a window keeps window + sinks."""
+    if case.window is None:
+        return case.context_len
+    return min(case.context_len, case.window + case.sink_tokens)
+
+
 def quality_state(case: Case) -> State:
-    model, _ = model_of(case.model)
+    model = windowed(model_of(case.model)[0], case)
     chunks, ref = reference_of(case.model, case.text, case.context_len, case.chunks)
 
     def check() -> dict:
@@ -158,12 +176,14 @@ def quality_state(case: Case) -> State:
 
 def kv_bytes(case: Case) -> int:
     c = model_of(case.model)[0].config
-    return kv_store.kv_bytes(spec_of(case), case.context_len, c.n_layers, c.n_kv_heads, c.head_dim)
+    n = held_positions(case)
+    return kv_store.kv_bytes(spec_of(case), n, c.n_layers, c.n_kv_heads, c.head_dim)
 
 
 def bits_per_elem(case: Case) -> float:
     """Stored bits per K/V element of the whole spec (separate formats, fp16 sinks and
-    residual window, per-channel scales included): kv_bytes over the elements held."""
+    residual window, per-channel scales included): kv_bytes over the context's elements (a
+    sliding window holds fewer than the context: its bits per context element are fewer)."""
     c = model_of(case.model)[0].config
     return 8 * kv_bytes(case) / (2 * c.n_layers * c.n_kv_heads * case.context_len * c.head_dim)
 

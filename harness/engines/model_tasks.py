@@ -46,10 +46,12 @@ def prompts_of(name: str, task: str, context_len: int, depth: float, trials: int
     return tuple(out)
 
 
-def answers(key: tuple, spec, kernel: str, tile_kv) -> list[str | None]:
-    """The answer read from each trial's greedy continuation with `spec`'s cache; key:
-    (model, task, context_len, depth, trials, seed)."""
+def answers(key: tuple, spec, kernel: str, tile_kv, case=None) -> list[str | None]:
+    """The answer read from each trial's greedy continuation with `spec`'s cache (and the
+    case's sliding window, if any); key: (model, task, context_len, depth, trials, seed)."""
     model, tokenizer = base.model_of(key[0])
+    if case is not None:
+        model = base.windowed(model, case)
     got = []
     for p in prompts_of(*key):
         cache = make_cache(spec, model.config, len(p.tokens) + p.gen_tokens, kernel, tile_kv)
@@ -68,7 +70,7 @@ def retrieval_state(case: Case) -> State:
     def check() -> dict:
         key = (case.model, case.task, case.context_len, case.depth, case.trials, case.seed)
         ref = reference_answers(*key)
-        got = answers(key, spec_of(case), case.kernel, case.tile_kv)
+        got = answers(key, spec_of(case), case.kernel, case.tile_kv, case)
         truth = [p.answer for p in prompts_of(*key)]
         row = retrieval.summarize(case.task, got, list(ref), truth)
         row["prompt_tokens"] = max(len(p.tokens) for p in prompts_of(*key))
@@ -87,7 +89,7 @@ def generate_reference(name: str, text: str, context_len: int, n_chunks: int, n_
 
 def generate_state(case: Case) -> State:
     def check() -> dict:
-        model, _ = base.model_of(case.model)
+        model = base.windowed(base.model_of(case.model)[0], case)
         chunks, refs = generate_reference(case.model, case.text, case.context_len, case.chunks,
                                           case.gen_tokens)  # fmt: skip
         return generate.generate_error(

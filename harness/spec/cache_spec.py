@@ -23,7 +23,8 @@ def spec_of(case: Case) -> CacheSpec:
         k_group=case.group_size,
         v_group=case.group_size if case.v_dtype else None,  # group_size: K's and V's
         k_axis=case.k_axis,
-        sink_tokens=case.sink_tokens,
+        # with a sliding window, sink_tokens are the window's sinks (engines/model.py windowed)
+        sink_tokens=case.sink_tokens if case.window is None else 0,
         recent_tokens=case.recent_tokens,
         rotate_k=case.rotate_k,
         rotate_v=case.rotate_v,

@@ -271,6 +271,12 @@ def check_model(path: str, case: Case) -> None:
         spec_of(case).formats()
     except ValueError as e:
         raise SuiteError(path, "k_axis", str(e)) from None
+    if case.window is not None and case.phase == "model_decode":
+        why = "model_decode times the full cache; a sliding window runs in the other model phases"
+        raise SuiteError(path, "window", why)
+    if case.window is not None and not spec_of(case).plain:
+        why = "a sliding window holds one plain format (no v_dtype, k_axis channel, recent_tokens)"
+        raise SuiteError(path, "window", why)
 
 
 TEXT_LIMIT_BYTES = 256 * 2**20  # a text file kvbench tokenizes: far above any corpus it scores
