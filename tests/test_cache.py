@@ -115,12 +115,13 @@ def test_whole_buffer_write_does_not_hold_the_callers_array():
     assert np.array_equal(np.array(cache.keys[0]["data"]), np.array(k))
 
 
-def test_shared_pairs_sees_aliasing():
+@pytest.mark.parametrize("dtype", [mx.float16, mx.bfloat16, mx.uint32])
+def test_shared_pairs_sees_aliasing(dtype):
     from kvbench.engines.residency import shared_pairs
 
-    a = mx.zeros((4, 8), mx.float16)
-    b = mx.zeros((4, 8), mx.float16)
-    c = mx.zeros((4, 8), mx.float16)
+    a = mx.zeros((4, 8), dtype)  # bfloat16: read through a uint16 view of the same buffer
+    b = mx.zeros((4, 8), dtype)
+    c = mx.zeros((4, 8), dtype)
     c[:, :] = a  # a whole-array slice update: c now holds a's buffer
     assert shared_pairs([a, b]) == 0
     assert shared_pairs([a, b, c]) == 1
