@@ -110,3 +110,20 @@ def test_the_cli_refuses_a_missing_model_in_one_line(tmp_path, capsys):
     lines = [line for line in err.splitlines() if line.strip()]
     assert rc == 2 and "Traceback" not in err, err
     assert "nope.gguf" in lines[-1] and "no such file" in lines[-1], lines[-1]
+
+
+def test_a_model_phase_with_no_kernel_runs_each_formats_reference_path():
+    """Issue #24: a quality sweep with no kernel skipped every quantized format ("kernel sdpa:
+    needs a dense cache, int8 is quantized"); now the reference path runs, and model_decode
+    gets a kernel that reads the format (tiled over packed data, sdpa over a dense cache)."""
+    from kvbench.engines import model as engine
+
+    base = {"model": "smollm2-135m", "context_len": 64}
+    q = resolve("s.yaml", {**base, "phase": "quality", "kv_dtype": "int8"})
+    assert q.kernel == "reference" and engine.skip_reason(q, "cpu") is None
+    d = resolve("s.yaml", {**base, "phase": "model_decode", "kv_dtype": "int4"})
+    assert d.kernel == "tiled" and engine.skip_reason(d, "cpu") is None
+    d16 = resolve("s.yaml", {**base, "phase": "model_decode", "kv_dtype": "fp16"})
+    assert d16.kernel == "sdpa"
+    named = resolve("s.yaml", {**base, "phase": "quality", "kv_dtype": "fp16", "kernel": "ops"})
+    assert named.kernel == "ops"  # a kernel the suite names is kept

@@ -28,6 +28,7 @@ from kvbench.case import AXES, Case
 from kvbench.errors import SuiteError
 from kvbench.files import not_regular, read_text
 from kvbench.kernels.attention.registry import KERNELS
+from kvbench.spec.cache_spec import MODEL_PHASES, spec_of
 from kvbench.spec.presets import PRESETS
 from kvbench.spec.validate import (
     check_axis,
@@ -298,6 +299,21 @@ def resolve(path: str, combo: dict) -> Case:
     return case
 
 
+def model_kernel(shape: dict) -> str:
+    """The kernel of a model-phase case that names none: the format's reference path for the
+    quality and task phases (the row measures the format alone); for model_decode, sdpa where
+    the kernel sees a dense cache (a dense format, or any spec with options, which attends over
+    a dense view), tiled over a plain quantized format's packed data."""
+    if shape["phase"] != "model_decode":
+        return "reference"
+    try:
+        spec = spec_of(Case(model="custom", **{**shape, "kernel": "reference"}))
+        quantized = spec.plain and spec.formats()[0].quantized
+    except (TypeError, ValueError, KeyError):
+        return "sdpa"  # a bad format or axis: the checks that follow name it
+    return "tiled" if quantized else "sdpa"
+
+
 def real_model_shape(path: str, model: str) -> dict:
     """The shape axes of a real model from its metadata (SuiteError, one line, if it is none)."""
     from kvbench.kernels.model.load import ModelError
@@ -350,6 +366,8 @@ def _shape(path: str, combo: dict) -> Case:
         # one rank neither splits nor combines: one case, not one per shard_by x combine
         for axis in ("shard_by", "combine"):
             shape.pop(axis, None)
+    if "kernel" not in shape and shape.get("phase") in MODEL_PHASES:
+        shape["kernel"] = model_kernel(shape)
     kernel = KERNELS.get(shape.get("kernel", "sdpa"))  # None: a peer, which has no tiles
     if kernel is None or kernel.default_tile is None:
         # a kernel without tiles ignores tile_kv: one case, not one mislabelled case per tile
