@@ -37,12 +37,19 @@ def _alone(done: bool) -> bool:
 
 
 def warm_up(
-    fn: Callable[[], object], warmup_s: float, clock=time.perf_counter, agree=_alone
+    fn: Callable[[], object],
+    warmup_s: float,
+    clock=time.perf_counter,
+    agree=_alone,
+    times_ms: list | None = None,
 ) -> int:
-    """Run fn until warmup_s has passed, at least twice (the first call compiles)."""
+    """Run fn until warmup_s has passed, at least twice (the first call compiles); each call's
+    time is appended to times_ms when given (never a sample: a first look at a step's cost)."""
     start, calls = clock(), 0
     while not agree(calls >= 2 and clock() - start >= warmup_s):
-        run_once(fn, clock)
+        ms = run_once(fn, clock)
+        if times_ms is not None:
+            times_ms.append(ms)
         calls += 1
     return calls
 

@@ -336,3 +336,20 @@ def test_import_never_overwrites_a_run(tmp_path, capsys):
     before = {p: p.read_bytes() for p in tmp_path.iterdir()}
     one_line_error(capsys, ["import", FIXTURE, "--out", tmp_path], "exists and is not overwritten")
     assert {p: p.read_bytes() for p in tmp_path.iterdir()} == before
+
+
+def test_a_case_whose_first_steps_show_it_overruns_is_said_at_once(tmp_path):
+    from kvbench.run import runner
+    from kvbench.spec.suite import Settings, resolve
+
+    case = resolve("s.yaml", {"model": "tiny", "context_len": 16})
+    # 3.0 s a step x 5 samples = 15 s: over a 0.5 s budget (the 8K Llama case on a CPU)
+    note = runner.overrun_note(case, Settings(min_samples=5, budget_s=0.5), 3000.0)
+    assert "a step took 3 s" in note and "5 samples need about 15 s" in note
+    assert runner.overrun_note(case, Settings(min_samples=5, budget_s=0.5), 50.0) is None
+    said = []  # a real round: no step of this case is faster than 1 us, 50 of them > 1e-6 s
+    settings = Settings(warmup_s=0, min_samples=50, max_samples=50, budget_s=1e-6, rounds=1)
+    runner.measure_round(runner.CaseRun(case), settings, 0, say=said.append)
+    assert len(said) == 1 and "over its budget of 1e-06 s" in said[0]
+    runner.measure_round(runner.CaseRun(case), settings, 1, say=said.append)  # first round only
+    assert len(said) == 1

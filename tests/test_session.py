@@ -101,11 +101,11 @@ def test_ctrl_c_keeps_completed_rows(write_suite, tmp_path, monkeypatch, quiet):
     calls = {"n": 0}
     real = runner.measure_round
 
-    def interrupt_late(run, settings, round_no):
+    def interrupt_late(run, settings, round_no, **kw):
         calls["n"] += 1
         if calls["n"] == 7:  # round 2, third case: two cases are complete by then
             raise KeyboardInterrupt
-        real(run, settings, round_no)
+        real(run, settings, round_no, **kw)
 
     monkeypatch.setattr(runner, "measure_round", interrupt_late)
     suite = load_suite(write_suite(SUITE))

@@ -29,6 +29,10 @@ class Progress:
         except (OSError, ValueError):  # a closed terminal (SIGHUP) must not end the run
             pass
 
+    def note(self, line: str) -> None:
+        """A warning line between progress lines (it clears the terminal's current line)."""
+        self._write(("\r\033[K" if self.tty else "") + f"kvbench: warning: {line}\n")
+
     def done(self) -> None:
         self.done_n += 1
 

@@ -80,8 +80,22 @@ def add_samples(run: CaseRun, stage: str, round_no: int, new: list[float]) -> No
     prior.extend(new)
 
 
-def measure_round(run: CaseRun, settings: Settings, round_no: int) -> None:
-    """Build the case, (first round: check it), warm up and add this round's samples."""
+def overrun_note(case: Case, settings: Settings, step_ms: float) -> str | None:
+    """A line when min_samples steps of step_ms cannot fit the case's budget (issue 27: the
+    dry run said 0.5 s per case, a case took 3 minutes): said at once, after the warm-up."""
+    need_s = settings.min_samples * step_ms / 1e3
+    if need_s <= settings.budget_s:
+        return None
+    return (
+        f"{case.label()}: a step took {step_ms / 1e3:.3g} s (the fastest warm-up call after the "
+        f"first); {settings.min_samples} samples need about {need_s:.3g} s, over its budget of "
+        f"{settings.budget_s:g} s: the case overruns (min_samples wins over the budget)"
+    )
+
+
+def measure_round(run: CaseRun, settings: Settings, round_no: int, say=None) -> None:
+    """Build the case, (first round: check it), warm up and add this round's samples; `say`
+    gets a line when the first round's warm-up shows the case will overrun its budget."""
     state = engine_for(run.case).build(run.case)
     plans = timer_plans(state.stages, settings, round_no)
     if state.job is not None:
@@ -100,7 +114,12 @@ def measure_round(run: CaseRun, settings: Settings, round_no: int) -> None:
     new_ms: dict[str, list[float]] = {}
     for stage, plan in plans.items():
         fn = state.stages[stage]
-        timer.warm_up(fn, plan.pop("warmup_s"))
+        warm_ms: list[float] = []
+        timer.warm_up(fn, plan.pop("warmup_s"), times_ms=warm_ms)
+        if say and round_no == 0 and stage == "step":
+            note = overrun_note(run.case, settings, min(warm_ms[1:] or warm_ms))
+            if note:
+                say(note)
         new_ms[stage] = timer.sample(fn, prior_ms=run.samples.get(stage, []), **plan)
     mx.synchronize()
     peak = None

@@ -127,7 +127,7 @@ def _rounds(runs: dict, settings: Settings, common: dict, writer, progress) -> N
             run = runs[cid]
             progress.start(f"round {round_no + 1}/{settings.rounds} {run.case.label()}")
             try:
-                runner.measure_round(run, settings, round_no)
+                runner.measure_round(run, settings, round_no, say=getattr(progress, "note", None))
             except KeyboardInterrupt:
                 raise
             except Exception as exc:  # one bad case must not end the suite
