@@ -127,3 +127,27 @@ def test_a_model_phase_with_no_kernel_runs_each_formats_reference_path():
     assert d16.kernel == "sdpa"
     named = resolve("s.yaml", {**base, "phase": "quality", "kv_dtype": "fp16", "kernel": "ops"})
     assert named.kernel == "ops"  # a kernel the suite names is kept
+
+
+@pytest.mark.parametrize("arch", ["llama", "gemma3_text"])
+def test_a_users_model_directory_runs_the_model_phases_end_to_end(tmp_path, arch):
+    """A tiny mlx-lm directory with its own tokenizer.json, given as `model:`, through the CLI:
+    quality (no kernel: the reference path) and model_decode rows, all ok."""
+    from tiny_model import write_random_mlx_dir, write_tokenizer_json
+
+    from kvbench.store.results import read_rows
+
+    d = write_tokenizer_json(write_random_mlx_dir(tmp_path / arch, arch, n_layers=4))
+    suite = tmp_path / "s.yaml"
+    suite.write_text(
+        "name: s\nsettings: {warmup_s: 0, min_samples: 1, max_samples: 1, budget_s: 0.1, "
+        f"rounds: 1}}\nfixed: {{model: {d}, context_len: 32}}\n"
+        "zip:\n  - phase: [quality, quality, model_decode]\n    kv_dtype: [int8, fp16, int4]\n"
+    )
+    assert main(["run", str(suite), "--out", str(tmp_path / "out")]) == 0
+    rows = read_rows(next(p for p in (tmp_path / "out").glob("*.csv") if "samples" not in p.name))
+    assert list(rows["status"]) == ["ok"] * 3, rows[["status", "error"]]
+    assert list(rows["kernel"]) == ["reference", "reference", "tiled"]
+    q = rows[rows["phase"] == "quality"].set_index("kv_dtype")
+    assert q.loc["fp16", "kl_mean"] < q.loc["int8", "kl_mean"] < 1  # a sane order
+    assert q.loc["int8", "n_scored"] == 15

@@ -271,3 +271,21 @@ def write_random_mlx_dir(path: Path, model_type: str, seed: int = 0, n_layers: i
     mx.save_safetensors(str(path / "model.safetensors"), dict(tree_flatten(net.parameters())))
     (path / "config.json").write_text(json.dumps(cfg))
     return path
+
+
+def write_tokenizer_json(path: Path, vocab: int = 300) -> Path:
+    """A byte-level BPE tokenizer.json of `vocab` tokens (256 bytes + merges), trained on the
+    default text, so a tiny model directory can run the model phases end to end."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+
+    from kvbench.kernels.model.quality import default_text
+
+    tok = Tokenizer(models.BPE())
+    tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+    tok.decoder = decoders.ByteLevel()
+    trainer = trainers.BpeTrainer(
+        vocab_size=vocab, initial_alphabet=pre_tokenizers.ByteLevel.alphabet(), show_progress=False
+    )
+    tok.train_from_iterator([default_text()[:50_000]], trainer)
+    tok.save(str(path / "tokenizer.json"))
+    return path
