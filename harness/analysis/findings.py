@@ -384,7 +384,7 @@ def cache_config(row: dict) -> str:
     attention window with its sinks."""
     parts = [format_label(row)]
     extra = (("v_dtype", "V {}"), ("k_axis", "{} keys"), ("sink_tokens", "{} sinks"),
-             ("recent_tokens", "window {}"))  # fmt: skip
+             ("recent_tokens", "fp16 residual {}"))  # fmt: skip
     defaults = {"k_axis": "token", "sink_tokens": 0, "recent_tokens": 0}
     w = row.get("window")
     windowed = w is not None and w == w and w != ""

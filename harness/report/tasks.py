@@ -34,7 +34,7 @@ SYMBOLS = ("circle", "diamond", "square", "triangle-up", "x", "cross")
 def _symbol(config: str) -> str:
     """A marker per cache option beyond the format (sliding window, per-channel keys, a V
     format, an fp16 residual window, fp16 sinks); a circle for none."""
-    for i, key in enumerate(("sliding window", "channel keys", "V ", "window", "sinks")):
+    for i, key in enumerate(("sliding window", "channel keys", "V ", "residual", "sinks")):
         if key in config:
             return SYMBOLS[i + 1]
     return SYMBOLS[0]
