@@ -147,3 +147,21 @@ def test_chat_frame_from_a_gguf_template():
     assert before == "<|im_start|>user\n"
     assert after == "<|im_end|>\n<|im_start|>assistant\n"
     assert R.chat_frame(WordTokenizer(), {}) == ("", "")
+
+
+def test_a_chat_template_prompt_gets_no_second_bos():
+    tok = WordTokenizer()
+    trial = R.make_trial("passkey", 0)
+    plain = R.build_prompt(trial, tok, 400, 0.5)
+    chat = R.build_prompt(trial, tok, 400, 0.5, chat=("<s> user:\n", "\nassistant:\n"))
+    assert plain.tokens[0] == -1 and -1 not in chat.tokens  # -1: WordTokenizer's BOS
+    assert chat.tokens[0] == tok.encode("<s>")[0]
+
+
+def test_chat_template_sees_the_gguf_bos_token():
+    md = {
+        "tokenizer.chat_template": "{{ bos_token }}{{ messages[0]['content'] }}|",
+        "tokenizer.ggml.tokens": ["<unk>", "<s>", "</s>"],
+        "tokenizer.ggml.bos_token_id": 1,
+    }
+    assert R.chat_frame(WordTokenizer(), md) == ("<s>", "|")

@@ -188,12 +188,12 @@ def build_prompt(
     chat: tuple[str, str] = ("", ""),
 ) -> Prompt:
     """The trial's prompt in at most context_len - gen_tokens tokens (room for the answer):
-    chat[0] + intro, the haystack (filler units, needles between them), the question, chat[1]
+    chat[0] + intro (the tokenizer's BOS only without a chat template, which holds its own), the haystack (filler units, needles between them), the question, chat[1]
     (or a space) and the answer's start. needles[0] goes after round(depth x units) units; the
     others at their own depths (vartrack: seeded, after the first)."""
     if not 0 <= depth <= 1:
         raise ValueError(f"depth {depth} must be within 0..1")
-    head = encode(tokenizer, chat[0] + trial.intro, True)
+    head = encode(tokenizer, chat[0] + trial.intro, not chat[0])  # a template starts itself
     tail = encode(tokenizer, trial.question + (chat[1] or " ") + trial.prefix, False)
     unit = encode(tokenizer, FILLER, False)
     needles = [encode(tokenizer, n, False) for n in trial.needles]
@@ -304,7 +304,15 @@ def chat_frame(tokenizer, metadata: dict | None = None) -> tuple[str, str]:
         import jinja2
 
         env = jinja2.Environment(trim_blocks=True, lstrip_blocks=True)
-        text = env.from_string(template).render(messages=messages, add_generation_prompt=True)
+        names = (metadata or {}).get("tokenizer.ggml.tokens") or []
+        special = {}
+        for key in ("bos", "eos"):
+            i = (metadata or {}).get(f"tokenizer.ggml.{key}_token_id")
+            if i is not None and int(i) < len(names):
+                special[f"{key}_token"] = str(names[int(i)])
+        text = env.from_string(template).render(
+            messages=messages, add_generation_prompt=True, **special
+        )
     if SLOT not in text:
         return "", ""
     before, after = text.split(SLOT, 1)
