@@ -142,18 +142,19 @@ def test_suite_checks_of_the_task_axes():
 
 
 def test_a_window_as_long_as_the_context_is_the_full_cache(tiny, monkeypatch):
-    """window + sinks covering every position: the same quality row as no window; a short
-    window attends over less and its row differs."""
+    """window + sinks covering every position: the same int4 quality row as no window (to
+    float32 summation order); a short window attends over less and errs more."""
     from kvbench.engines.model import quality_state
 
     monkeypatch.setattr(base, "tokens_of", lambda name, text: TOKENS)
     base.reference_of.cache_clear()
-    kw = dict(phase="quality", context_len=64, kv_dtype="fp16")
+    kw = dict(phase="quality", context_len=64, kv_dtype="int4")
     full = quality_state(case(**kw)).check()
     same = quality_state(case(window=60, sink_tokens=4, **kw)).check()
     short = quality_state(case(window=8, sink_tokens=2, **kw)).check()
-    assert same["kl_mean"] == pytest.approx(full["kl_mean"], rel=1e-5)
-    assert short["kl_mean"] > 10 * full["kl_mean"]
+    assert same["kl_mean"] == pytest.approx(full["kl_mean"], rel=1e-3)  # summation order only
+    assert same["top1_agree"] == full["top1_agree"]
+    assert short["kl_mean"] > 1.5 * full["kl_mean"]
     base.reference_of.cache_clear()
 
 

@@ -188,9 +188,10 @@ def build_prompt(
     chat: tuple[str, str] = ("", ""),
 ) -> Prompt:
     """The trial's prompt in at most context_len - gen_tokens tokens (room for the answer):
-    chat[0] + intro (the tokenizer's BOS only without a chat template, which holds its own), the haystack (filler units, needles between them), the question, chat[1]
-    (or a space) and the answer's start. needles[0] goes after round(depth x units) units; the
-    others at their own depths (vartrack: seeded, after the first)."""
+    chat[0] + intro (the tokenizer's BOS only without a chat template, which holds its own),
+    the haystack (filler units, needles between them), the question, chat[1] (or a space) and
+    the answer's start. needles[0] goes after round(depth x units) units; the others at their
+    own depths (vartrack: seeded, after the first)."""
     if not 0 <= depth <= 1:
         raise ValueError(f"depth {depth} must be within 0..1")
     head = encode(tokenizer, chat[0] + trial.intro, not chat[0])  # a template starts itself
