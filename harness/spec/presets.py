@@ -41,6 +41,8 @@ PRESETS = {
     # HuggingFaceTB/SmolLM2-135M-Instruct (the GGUF `kvbench model fetch` brings): the same
     # shape; the model engine runs its real weights (docs/quality.md)
     "smollm2-135m": ModelShape(30, 9, 3, 64, "SmolLM2-135M-Instruct GGUF metadata"),
+    # Gemma-3-270M Q4_K_M GGUF (`kvbench model fetch gemma3-270m`): sliding-window layers
+    "gemma3-270m": ModelShape(18, 4, 1, 256, "gemma-3-270m-q4_k_m.gguf metadata"),
     # Synthetic shapes sized for the reference-BLAS CPU backend (not a real model).
     "tiny": ModelShape(2, 8, 2, 64, "synthetic (CPU tests)"),
     "small": ModelShape(4, 16, 4, 64, "synthetic (CPU suites)"),

@@ -31,8 +31,19 @@ import numpy as np
 
 PERMUTED_ARCHS = ("llama",)  # archs whose GGUF Q/K rows llama.cpp permutes for its RoPE
 
-# GGUF architecture -> (mlx-lm model_type, extra config.json keys)
-GGUF_ARCHS = {"llama": ("llama", {}), "qwen2": ("qwen2", {})}
+# GGUF architecture -> (mlx-lm model_type, extra config.json keys). Gemma 3: llama.cpp fixes
+# what its GGUF does not store (src/llama-model.cpp): every 6th layer global, the others a
+# sliding window with RoPE base 10000, queries scaled by 1/sqrt(key_length) for the sizes up to
+# 12B; and its converter stores RMSNorm weights + 1 (Gemma's norm multiplies by 1 + w, as
+# mlx-lm's gemma3_text does), so the loader subtracts NORM_SHIFT.
+GGUF_ARCHS = {
+    "llama": ("llama", {}),
+    "qwen2": ("qwen2", {}),
+    "gemma3": ("gemma3_text", {"sliding_window_pattern": 6, "rope_local_base_freq": 10000.0}),
+}
+GGUF_ARCH_CONFIG = {"gemma3": {"sliding_window": "attention.sliding_window",
+                               "query_pre_attn_scalar": "attention.key_length"}}  # fmt: skip
+NORM_SHIFT = {"gemma3": 1.0}
 
 # config.json key -> GGUF metadata key under "<arch>." (those every mapped arch has)
 GGUF_CONFIG = {
@@ -191,7 +202,7 @@ def gguf_config(md: dict, tensor_names, path) -> dict:
                          f"{', '.join(GGUF_ARCHS)} onto mlx-lm") from None  # fmt: skip
     model_type, extra = GGUF_ARCHS[arch]
     cfg = {"model_type": model_type, **extra}
-    for key, gkey in GGUF_CONFIG.items():
+    for key, gkey in {**GGUF_CONFIG, **GGUF_ARCH_CONFIG.get(arch, {})}.items():
         if f"{arch}.{gkey}" in md:
             cfg[key] = md[f"{arch}.{gkey}"]
     missing = [k for k in REQUIRED if k not in cfg]
@@ -264,6 +275,8 @@ def load_gguf(path: str | Path) -> Model:
         if arch in PERMUTED_ARCHS and src.endswith(("attn_q.weight", "attn_k.weight")):
             heads = cfg["num_attention_heads"] if "attn_q" in src else cfg["num_key_value_heads"]
             a = unpermute(a, heads)
+        if arch in NORM_SHIFT and src.endswith("norm.weight"):
+            a = a - NORM_SHIFT[arch]
         weights[name] = mx.array(a)
     if hasattr(net, "sanitize"):
         weights = net.sanitize(weights)

@@ -5,8 +5,9 @@ GGUF keeps the vocabulary (`tokenizer.ggml.tokens`), the merges (`tokenizer.ggml
 token types (`tokenizer.ggml.token_type`: 3 = control, 4 = user-defined, both matched whole as
 special tokens) and bos/eos ids. The pre-tokenizer split depends on `tokenizer.ggml.pre`: the
 regexes below are those llama.cpp uses for each name (src/llama-vocab.cpp). SentencePiece
-vocabularies (`tokenizer.ggml.model` "llama": Llama 2, Mistral) carry scores, not merges, and
-are not rebuilt here: use the model directory's tokenizer.json for them.
+vocabularies (`tokenizer.ggml.model` "llama": Gemma, Llama 2, Mistral) carry scores, not
+merges: they go through transformers' own GGUF tokenizer conversion (`from_gguf_file`).
+This module stays (issue #24) because mlx-lm reads tokenizers from directories only.
 """
 
 from __future__ import annotations
@@ -66,6 +67,17 @@ def _val(md: dict, key: str, default=None):
     return v.item() if hasattr(v, "item") else v
 
 
+def from_gguf_file(path: str | Path, md: dict) -> TextTokenizer:
+    """A SentencePiece-style GGUF vocabulary (`tokenizer.ggml.model` "llama": Gemma, Llama 2)
+    through transformers' GGUF tokenizer conversion (AutoTokenizer with gguf_file)."""
+    from transformers import AutoTokenizer
+
+    path = Path(path)
+    hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+    add = bool(_val(md, "tokenizer.ggml.add_bos_token", True))
+    return TextTokenizer(hf.backend_tokenizer, hf.bos_token_id, hf.eos_token_id, add)
+
+
 def from_gguf_metadata(md: dict) -> TextTokenizer:
     kind, pre = _val(md, "tokenizer.ggml.model"), _val(md, "tokenizer.ggml.pre", "gpt2")
     if kind != "gpt2":
@@ -102,6 +114,8 @@ def load_tokenizer(model) -> TextTokenizer:
     """The tokenizer of a kernels/model/load.py Model: its GGUF's own vocabulary, or its
     directory's tokenizer.json."""
     md = model.metadata
+    if "tokenizer.ggml.tokens" in md and _val(md, "tokenizer.ggml.model") == "llama":
+        return from_gguf_file(model.path, md)
     if "tokenizer.ggml.tokens" in md:
         return from_gguf_metadata(md)
     path = Path(model.path or ".")
