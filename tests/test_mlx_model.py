@@ -181,3 +181,44 @@ def test_not_a_model_file(tmp_path):
     g.write_bytes(b"not a gguf at all")
     with pytest.raises(L.ModelError, match="bad.gguf"):
         L.load_model(g)
+
+
+def test_a_gemma3_gguf_is_the_same_model_as_its_mlx_dir(tmp_path, monkeypatch):
+    """A tiny gemma3_text written as llama.cpp's converter writes Gemma 3 (norm weights + 1,
+    window and head metadata under gemma3.*, the window pattern 6 and local RoPE base 10000
+    left to the reader) gives the logits of the mlx-lm directory it came from."""
+    import gguf
+    from mlx.utils import tree_flatten
+
+    d = write_random_mlx_dir(tmp_path / "g", "gemma3_text", n_layers=6,
+                             sliding_window_pattern=6, rope_local_base_freq=10000.0)  # fmt: skip
+    ref = L.load_model(d)
+    cfg = ref.hf_config
+    w = gguf.GGUFWriter(str(tmp_path / "g.gguf"), "gemma3")
+    w.add_block_count(6)
+    w.add_context_length(256)
+    w.add_embedding_length(cfg["hidden_size"])
+    w.add_feed_forward_length(cfg["intermediate_size"])
+    w.add_head_count(cfg["num_attention_heads"])
+    w.add_head_count_kv(cfg["num_key_value_heads"])
+    w.add_key_length(cfg["head_dim"])
+    w.add_value_length(cfg["head_dim"])
+    w.add_layer_norm_rms_eps(cfg["rms_norm_eps"])
+    w.add_rope_freq_base(cfg.get("rope_theta", 1_000_000.0))
+    w.add_sliding_window(cfg["sliding_window"])
+    w.add_vocab_size(cfg["vocab_size"])
+    names = gguf.get_tensor_name_map(gguf.MODEL_ARCH.GEMMA3, 6)
+    for name, a in tree_flatten(ref.net.parameters()):
+        a = np.array(a, dtype=np.float32)
+        dst = names.get_name(name, try_suffixes=(".weight", ".bias"))
+        w.add_tensor(dst, a + 1 if dst.endswith("norm.weight") else a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    got = L.load_model(tmp_path / "g.gguf")
+    assert got.config.windows == ref.config.windows == ((8, 0),) * 5 + (None,)
+    np.testing.assert_allclose(logits(got, LONG), logits(ref, LONG), atol=1e-4)
+    monkeypatch.setattr(L, "NORM_SHIFT", {})  # negative control: llama.cpp's + 1 left in
+    off = L.load_model(tmp_path / "g.gguf")
+    assert np.abs(logits(off, LONG) - logits(ref, LONG)).max() > 1e-2

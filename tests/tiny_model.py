@@ -251,7 +251,9 @@ ARCH_CONFIGS = {
 }  # fmt: skip
 
 
-def write_random_mlx_dir(path: Path, model_type: str, seed: int = 0, n_layers: int = 2) -> Path:
+def write_random_mlx_dir(
+    path: Path, model_type: str, seed: int = 0, n_layers: int = 2, **extra
+) -> Path:
     """An mlx-lm directory of `model_type` with seeded random weights (mlx-lm builds the model,
     so the parameter names are mlx-lm's own)."""
     from mlx.utils import tree_flatten, tree_map
@@ -261,7 +263,7 @@ def write_random_mlx_dir(path: Path, model_type: str, seed: int = 0, n_layers: i
     cfg = {"model_type": model_type, "hidden_size": t["hidden"], "num_hidden_layers": n_layers,
            "num_attention_heads": t["n_heads"], "num_key_value_heads": t["n_kv_heads"],
            "head_dim": t["head_dim"], "vocab_size": t["vocab"], "rms_norm_eps": EPS,
-           "max_position_embeddings": 256, **ARCH_CONFIGS[model_type]}  # fmt: skip
+           "max_position_embeddings": 256, **ARCH_CONFIGS[model_type], **extra}  # fmt: skip
     model_class, args_class = _get_classes(cfg)
     net = model_class(args_class.from_dict(cfg))
     rng = np.random.default_rng(seed)

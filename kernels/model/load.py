@@ -147,7 +147,7 @@ def _build(path, cfg: dict) -> nn.Module:
                          "architecture") from None  # fmt: skip
     try:
         return model_class(args_class.from_dict(cfg))
-    except (TypeError, KeyError, ValueError, AttributeError) as e:
+    except (TypeError, KeyError, ValueError, AttributeError, AssertionError) as e:
         raise ModelError(f"{path}: config.json does not fit mlx-lm's {cfg['model_type']}: "
                          f"{type(e).__name__}: {e}") from None  # fmt: skip
 
