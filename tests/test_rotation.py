@@ -314,3 +314,17 @@ def test_q_quant_rounds_queries_through_q8_0_in_the_key_basis():
     assert spec.label == "q8_0-kgguf-qq8_0"
     with pytest.raises(ValueError, match="q_quant"):
         CacheSpec("q8_0", q_quant="q4_0")
+
+
+def test_peers_llamacpp_suite_pairs_every_quality_row():
+    """The cross-check: each kvbench quality row has a llama.cpp row of the same format,
+    rotation, context and chunks (>= 500 scored tokens), and kvbench's keys are in GGUF order."""
+    from kvbench.spec.suite import expand, load_suite
+
+    cases = [c for c in expand(load_suite("suites/peers-llamacpp.yaml")) if c.phase == "quality"]
+    key = lambda c: (c.kv_dtype, c.rotate_k, c.rotate_v, c.context_len, c.chunks)  # noqa: E731
+    ours = {key(c) for c in cases if c.kernel != "llama.cpp"}
+    theirs = {key(c) for c in cases if c.kernel == "llama.cpp"}
+    assert ours == theirs and ("q4_0", "hadamard", "hadamard", 128, 8) in ours
+    assert all(c.k_order == "gguf" for c in cases if c.kernel != "llama.cpp")
+    assert all(c.chunks * (c.context_len // 2 - 1) >= 500 for c in cases)
