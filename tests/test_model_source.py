@@ -151,3 +151,15 @@ def test_a_users_model_directory_runs_the_model_phases_end_to_end(tmp_path, arch
     q = rows[rows["phase"] == "quality"].set_index("kv_dtype")
     assert q.loc["fp16", "kl_mean"] < q.loc["int8", "kl_mean"] < 1  # a sane order
     assert q.loc["int8", "n_scored"] == 15
+
+
+def test_plan_takes_a_model_file(gguf):
+    from kvbench.errors import UserError
+    from kvbench.spec.plan import resolve_shape
+
+    s = resolve_shape(str(gguf), None, None, None)
+    assert (s.n_layers, s.n_kv_heads, s.head_dim) == (2, 2, 64)
+    with pytest.raises(UserError, match="unknown preset 'llama-9'"):
+        resolve_shape("llama-9", None, None, None)
+    with pytest.raises(UserError, match="no such file"):
+        resolve_shape(str(gguf.parent / "nope.gguf"), None, None, None)

@@ -103,13 +103,26 @@ def parse_size(text: str) -> int:
     return value
 
 
+def _real_shape(model: str):
+    from kvbench.kernels.model.load import ModelError
+    from kvbench.kernels.model.source import HF_ID, is_path_like, model_shape
+
+    if not (is_path_like(model) or HF_ID.match(model)):
+        known = ", ".join(PRESETS)
+        raise UserError(f"--model: unknown preset {model!r}; known: {known}, or a model file")
+    try:
+        return model_shape(model)
+    except ModelError as e:
+        raise UserError(f"--model: {e}") from None
+
+
 def resolve_shape(model: str | None, n_layers, n_kv_heads, head_dim) -> KVShape:
-    """A preset's shape, with any explicit field overriding it; all three needed without one."""
+    """A preset's shape (or a real model's: a .gguf, an mlx-lm directory, a Hugging Face repo
+    id, read from its metadata), with any explicit field overriding it; all three needed
+    without one."""
     base = {}
     if model:
-        if model not in PRESETS:
-            raise UserError(f"--model: unknown preset {model!r}; known: {', '.join(PRESETS)}")
-        p = PRESETS[model]
+        p = PRESETS.get(model) or _real_shape(model)
         base = {"n_layers": p.n_layers, "n_kv_heads": p.n_kv_heads, "head_dim": p.head_dim}
     given = {"n_layers": n_layers, "n_kv_heads": n_kv_heads, "head_dim": head_dim}
     base.update({k: v for k, v in given.items() if v is not None})
