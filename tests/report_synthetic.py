@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from kvbench.spec.cache_spec import format_of
 from kvbench.store.record import COLUMNS
 
 # name -> (stored bits per element with scales, data bits)
@@ -149,9 +150,6 @@ def write(tmp_path, runs: int = 2, compare: bool = True) -> list:
 # latency, made-up errors) so the report of each suite can be checked in a browser without
 # running it. Never reported as measurements.
 SUITES = ("default", "quant", "streams", "tiles", "peers")
-BITS = {"fp32": (32, 32), "fp16": (16, 16), "bf16": (16, 16), "int8": (8.5, 8), "fp4": (4.5, 4),
-        "int4": (4.5, 4), "mxfp4": (4.25, 4), "nvfp4": (4.5, 4), "affine4": (5, 4),
-        "affine8": (9, 8)}  # fmt: skip
 KERNEL_COST = {"sdpa": 1.0, "ops": 1.6, "tiled": 1.3, "dequant_sdpa": 1.8,
                "quantized_matmul": 9, "mlx_lm": 1.1, "mlx_lm_rotating": 1.2, "torch_sdpa": 0.7,
                "numpy_ref": 0.8}  # fmt: skip
@@ -161,7 +159,8 @@ GPU_ONLY = ("metal", "cuda")
 
 def _suite_row(case, run_id: str, suite: str) -> dict:
     c = {f.name: getattr(case, f.name) for f in dataclasses.fields(case)}
-    bits, data_bits = BITS[case.kv_dtype]
+    fmt = format_of(case)  # bits as the format registry counts them
+    bits, data_bits = fmt.bits_per_elem(case.head_dim), fmt.data_bits
     ctx = case.window or case.context_len
     held = ctx * case.n_seqs * (1 - 0.8 * case.prefix_frac * (case.layout == "unified"))
     kv = int(2 * case.n_layers * case.n_kv_heads * held * case.head_dim * bits / 8)

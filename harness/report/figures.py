@@ -11,7 +11,6 @@ fills it for older files).
 from __future__ import annotations
 
 import pandas as pd
-import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
 from kvbench.report.common import (
@@ -250,31 +249,44 @@ def accuracy(cur: pd.DataFrame) -> Figure | None:
     floor = float(positive.min()) / 10 if len(positive) else 1e-8
     g["y"] = g["rel_err"].clip(lower=floor)
     g["name"] = g["fmt"] + " · " + g["kernel"] + " · " + g["kv_data"].astype(str)
-    fig = go.Figure()
-    for f, p in g.groupby("fmt", sort=False):
-        fig.add_scatter(
-            x=p["bits_per_elem"], y=p["y"], mode="markers", name=f, hovertext=p["name"],
-            error_y={"type": "data", "symmetric": False,
-                     "array": p["rel_err_max"].clip(lower=floor) - p["y"],
-                     "arrayminus": p["y"] - p["rel_err_min"].clip(lower=floor)},
-            marker={"size": 11, "color": format_color(f),
-                    "symbol": ["circle" if e > 0 else "x" for e in p["rel_err"]]},
-            hovertemplate="%{hovertext}<br>%{x:.4g} bits/elem<br>rel_err %{y:.3g}<extra></extra>",
-        )  # fmt: skip
-    for data, p in g.groupby("kv_data", dropna=False):
-        f = frontier(p.assign(rel_err=p["y"]))
-        fig.add_scatter(
-            x=f["bits_per_elem"], y=f["y"], mode="lines", name=f"frontier ({data})", meta="ref",
-            line={"dash": "dot", "color": "#555"}, hoverinfo="skip",
-        )  # fmt: skip
+    # formats by stored bits, in panels of at most MAX_SERIES (a legend of 15 formats is not
+    # readable); the frontier over all of them is drawn in every panel
+    by_bits = g.groupby("fmt")["bits_per_elem"].max().sort_values(ascending=False).index
+    n_panels = -(-len(by_bits) // MAX_SERIES)
+    per_panel = -(-len(by_bits) // n_panels)
+    groups = [list(by_bits[i : i + per_panel]) for i in range(0, len(by_bits), per_panel)]
+    fig = make_subplots(1, n_panels, shared_yaxes=True, horizontal_spacing=0.06)
+    for col, fmts in enumerate(groups, start=1):
+        for f, p in g[g["fmt"].isin(fmts)].groupby("fmt", sort=False):
+            fig.add_scatter(
+                x=p["bits_per_elem"], y=p["y"], mode="markers", name=f, hovertext=p["name"],
+                error_y={"type": "data", "symmetric": False,
+                         "array": p["rel_err_max"].clip(lower=floor) - p["y"],
+                         "arrayminus": p["y"] - p["rel_err_min"].clip(lower=floor)},
+                marker={"size": 11, "color": format_color(f),
+                        "symbol": ["circle" if e > 0 else "x" for e in p["rel_err"]]},
+                hovertemplate="%{hovertext}<br>%{x:.4g} bits/elem<br>rel_err %{y:.3g}"
+                "<extra></extra>", row=1, col=col,
+            )  # fmt: skip
+        for data, p in g.groupby("kv_data", dropna=False):
+            f = frontier(p.assign(rel_err=p["y"]))
+            fig.add_scatter(
+                x=f["bits_per_elem"], y=f["y"], mode="lines", name=f"frontier ({data})",
+                meta="ref", line={"dash": "dot", "color": "#555"}, hoverinfo="skip",
+                showlegend=col == 1, row=1, col=col,
+            )  # fmt: skip
+        bits = g.loc[g["fmt"].isin(fmts), "bits_per_elem"]
+        pad = max(0.25, 0.08 * float(bits.max() - bits.min()))
+        fig.update_xaxes(range=[float(bits.min()) - pad, float(bits.max()) + pad], col=col)
     fig.update_xaxes(title_text="stored bits per K/V element (scales included; bytes = bits / 8)")
-    fig.update_yaxes(title_text="relative error of attention output (vs fp32)", type="log")
-    fig.update_yaxes(**log_ticks(g["y"]))
+    fig.update_yaxes(title_text="relative error of attention output (vs fp32)", type="log", col=1)
+    fig.update_yaxes(type="log", **log_ticks(g["y"]))
     title = "Accuracy vs memory per element: the trade-off frontier"
     note = (
         "One point per (format, kernel, K/V data): median relative L2 error of the attention "
         "output against the float32 reference on the same un-quantized K/V, over the cases "
         "(contexts); bars span min–max. The dotted line joins the Pareto-optimal points. "
+        f"Formats are split by stored bits into panels of at most {MAX_SERIES}. "
         f"An exact result (error 0) is drawn as × at {floor:.2g} (log axis)."
     )
     cols = {

@@ -17,6 +17,7 @@ import plotly.graph_objects as go
 from kvbench.analysis.findings import baseline, cache_config, format_pairs, source_of
 from kvbench.report.common import Figure, log_ticks, measured, pareto, style, table
 from kvbench.report.styles import (
+    MAX_SERIES,
     ORDINAL,
     axis_titles,
     context_ticks,
@@ -128,11 +129,17 @@ def roofline(cur: pd.DataFrame) -> Figure | None:
     d = d.assign(gflops=d["flops"] / (d["median_ms"] / 1e3) / 1e9)
     fig = subplots(["achieved GB/s", "achieved GFLOP/s"], ncol_max=2, shared_y=False)
     kernels = sorted(d["kernel"].unique())
-    for f, p in d.groupby("fmt", sort=True):
+    # more formats than a legend can hold: one series per code width, the format in the hover
+    by_width = d["fmt"].nunique() > MAX_SERIES
+    key = d["data_bits"].map(lambda b: f"{b:g}-bit codes") if by_width else d["fmt"]
+    widths = sorted(key.unique(), key=lambda k: -float(k.split("-")[0]) if by_width else 0)
+    for f in widths if by_width else sorted(key.unique()):
+        p = d[key == f]
+        color = ORDINAL[widths.index(f) % len(ORDINAL)] if by_width else format_color(f)
         for i, y in enumerate(("gbps", "gflops")):
             fig.add_scatter(
                 x=p["ai"], y=p[y], mode="markers", name=f, legendgroup=f, showlegend=i == 0,
-                hovertext=p["label"], marker={"color": format_color(f), "size": 9,
+                hovertext=p["label"], marker={"color": color, "size": 9,
                 "symbol": [["circle", "square", "diamond", "x", "cross", "star", "triangle-up",
                             "pentagon"][kernels.index(k) % 8] for k in p["kernel"]]},
                 row=1, col=i + 1,
@@ -151,7 +158,12 @@ def roofline(cur: pd.DataFrame) -> Figure | None:
         "the median time. Dashed: the read bandwidth kvbench measured in the same run "
         "(peak_gbps) and, on the right, that bandwidth × intensity (the memory roof). No "
         "compute peak is measured, so no flat compute roof is drawn. Marker: kernel "
-        f"({', '.join(kernels)}); colour: format."
+        f"({', '.join(kernels)}); colour: format"
+        + (
+            f" (over {MAX_SERIES} formats: code width; the format is in the hover)."
+            if by_width
+            else "."
+        )
     )
     cols = {"label": "case", "ai": "FLOP/byte", "gbps": "GB/s", "gflops": "GFLOP/s"}
     cols.update(peak_gbps="measured peak (GB/s)", pct_peak_bw="% of peak")

@@ -233,6 +233,7 @@ def peers(cur: pd.DataFrame) -> Figure | None:
     return Figure("peers", title, style(fig, max(height, 360)), table(r, cols), note)
 
 
+RESIDENCY_CASE_PX = 36  # three bars and their gap per case in the residency figure
 MEMORY_BARS = (
     ("exact_b", "exact (kv_bytes)", "#1f77b4"),
     ("resident_b", "resident after the fill", "#2ca02c"),
@@ -251,31 +252,35 @@ def residency(cur: pd.DataFrame) -> Figure | None:
     d["panel"] = d["layout"].astype(str) + " · " + d["model"].astype(str)
     panels = sorted(d["panel"].unique())
     largest = {p: int(d.loc[d["panel"] == p, "context_len"].max()) for p in panels}
-    ncol = min(len(panels), 4)
-    nrow = -(-len(panels) // ncol)
+    shown = {p: d[(d["panel"] == p) & (d["context_len"] == largest[p])] for p in panels}
+    # horizontal bars, one panel per row, each as tall as its cases: long case names stay
+    # readable at any count (tick labels on a shared x axis overlapped beyond a few cases)
+    heights_px = [60 + RESIDENCY_CASE_PX * shown[p]["series"].nunique() for p in panels]
+    spacing_px = 70
+    total_px = sum(heights_px) + spacing_px * (len(panels) - 1)
     fig = make_subplots(
-        nrow, ncol, subplot_titles=[f"{p} · ctx {largest[p]}" for p in panels],
-        vertical_spacing=row_spacing(nrow, 0.3),
+        len(panels), 1, subplot_titles=[f"{p} · ctx {largest[p]}" for p in panels],
+        row_heights=[h / sum(heights_px) for h in heights_px],
+        vertical_spacing=spacing_px / total_px if len(panels) > 1 else 0,
     )  # fmt: skip
     for i, panel in enumerate(panels):
-        p = d[(d["panel"] == panel) & (d["context_len"] == largest[panel])]
         # short bar labels: the axes that vary within the panel, format and kernel always
-        p = add_series(p, exclude=("layout", "context_len"), always=("fmt", "kernel"))
-        p = p.sort_values("series")
-        x, pos = p["series"], {"row": i // ncol + 1, "col": i % ncol + 1}
+        p = add_series(shown[panel], exclude=("layout", "context_len"), always=("fmt", "kernel"))
+        p = p.sort_values("series", ascending=False)  # plotly draws the first category lowest
+        y, pos = p["series"], {"row": i + 1, "col": 1}
         for col, name, color in MEMORY_BARS:
             fig.add_bar(
-                x=x, y=p[col] / MIB, name=name, marker_color=color, legendgroup=name,
-                showlegend=i == 0, **pos,
+                y=y, x=p[col] / MIB, orientation="h", name=name, marker_color=color,
+                legendgroup=name, showlegend=i == 0, **pos,
             )  # fmt: skip
         fig.add_scatter(
-            x=x, y=p["declared_b"] / MIB, mode="markers", name="declared (cache_bytes)",
-            marker={"symbol": "line-ew-open", "size": 22, "color": "black", "line": {"width": 3}},
+            y=y, x=p["declared_b"] / MIB, mode="markers", name="declared (cache_bytes)",
+            marker={"symbol": "line-ns-open", "size": 16, "color": "black", "line": {"width": 3}},
             legendgroup="declared", showlegend=i == 0, **pos,
         )  # fmt: skip
-    fig.update_xaxes(tickangle=-30, automargin=True)
+    fig.update_yaxes(automargin=True)
     fig.update_layout(barmode="group")
-    fig.update_yaxes(title_text="memory (MiB)", col=1)
+    fig.update_xaxes(title_text="memory (MiB)", row=len(panels))
     title = "Memory truth: exact, resident and peak bytes per layout (MiB, 1 MiB = 2^20 B)"
     note = (
         "exact: kv_bytes, the format's formula for the K/V the case holds. resident: active "
@@ -297,4 +302,4 @@ def residency(cur: pd.DataFrame) -> Figure | None:
         "peak_mib": "peak (MiB)", "resident_x": "resident / exact", "peak_x": "peak / resident",
         "source": "figures by",
     }  # fmt: skip
-    return Figure("residency", title, style(fig, 120 + 400 * nrow), table(d, cols), note)
+    return Figure("residency", title, style(fig, 160 + total_px), table(d, cols), note)
