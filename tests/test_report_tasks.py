@@ -161,6 +161,7 @@ def test_window_rows_are_their_own_configuration():
         "int4, sliding window 2048 + 4 sinks"
     )
     assert T.config_label(row(kv_dtype="int4", sink_tokens=4)) == "int4, 4 sinks"
+    assert T.config_label(row(kv_dtype="int4", quantized_kv_start=512)) == "int4, fp16 until 512"
 
 
 def test_heatmap_cells_and_pareto_panels():

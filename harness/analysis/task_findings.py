@@ -36,8 +36,11 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
 
 
 def config_label(row: dict) -> str:
-    """The row's cache configuration (findings.cache_config: format, options, window)."""
-    return cache_config(row)
+    """The row's cache configuration (findings.cache_config: format, options, window), and
+    where a generate row's cache turns from fp16 to its format (quantized_kv_start)."""
+    start = row.get("quantized_kv_start")
+    late = start is not None and start == start and int(start) > 0
+    return cache_config(row) + (f", fp16 until {int(start)}" if late else "")
 
 
 def _ok(cur: pd.DataFrame, phase: str, col: str) -> pd.DataFrame:
