@@ -12,9 +12,9 @@ the needle sits exactly where `depth` asks: the needle starts after round(depth 
 the haystack's filler units, i.e. at `depth` of the haystack's tokens to within one unit.
 
 Tasks (TASKS):
-* passkey: a 5-digit key, "The pass key is K. Remember it. K is the pass key." (the
-  landmark-attention recipe that llama.cpp's `llama-passkey` runs), asked "What is the pass key?
-  The pass key is".
+* passkey: a 5-digit key, "The pass key is K. Remember it. K is the pass key." (the wording of
+  llama.cpp's examples/passkey: its instruction, needle, filler and question; kvbench puts one
+  filler repetition per line), asked "What is the pass key? The pass key is".
 * niah: RULER's niah_single_1 recipe: the needle "One of the special magic numbers for
   {word} is: {7-digit number}." (key an adjective-noun pair, value a 7-digit number) in the
   repeated haystack; the answer starts "The special magic number for {word} mentioned in the
@@ -77,7 +77,7 @@ def passkey(rng: random.Random) -> Trial:
     key = str(rng.randint(10000, 99999))
     intro = (
         "There is an important info hidden inside a lot of irrelevant text. Find it and "
-        "memorize it. I will quiz you about the important information there.\n"
+        "memorize them. I will quiz you about the important information there.\n"
     )
     needle = f"The pass key is {key}. Remember it. {key} is the pass key.\n"
     question, prefix = "What is the pass key?", "The pass key is"
