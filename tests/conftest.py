@@ -7,6 +7,8 @@ import os
 import numpy as np
 import pytest
 
+import kvbench  # noqa: F401  first: it loads the fast BLAS, which must precede any mlx.core import
+
 
 def numpy_attention(q, k, v, scale, causal=False, mask=None):
     """float64 attention written from the definition: q [B,Hq,Lq,D], k/v [B,Hkv,Lk,D]."""
