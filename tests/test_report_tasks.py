@@ -65,6 +65,7 @@ def retrieval_rows() -> list[dict]:
                     n_correct=k,
                     accuracy=k / 10,
                     ref_accuracy=1.0,
+                    n_ref_agree=k,
                     bits_per_elem=4.5 if fmt == "int4" else 16,
                 )
             )
@@ -139,6 +140,30 @@ def test_retrieval_findings_by_hand():
     assert at8.supported and "not separated" not in at8.text  # 0.78 < 0.84: apart
     at4 = by_ctx["passkey at 4K"]
     assert "int4 in 19/20" in at4.text and not at4.supported and "not separated" in at4.text
+    assert "answers equal to the float32 cache's: int4 12/20, fp16 20/20 (apart)" in at8.text
+
+
+def test_agreement_alone_can_separate():
+    """multikey at 1K as measured: accuracy 0/6 vs 3/6 overlaps, agreement 0/6 vs 6/6 not."""
+    rows = [
+        row(
+            phase="retrieval",
+            task="multikey",
+            context_len=1024,
+            kv_dtype=f,
+            depth=0.5,
+            trials=6,
+            n_trials=6,
+            n_correct=k,
+            ref_accuracy=0.5,
+            n_ref_agree=a,
+        )
+        for f, k, a in (("fp16", 3, 6), ("int4", 0, 0))
+    ]
+    (f,) = T.retrieval(pd.DataFrame(rows))
+    assert "int4 in 0/6 (0.00-0.39), fp16 in 3/6 (0.19-0.81)" in f.text
+    assert "(intervals overlap: not separated)" in f.text and "int4 0/6, fp16 6/6 (apart)" in f.text
+    assert f.supported
 
 
 def test_wilson_of_the_analysis_matches_scipy():

@@ -3,8 +3,9 @@ position (pandas only; harness/analysis/findings.py lists them among its topics)
 
 * retrieval: per (model, task, context): each cache configuration's answers found over every
   depth of that context, "int4 finds the needle in 12/20 trials at ctx 8192, fp16 in 20/20",
-  with each count's 95% Wilson interval. Two configurations are called different only when
-  their intervals do not overlap; otherwise the line says they are not separated.
+  with each count's 95% Wilson interval, and its answers equal to the float32 cache's. Two
+  configurations are called different only when their intervals do not overlap; otherwise
+  the line says they are not separated.
 * decode-time error: per (model, context): each configuration's tokens to the first divergence
   from the float32 cache's greedy continuation, agreement, and teacher-forced KL, on how many
   positions.
@@ -60,9 +61,16 @@ def retrieval_counts(cur: pd.DataFrame) -> pd.DataFrame:
         return d
     d = d.assign(ref_correct=(d["ref_accuracy"] * d["n_trials"]).round())
     keys = ["model", "task", "context_len", "config"]
-    g = d.groupby(keys, sort=False)[["n_correct", "n_trials", "ref_correct"]].sum().reset_index()
+    cols = ["n_correct", "n_trials", "ref_correct", "n_ref_agree"]
+    g = d.groupby(keys, sort=False)[cols].sum().reset_index()
     ci = [wilson(int(k), int(n)) for k, n in zip(g["n_correct"], g["n_trials"])]
-    return g.assign(lo=[c[0] for c in ci], hi=[c[1] for c in ci])
+    agree = [wilson(int(k), int(n)) for k, n in zip(g["n_ref_agree"], g["n_trials"])]
+    return g.assign(
+        lo=[c[0] for c in ci],
+        hi=[c[1] for c in ci],
+        agree_lo=[c[0] for c in agree],
+        agree_hi=[c[1] for c in agree],
+    )
 
 
 def _ctx(n) -> str:
@@ -83,6 +91,15 @@ def retrieval(cur: pd.DataFrame) -> list[Finding]:
         ref = f"; the float32 cache in {int(best.ref_correct)}/{int(best.n_trials)}"
         separated = worst.hi < best.lo
         verdict = "" if separated or len(part) < 2 else " (intervals overlap: not separated)"
+        same = part.sort_values("n_ref_agree")
+        low, high = same.iloc[0], same.iloc[-1]
+        agree = ", ".join(
+            f"{r.config} {int(r.n_ref_agree)}/{int(r.n_trials)}" for r in same.itertuples()
+        )
+        apart = low.agree_hi < high.agree_lo
+        verdict += f"; answers equal to the float32 cache's: {agree}"
+        verdict += " (apart)" if apart else " (not separated)" if len(part) > 1 else ""
+        separated = separated or apart
         what = "finds the key" if task == "passkey" else "finds the needle"
         if task == "vartrack":
             what = "names every variable"
