@@ -44,7 +44,8 @@ def config_label(row: dict) -> str:
     return cache_config(row) + (f", fp16 until {int(start)}" if late else "")
 
 
-def _ok(cur: pd.DataFrame, phase: str, col: str) -> pd.DataFrame:
+def task_rows(cur: pd.DataFrame, phase: str, col: str) -> pd.DataFrame:
+    """The ok rows of `phase` that carry `col`, with their cache configuration label."""
     if "phase" not in cur or col not in cur:
         return cur.iloc[0:0]
     d = cur[cur["phase"].eq(phase) & cur[col].notna()]
@@ -56,7 +57,7 @@ def _ok(cur: pd.DataFrame, phase: str, col: str) -> pd.DataFrame:
 def retrieval_counts(cur: pd.DataFrame) -> pd.DataFrame:
     """Per (model, task, context, configuration): correct answers and trials summed over the
     depths, the float32 cache's, and the Wilson interval of each."""
-    d = _ok(cur, "retrieval", "n_correct")
+    d = task_rows(cur, "retrieval", "n_correct")
     if d.empty:
         return d
     d = d.assign(ref_correct=(d["ref_accuracy"] * d["n_trials"]).round())
@@ -109,7 +110,7 @@ def retrieval(cur: pd.DataFrame) -> list[Finding]:
 
 
 def generate(cur: pd.DataFrame) -> list[Finding]:
-    d = _ok(cur, "generate", "gen_kl_mean")
+    d = task_rows(cur, "generate", "gen_kl_mean")
     out = []
     for (model, ctx), part in d.groupby(["model", "context_len"], sort=False):
         for r in part.sort_values("gen_kl_mean").itertuples():
@@ -125,7 +126,7 @@ def generate(cur: pd.DataFrame) -> list[Finding]:
 
 
 def by_position(cur: pd.DataFrame) -> list[Finding]:
-    d = _ok(cur, "quality", "kl_pos1")
+    d = task_rows(cur, "quality", "kl_pos1")
     out = []
     for r in d.to_dict("records"):
         first, last = r["kl_pos1"], r["kl_pos4"]

@@ -14,19 +14,9 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvbench.analysis.task_findings import config_label
+from kvbench.analysis.task_findings import task_rows
 from kvbench.report.common import Figure, pareto, style, table
 from kvbench.report.styles import format_color, grid, panel_pos, subplots
-
-
-def _rows(cur: pd.DataFrame, phase: str, col: str) -> pd.DataFrame:
-    if "phase" not in cur or col not in cur:
-        return cur.iloc[0:0]
-    d = cur[cur["phase"].eq(phase) & cur[col].notna()]
-    if "status" in d:
-        d = d[d["status"].eq("ok")]
-    return d.assign(config=[config_label(r) for r in d.to_dict("records")])
-
 
 SYMBOLS = ("circle", "diamond", "square", "triangle-up", "x", "cross")
 
@@ -43,7 +33,7 @@ def _symbol(config: str) -> str:
 def quality_context(cur: pd.DataFrame) -> Figure | None:
     """KL vs bits per element per (model, context) with each panel's Pareto frontier, and KL
     by position (kl_pos1..4) per configuration."""
-    d = _rows(cur, "quality", "kl_mean")
+    d = task_rows(cur, "quality", "kl_mean")
     d = d[d["kl_mean"] > 0] if not d.empty else d
     if d.empty or "bits_per_elem" not in d:
         return None
@@ -143,7 +133,7 @@ def quality_context(cur: pd.DataFrame) -> Figure | None:
 
 def retrieval(cur: pd.DataFrame) -> Figure | None:
     """Depth x context heatmaps of accuracy, one per (model, task, configuration)."""
-    d = _rows(cur, "retrieval", "n_correct")
+    d = task_rows(cur, "retrieval", "n_correct")
     if d.empty:
         return None
     keys = ["model", "task", "config"]
@@ -213,7 +203,7 @@ def retrieval(cur: pd.DataFrame) -> Figure | None:
 
 def generate(cur: pd.DataFrame) -> Figure | None:
     """Per (model, context): teacher-forced KL and tokens to the first divergence."""
-    d = _rows(cur, "generate", "gen_kl_mean")
+    d = task_rows(cur, "generate", "gen_kl_mean")
     if d.empty:
         return None
     panels = list(dict.fromkeys(zip(d["model"], d["context_len"])))

@@ -155,6 +155,17 @@ def _build(path, cfg: dict) -> nn.Module:
 # ---- mlx-lm directories ---------------------------------------------------------------------
 
 
+def read_config(path: Path) -> dict:
+    """An mlx-lm model directory's config.json, with a model_type, or one clear ModelError."""
+    try:
+        cfg = json.loads((path / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ModelError(f"{path / 'config.json'}: unreadable: {e}") from None
+    if "model_type" not in cfg:
+        raise ModelError(f"{path / 'config.json'}: no model_type")
+    return cfg
+
+
 def load_mlx_dir(path: str | Path) -> Model:
     """An mlx-lm model directory (or a Hugging Face snapshot of one)."""
     from mlx_lm.utils import load_model as mlx_load
@@ -164,12 +175,7 @@ def load_mlx_dir(path: str | Path) -> Model:
         raise ModelError(f"{path}: a model directory needs config.json (none there)")
     if not list(path.glob("model*.safetensors")):
         raise ModelError(f"{path}: no model*.safetensors weights")
-    try:
-        cfg = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ModelError(f"{path / 'config.json'}: unreadable: {e}") from None
-    if "model_type" not in cfg:
-        raise ModelError(f"{path / 'config.json'}: no model_type")
+    cfg = read_config(path)
     _build(path, cfg)  # one clear line for an unknown architecture, before mlx-lm's own loader
     try:
         net, cfg = mlx_load(path)

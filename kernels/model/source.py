@@ -9,14 +9,20 @@ load weights.
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from functools import lru_cache
 from pathlib import Path
 
 from kvbench.kernels.model.fetch import MODELS, ModelFetchError, require_model
-from kvbench.kernels.model.load import ModelError, Shape, gguf_config, gguf_metadata, shape_of
+from kvbench.kernels.model.load import (
+    ModelError,
+    Shape,
+    gguf_config,
+    gguf_metadata,
+    read_config,
+    shape_of,
+)
 
 HF_ID = re.compile(r"^[A-Za-z0-9][\w.-]*/[\w.-]+$")
 
@@ -70,12 +76,7 @@ def model_shape(name: str) -> Shape:
     """The Shape of the model `name` names, from its metadata alone (no weights loaded)."""
     path = model_file(name)
     if path.is_dir():
-        try:
-            cfg = json.loads((path / "config.json").read_text())
-        except (OSError, json.JSONDecodeError) as e:
-            raise ModelError(f"{path / 'config.json'}: unreadable: {e}") from None
-        if "model_type" not in cfg:
-            raise ModelError(f"{path / 'config.json'}: no model_type")
+        cfg = read_config(path)
         from mlx_lm.utils import _get_classes
 
         try:
