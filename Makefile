@@ -81,7 +81,7 @@ quality: install
 	$(PY) -m kvbench run suites/model.yaml --out $(OUT) $(DEVICE_FLAG)
 
 # Optional peers (docs/peers.md): torch as a CPU build only (mlx-lm is a core dependency; a `+cpu`
-# resolves to the CUDA wheel and its GBs of packages); where none is at hand, torch_sdpa skips.
+# version never resolves to the CUDA wheel and its GBs of packages); where none is at hand, torch_sdpa skips.
 TORCH_CPU ?= torch==2.13.0+cpu
 peers: install
 	$(PY) -m pip install -q -e ".[test,peers]"
