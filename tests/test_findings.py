@@ -183,3 +183,41 @@ def test_memory_sets_exact_resident_and_peak_side_by_side_per_layout():
         "window: resident ×1.05 exact (1 case): its arrays hold exactly the K/V, the rest is "
         "other arrays kept beside the cache; peak = resident (×1)",
     ]
+
+
+def _line(fmt: str, a: float, b: float, bytes_per_ctx: float, ctxs=(256, 1024, 4096), **kw):
+    return [
+        row(a + b * c, kv_dtype=fmt, context_len=c, kv_bytes=bytes_per_ctx * c, **kw) for c in ctxs
+    ]
+
+
+def test_where_a_format_pays_off_by_hand():
+    # fp16: 1.0 + 0.001 ctx ms; int8: 1.5 + 0.0005 ctx: equal at (1.5 - 1.0) / 0.0005 = 1000
+    rows = _line("fp16", 1.0, 0.001, 4.0) + _line("int8", 1.5, 0.0005, 2.125)
+    found = fd.payoff(frame(*rows))
+    assert len(found) == 1 and found[0].figure == "formats"
+    text = found[0].text
+    assert "faster than fp16 beyond ctx 1,000;" in text  # inside 256-4096: not extrapolated
+    assert "time slope ×0.5 against bytes ×0.53" in text
+    assert "1.5 + 0.5 µs/token" in text and "(fp16 sdpa: 1 + 1)" in text
+
+
+def test_payoff_never_always_and_extrapolated():
+    rows = _line("fp16", 1.0, 0.001, 4.0)
+    rows += _line("int8", 0.5, 0.0008, 2.125)  # below fp16 everywhere
+    rows += _line("fp4", 2.0, 0.0012, 1.125)  # slower and steeper: never
+    rows += _line("int4", 9.0, 0.0009, 1.125)  # equal at 80,000: beyond what was measured
+    text = {f.text.split()[0]: f.text for f in fd.payoff(frame(*rows))}
+    assert "faster than fp16 at every context measured" in text["int8"]
+    assert "never faster than fp16" in text["fp4"]
+    assert "beyond ctx 80,000 (extrapolated: measured 256-4096)" in text["int4"]
+
+
+def test_payoff_needs_three_contexts_and_the_same_workload():
+    two = _line("fp16", 1.0, 0.001, 4.0, ctxs=(256, 1024)) + _line(
+        "int8", 1.5, 0.0005, 2.125, ctxs=(256, 1024)
+    )
+    assert fd.payoff(frame(*two)) == []
+    # fp16 measured only at GQA 4, int8 only at GQA 8: no line pairs across workloads
+    other = _line("fp16", 1.0, 0.001, 4.0) + _line("int8", 1.5, 0.0005, 2.125, gqa_ratio=8)
+    assert fd.payoff(frame(*other)) == []

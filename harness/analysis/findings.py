@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 import pandas as pd
 
+from kvbench.analysis.crossover import payoff_lines
 from kvbench.analysis.memory import memory_lines
 from kvbench.analysis.rules import Rules
 from kvbench.store.results import format_label
@@ -434,6 +435,20 @@ def _tasks(name: str):
     return topic
 
 
+def payoff(cur: pd.DataFrame) -> list[Finding]:
+    """Where each format becomes faster than fp16: latency fitted a + b * context per format
+    and kernel (analysis/crossover.py), over kvbench's own decode rows."""
+    d = measured(cur)
+    if d.empty:
+        return []
+    d = d[~is_peer(d)]
+    workload = [a for a in _workload_axes(d) if a not in ("context_len", "phase")]
+    choices = varying(d, ("tile_kv", "layout"))
+    shown = [*workload, *[c for c in choices if c == "layout"]]  # tile_kv: in the line itself
+    lines = payoff_lines(d, workload, choices, lambda r: where(r, shown))
+    return [Finding("where formats pay off", t, "formats", True) for t in lines]
+
+
 def memory(cur: pd.DataFrame) -> list[Finding]:
     """Per layout: exact, resident and peak bytes side by side (analysis/memory.py)."""
     return [Finding("memory", line, "residency", True) for line in memory_lines(cur)]
@@ -442,6 +457,7 @@ def memory(cur: pd.DataFrame) -> list[Finding]:
 TOPICS = {
     "fastest": fastest,
     "formats vs fp16": formats,
+    "where formats pay off": payoff,
     "unified vs per-stream": layouts,
     "best tile": tiles,
     "kvbench vs peers": peers,
