@@ -58,9 +58,15 @@ def handling() -> Iterator[None]:
     try:
         yield
     finally:
-        for s, h in previous.items():
-            signal.signal(s, h)
-        _state.update(count=0, signum=None, defer=0, pending=False)
+        if _state["count"]:
+            # interrupted: the process is on its way out. Keep counting, so that a second signal
+            # landing after this block (a double Ctrl-C) cannot kill it by the default handler
+            # (exit by SIGINT, not 130) while it reports what it kept; a third still stops it
+            _state.update(defer=0, pending=False)
+        else:
+            for s, h in previous.items():
+                signal.signal(s, h)
+            _state.update(count=0, signum=None, defer=0, pending=False)
 
 
 def check() -> None:
