@@ -207,10 +207,12 @@ def test_payoff_never_always_and_extrapolated():
     rows += _line("int8", 0.5, 0.0008, 2.125)  # below fp16 everywhere
     rows += _line("fp4", 2.0, 0.0012, 1.125)  # slower and steeper: never
     rows += _line("int4", 9.0, 0.0009, 1.125)  # equal at 80,000: beyond what was measured
+    rows += _line("nvfp4", 0.5, 0.0015, 1.125)  # starts faster, steeper: faster below 1,000
     text = {f.text.split()[0]: f.text for f in fd.payoff(frame(*rows))}
-    assert "faster than fp16 at every context measured" in text["int8"]
+    assert "faster than fp16 at every context;" in text["int8"]
     assert "never faster than fp16" in text["fp4"]
     assert "beyond ctx 80,000 (extrapolated: measured 256-4096)" in text["int4"]
+    assert "faster than fp16 only below ctx 1,000;" in text["nvfp4"]
 
 
 def test_payoff_needs_three_contexts_and_the_same_workload():

@@ -163,3 +163,20 @@ def test_plan_takes_a_model_file(gguf):
         resolve_shape("llama-9", None, None, None)
     with pytest.raises(UserError, match="no such file"):
         resolve_shape(str(gguf.parent / "nope.gguf"), None, None, None)
+
+
+def test_gguf_rope_scaling_is_mapped_or_refused(tmp_path):
+    import gguf
+
+    from kvbench.kernels.model.load import gguf_config, gguf_metadata
+
+    path = write_gguf_writer(tmp_path / "m.gguf", weights())
+    reader = gguf.GGUFReader(str(path))
+    md, names = gguf_metadata(reader), [t.name for t in reader.tensors]
+    assert "rope_scaling" not in gguf_config(md, names, path)
+    linear = {**md, "llama.rope.scaling.type": "linear", "llama.rope.scaling.factor": 8.0}
+    assert gguf_config(linear, names, path)["rope_scaling"] == {"type": "linear", "factor": 8.0}
+    # current GGUFs write rope.scaling.*: a type kvbench does not map is refused, not dropped
+    yarn = {**md, "llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}
+    with pytest.raises(ModelError, match="rope.scaling.type yarn is not mapped"):
+        gguf_config(yarn, names, path)

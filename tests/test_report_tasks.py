@@ -200,7 +200,9 @@ def test_heatmap_cells_and_pareto_panels():
     q = tasks.quality_context(df)
     assert set(q.table["context"]) == {2048, 4096} and len(q.table) == 9
     assert "int4, sliding window 2048 + 4 sinks" in set(q.table["cache"])
-    assert tasks.generate(df) is not None
+    gen = tasks.generate(df).table.set_index("cache")
+    assert gen.loc["int4", "KL"] == 0.08 and gen.loc["fp16", "first diverge"] == 32
+    assert gen.loc["int4", "least"] == 6 and gen.loc["int4", "agreement"] == 0.4
 
 
 @pytest.mark.skipif(report_browser.chromium() is None, reason="chromium not installed")

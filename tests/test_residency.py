@@ -194,3 +194,14 @@ def test_the_baseline_is_taken_after_unreachable_arrays_are_freed():
     before = mx.get_active_memory()
     del held
     assert memory_baseline() <= before - (1 << 20)
+
+
+def test_one_array_listed_for_every_layer_fails_the_gate():
+    # a cache whose layers are one array object repeated declares one buffer's bytes, so the
+    # resident check alone passes it: the repeat itself must count as shared storage
+    base = residency.resident_bytes(0)
+    a = mx.zeros((4, 64, 128), dtype=mx.float16)
+    mx.eval(a)
+    assert residency.shared_pairs([a] * 8) == 7
+    with pytest.raises(residency.ResidencyError, match="7 pairs of arrays share storage"):
+        residency.check(lambda: [a] * 8, base, "after the fill")

@@ -38,35 +38,42 @@ def fits(d: pd.DataFrame, keys: list[str]) -> pd.DataFrame:
 
 
 def crossover_ctx(f: dict, base: dict) -> float:
-    """The context where f's line meets base's from above: 0 when f is never slower, inf when
-    its slope is not below base's and it starts slower (it never catches up)."""
-    if f["a_ms"] <= base["a_ms"] and f["b_ms"] <= base["b_ms"]:
+    """The context where f's line crosses base's: 0 when they never cross at a positive context
+    (f is faster everywhere, or slower everywhere), else where f turns faster (f's slope is the
+    smaller) or turns slower (f's slope is the larger)."""
+    if f["b_ms"] == base["b_ms"]:
         return 0.0
-    if f["b_ms"] >= base["b_ms"]:
-        return float("inf")
-    return (f["a_ms"] - base["a_ms"]) / (base["b_ms"] - f["b_ms"])
+    c = (f["a_ms"] - base["a_ms"]) / (base["b_ms"] - f["b_ms"])
+    return max(c, 0.0)
+
+
+def _when(f: dict, base: dict) -> str:
+    """Where f is faster than base, in words."""
+    c = crossover_ctx(f, base)
+    at_1 = f["a_ms"] + f["b_ms"] <= base["a_ms"] + base["b_ms"]  # faster at the first token
+    if c == 0.0:
+        return (
+            "faster than fp16 at every context"
+            if at_1
+            else "never faster than fp16 (it starts slower and its time slope is not smaller)"
+        )
+    side = "above" if f["b_ms"] < base["b_ms"] else "below"
+    verb = "faster than fp16 beyond ctx" if side == "above" else "faster than fp16 only below ctx"
+    inside = f["ctx_lo"] <= c <= f["ctx_hi"]
+    return f"{verb} {c:,.0f}" + (
+        "" if inside else f" (extrapolated: measured {f['ctx_lo']}-{f['ctx_hi']})"
+    )
 
 
 def describe(f: dict, base: dict) -> str:
     """One finding line for a format's line against fp16's."""
-    c = crossover_ctx(f, base)
-    if c == 0.0:
-        when = "faster than fp16 at every context measured"
-    elif c == float("inf"):
-        when = "never faster than fp16 (its time slope is not below fp16's)"
-    else:
-        inside = f["ctx_lo"] <= c <= f["ctx_hi"]
-        when = f"faster than fp16 beyond ctx {c:,.0f}" + (
-            "" if inside else f" (extrapolated: measured {f['ctx_lo']}-{f['ctx_hi']})"
-        )
     t_ratio = f["b_ms"] / base["b_ms"] if base["b_ms"] > 0 else float("nan")
     b_ratio = f["bytes_per_ctx"] / base["bytes_per_ctx"] if base["bytes_per_ctx"] else float("nan")
+    tile = f" tile {int(f['tile_kv'])}" if pd.notna(f.get("tile_kv")) else ""
     return (
-        f"{f['fmt']} {f['kernel']}"
-        + "".join(f" tile {int(f['tile_kv'])}" for _ in [0] if pd.notna(f.get("tile_kv")))
-        + f": {f['a_ms']:.3g} + {f['b_ms'] * 1e3:.3g} µs/token × ctx "
-        f"(fp16 {base['kernel']}: {base['a_ms']:.3g} + {base['b_ms'] * 1e3:.3g}); {when}; "
-        f"time slope ×{t_ratio:.2g} against bytes ×{b_ratio:.2g}"
+        f"{f['fmt']} {f['kernel']}{tile}: {f['a_ms']:.3g} + {f['b_ms'] * 1e3:.3g} µs/token × ctx "
+        f"(fp16 {base['kernel']}: {base['a_ms']:.3g} + {base['b_ms'] * 1e3:.3g}); "
+        f"{_when(f, base)}; time slope ×{t_ratio:.2g} against bytes ×{b_ratio:.2g}"
     )
 
 

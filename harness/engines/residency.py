@@ -7,7 +7,7 @@ n_layers buffers (docs: DESIGN.md, traps). Two measurements, both from MLX itsel
 * resident bytes: active memory above the case's baseline (taken before the cache existed);
 * shared storage: two of the cache's arrays whose data overlap in memory (each array's data
   pointer and length, read through the buffer protocol; on MLX's CPU and unified-memory backends
-  that is the buffer itself).
+  that is the buffer itself), or one array object listed for two places.
 A case whose resident bytes fall short of the bytes its cache's arrays declare, by more than
 RESIDENT_TOL, or whose arrays share storage, fails the gate: an error row, never a time.
 """
@@ -50,15 +50,17 @@ def _span(a: mx.array) -> tuple[int, int] | None:
 
 
 def shared_pairs(arrays: list[mx.array]) -> int | None:
-    """How many pairs of distinct array objects overlap in memory; None where a pointer cannot
-    be read (a backend whose buffers the buffer protocol copies)."""
+    """How many pairs of the cache's arrays share storage: one array object listed again (the
+    same buffer standing for two layers) and distinct objects that overlap in memory; None
+    where a pointer cannot be read (a backend whose buffers the buffer protocol copies)."""
     unique = list({id(a): a for a in arrays}.values())
+    repeats = len(arrays) - len(unique)  # [a] * 8 declares one buffer for eight places
     mx.eval(unique)
     spans = [_span(a) for a in unique]
     if any(s is None for s in spans):
-        return None
+        return repeats or None
     spans.sort()
-    pairs = 0
+    pairs = repeats
     for i, (_, end) in enumerate(spans):
         for other_start, _ in spans[i + 1 :]:
             if other_start >= end:

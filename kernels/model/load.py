@@ -218,8 +218,15 @@ def gguf_config(md: dict, tensor_names, path) -> dict:
     cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
     cfg.setdefault("rms_norm_eps", 1e-5)
     cfg.setdefault("intermediate_size", 4 * cfg["hidden_size"])
-    if f"{arch}.rope.scale_linear" in md:
+    if f"{arch}.rope.scale_linear" in md:  # the older key
         cfg["rope_scaling"] = {"type": "linear", "factor": float(md[f"{arch}.rope.scale_linear"])}
+    kind = str(md.get(f"{arch}.rope.scaling.type", "none"))  # gguf.Keys.Rope.SCALING_TYPE
+    if kind == "linear":
+        factor = float(md.get(f"{arch}.rope.scaling.factor", 1.0))
+        cfg["rope_scaling"] = {"type": "linear", "factor": factor}
+    elif kind != "none":  # yarn, longrope, ...: mapping them wrongly would give wrong logits
+        raise ModelError(f"{path}: {arch}.rope.scaling.type {kind} is not mapped yet; "
+                         "use the model's mlx-lm directory")  # fmt: skip
     if "rope_freqs.weight" in tensor_names:
         raise ModelError(f"{path}: rope_freqs (Llama 3.1 RoPE scaling) is not mapped yet; "
                          "use the model's mlx-lm directory")  # fmt: skip
