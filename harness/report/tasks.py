@@ -214,20 +214,9 @@ def generate(cur: pd.DataFrame) -> Figure | None:
     for i, (m, c) in enumerate(panels):
         p = d[(d["model"] == m) & (d["context_len"] == c)].sort_values("gen_kl_mean")
         colors = [format_color(f) for f in p["kv_dtype"]]
-        fig.add_bar(
-            x=p["config"],
-            y=p["gen_kl_mean"],
-            marker_color=colors,
-            showlegend=False,
-            **panel_pos(2 * i, 2),
-        )
-        fig.add_bar(
-            x=p["config"],
-            y=p["gen_first_diverge"],
-            marker_color=colors,
-            showlegend=False,
-            **panel_pos(2 * i + 1, 2),
-        )
+        for j, col in enumerate(("gen_kl_mean", "gen_first_diverge")):  # left, right panel
+            pos = panel_pos(2 * i + j, 2)
+            fig.add_bar(x=p["config"], y=p[col], marker_color=colors, showlegend=False, **pos)
         fig.update_yaxes(type="log", title_text="KL (nats)", **panel_pos(2 * i, 2))
         fig.update_yaxes(title_text="tokens", **panel_pos(2 * i + 1, 2))
     note = (
