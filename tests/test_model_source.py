@@ -151,6 +151,9 @@ def test_a_users_model_directory_runs_the_model_phases_end_to_end(tmp_path, arch
     q = rows[rows["phase"] == "quality"].set_index("kv_dtype")
     assert q.loc["fp16", "kl_mean"] < q.loc["int8", "kl_mean"] < 1  # a sane order
     assert q.loc["int8", "n_scored"] == 15
+    # a quality row times nothing, so it has no peak (it printed 0); model_decode has one
+    assert q["peak_mem_bytes"].isna().all()
+    assert rows.loc[rows["phase"] == "model_decode", "peak_mem_bytes"].iloc[0] > 0
 
 
 def test_plan_takes_a_model_file(gguf):

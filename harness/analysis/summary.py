@@ -27,6 +27,9 @@ MEASURED_SHOW = {
     "delta_ppl": "Δppl",
     "kl_mean": "KL",
     "top1_agree": "top1",
+    "n_scored": "tokens",  # the scored tokens a quality figure rests on
+    "n_correct": "correct",  # retrieval: of `trials`
+    "ref_agree": "= f32",  # retrieval: answers equal to the float32 cache's
     "kv_recon_err": "kv_err",
 }
 

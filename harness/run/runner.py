@@ -123,7 +123,7 @@ def measure_round(run: CaseRun, settings: Settings, round_no: int, say=None) -> 
         new_ms[stage] = timer.sample(fn, prior_ms=run.samples.get(stage, []), **plan)
     mx.synchronize()
     peak = None
-    if state.baseline_bytes is not None:
+    if state.baseline_bytes is not None and new_ms:  # no timed stage (quality): no peak, not 0
         peak = mx.get_peak_memory() - state.baseline_bytes
     ended = residency.check(state.cache, state.baseline_bytes, "after the timed stages")
     with interrupt.deferred():  # a round counts whole or not at all
