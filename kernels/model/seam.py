@@ -105,10 +105,15 @@ def route(net) -> list[str]:
     return routed
 
 
+_ROUTED: set[type] = set()  # model classes whose modules route (the patch is per module)
+
+
 def forward(model, tokens: mx.array, cache) -> mx.array:
     """Logits [B, n, vocab] of tokens [B, n] at positions cache.offset.. (lazy), every layer's
     K/V stored in the cache's format and attended by its kernel; the cache then advances n."""
-    route(model.net)
+    if type(model.net) not in _ROUTED:  # once per class: a decode step is timed, the walk not
+        route(model.net)
+        _ROUTED.add(type(model.net))
     views = [LayerView(cache, i) for i in range(model.config.n_layers)]
     out = model.net(tokens, cache=views)
     for v in views:
