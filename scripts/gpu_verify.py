@@ -19,7 +19,12 @@ OUT/gpu-verify-<stamp>.json:
  6. copy: the copy-bandwidth probe (scripts/copy_bandwidth.py);
  7. report: kvbench report OUT --latest -> OUT/gpu-verify-<stamp>.html.
 kvbench runs from this checkout (PYTHONPATH), not installed. --dry-run checks the plan and the
-suite without a GPU.
+suite without a GPU. --python current skips step 1 and installs the wheels into the running
+interpreter (an offline machine whose python already holds numpy, pandas, scipy, pytest: a venv
+made from a venv does not see its packages); --budget-s and --suite size the run to a lease.
+Each step after `backend` gets at most its share of the budget (STEP_SHARE), so a slow test
+step cannot starve the suite, and a step past its share is stopped with SIGINT (kvbench run
+keeps the rows it completed).
 """
 
 from __future__ import annotations
@@ -37,6 +42,8 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 600
+# the most of the budget left when a step starts that the step may take
+STEP_SHARE = {"tests": 0.4, "suite": 0.75, "copy": 0.5, "report": 1.0}
 MLX_BOUND = ">=0.32,<0.33"  # pyproject.toml's bound, the versions the compile gates check
 
 
@@ -62,8 +69,16 @@ def wheel_files(dirs: list[Path], scratch: Path) -> list[Path]:
     return files
 
 
-def plan(kind: str, venv: Path, wheels: list[Path], out: Path, stamp: str) -> list[tuple]:
-    """(step, argv, extra env) in order; argv[0] 'PY' is the venv's python."""
+def plan(
+    kind: str,
+    venv: Path | None,
+    wheels: list[Path],
+    out: Path,
+    stamp: str,
+    suite: str = "suites/gpu-verify.yaml",
+) -> list[tuple]:
+    """(step, argv, extra env) in order; argv[0] 'PY' is the interpreter that runs kvbench
+    (the venv's, or with venv None the running one: no venv step)."""
     if wheels:
         mlx = ["PY", "-m", "pip", "install", "-q", "--no-index", "--no-deps", *map(str, wheels)]
     else:
@@ -79,17 +94,26 @@ def plan(kind: str, venv: Path, wheels: list[Path], out: Path, stamp: str) -> li
         mlx = ["PY", "-m", "pip", "install", "-q", spec, *deps]
     probe = "import mlx.core as mx; ok = mx.cuda.is_available() or mx.metal.is_available(); "
     probe += "print(mx.__version__, mx.default_device(), mx.device_info()); assert ok, 'no GPU'"
+    make_venv = [sys.executable, "-m", "venv", "--clear", "--system-site-packages", str(venv)]
     return [
-        (
-            "venv",
-            [sys.executable, "-m", "venv", "--clear", "--system-site-packages", str(venv)],
-            {},
-        ),
-        ("mlx", mlx, {}),
+        *([("venv", make_venv, {})] if venv is not None else []),
+        *([("mlx", mlx, {})] if venv is not None or wheels else []),
         ("backend", ["PY", "-c", probe], {}),
         (
             "tests",
-            ["PY", "-m", "pytest", "-q", "-m", "gpu", "tests/test_gpu_parity.py"],
+            [
+                "PY",
+                "-m",
+                "pytest",
+                "-q",
+                "-rfE",
+                "-p",
+                "no:cacheprovider",
+                "-m",
+                "gpu",
+                "tests/test_gpu_parity.py",
+                f"--junitxml={out}/gpu-parity-{stamp}.xml",
+            ],
             {"KVBENCH_GPU": "1"},
         ),  # fmt: skip
         (
@@ -99,7 +123,7 @@ def plan(kind: str, venv: Path, wheels: list[Path], out: Path, stamp: str) -> li
                 "-m",
                 "kvbench",
                 "run",
-                "suites/gpu-verify.yaml",
+                suite,
                 "--out",
                 str(out),
                 "--device",
@@ -142,13 +166,14 @@ def run_step(argv: list[str], env: dict, log, timeout_s: float) -> int:
             return proc.wait()
 
 
-def execute(steps: list[tuple], venv: Path, out: Path, stamp: str) -> dict:
-    py = str(venv / "bin" / "python")
+def execute(steps: list[tuple], py: str, out: Path, stamp: str, budget_s: float = 0) -> dict:
+    """Run `steps` with `py` as PY, each within its share of what is left of the budget."""
+    budget_s = budget_s or BUDGET_S
     env = {**os.environ, "PYTHONPATH": str(ROOT), "PIP_DISABLE_PIP_VERSION_CHECK": "1"}
     t0, summary = time.monotonic(), {"stamp": stamp, "steps": []}
     with open(out / f"gpu-verify-{stamp}.log", "w") as log:
         for name, argv, extra in steps:
-            left = BUDGET_S - (time.monotonic() - t0)
+            left = (budget_s - (time.monotonic() - t0)) * STEP_SHARE.get(name, 1.0)
             start = time.monotonic()
             print(f"gpu-verify: {name} ({left:.0f} s left)", file=sys.stderr, flush=True)
             log.write(f"\n==== {name}: {' '.join(argv)}\n")
@@ -166,12 +191,12 @@ def execute(steps: list[tuple], venv: Path, out: Path, stamp: str) -> dict:
     return summary
 
 
-def dry_run(steps: list[tuple]) -> int:
+def dry_run(steps: list[tuple], suite: str = "suites/gpu-verify.yaml") -> int:
     for name, argv, extra in steps:
         print(f"{name:8s} {' '.join(f'{k}={v}' for k, v in extra.items())} {' '.join(argv)}")
     venv_py = ROOT / ".venv" / "bin" / "python"  # `make install`'s venv, if any, has MLX
     py = str(venv_py) if venv_py.exists() else sys.executable
-    check = [py, "-m", "kvbench", "run", "suites/gpu-verify.yaml", "--dry-run"]
+    check = [py, "-m", "kvbench", "run", suite, "--dry-run"]
     res = subprocess.run(check, cwd=ROOT, capture_output=True, text=True)
     print(res.stdout.strip().splitlines()[-1] if res.returncode == 0 else res.stderr.strip())
     return res.returncode
@@ -182,6 +207,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "results")
     ap.add_argument("--wheels", type=Path, action="append", default=[], help="offline wheels")
     ap.add_argument("--dry-run", action="store_true", help="print the plan, check the suite")
+    ap.add_argument("--python", choices=("venv", "current"), default="venv",
+                    help="current: no venv, wheels into the running interpreter")  # fmt: skip
+    ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="whole run, seconds")
+    ap.add_argument("--suite", default="suites/gpu-verify.yaml")
     args = ap.parse_args(argv)
     kind = gpu_kind()
     if kind is None and not args.dry_run:
@@ -193,11 +222,14 @@ def main(argv: list[str] | None = None) -> int:
     venv, stamp = cache / "gpu-verify" / "venv", time.strftime("%Y%m%dT%H%M%SZ", time.gmtime())
     scratch = cache / "gpu-verify" / "wheels"
     scratch.mkdir(parents=True, exist_ok=True)
-    steps = plan(kind or "cuda", venv, wheel_files(args.wheels, scratch), args.out, stamp)
+    wheels = wheel_files(args.wheels, scratch)
+    own_venv = venv if args.python == "venv" else None
+    steps = plan(kind or "cuda", own_venv, wheels, args.out, stamp, args.suite)
     if args.dry_run:
-        return dry_run(steps)
+        return dry_run(steps, args.suite)
     args.out.mkdir(parents=True, exist_ok=True)
-    summary = execute(steps, venv, args.out, stamp)
+    py = str(venv / "bin" / "python") if own_venv else sys.executable
+    summary = execute(steps, py, args.out, stamp, args.budget_s)
     (args.out / f"gpu-verify-{stamp}.json").write_text(json.dumps(summary, indent=2) + "\n")
     print(json.dumps(summary, indent=2))
     return 0 if summary["ok"] else 1

