@@ -134,6 +134,14 @@ TABLE: tuple[Axis, ...] = (
     Axis("rotate_v", "str", "none", "choice:rotations", label="rotV:{}", column="rotV",
          hide_default=True, series="rot V {}", doc="values stored rotated: none or hadamard "
          "(the attention output rotated back once per step)"),
+    Axis("rot_block_k", "int | None", None, "optional_positive_int", label="rotKb{}",
+         column="rotK-b", hide_default=True, series="rot K block {}",
+         doc="K's Hadamard block (a power of two from 8 to head_dim); empty: llama.cpp's rule, "
+             "the largest power of two dividing head_dim (a row records the block in effect)"),
+    Axis("rot_block_v", "int | None", None, "optional_positive_int", label="rotVb{}",
+         column="rotV-b", hide_default=True, series="rot V block {}",
+         doc="V's Hadamard block (a power of two from 8 to head_dim); empty: llama.cpp's rule, "
+             "64 (a row records the block in effect)"),
     Axis("k_order", "str", "hf", "choice:k_orders", label="k:{}", column="k-order",
          hide_default=True, doc="a real model's key channel order in its cache: hf (half-split) "
          "or gguf (interleaved, as llama.cpp stores keys)"),

@@ -105,6 +105,8 @@ class Case:
     rope_theta: float = 10000.0
     rotate_k: str = "none"
     rotate_v: str = "none"
+    rot_block_k: int | None = None
+    rot_block_v: int | None = None
     k_order: str = "hf"
     q_quant: str = "none"
     task: str = "none"

@@ -66,6 +66,32 @@ def test_non_power_of_two_is_block_diagonal():
     np.testing.assert_allclose(h @ h.T, np.eye(96), atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "d,k,v", [(64, 64, 64), (128, 128, 64), (256, 256, 64), (96, 32, 32), (80, 16, 16)]
+)
+def test_default_blocks_are_llamacpps_rule(d, k, v):
+    """src/llama-kv-cache.cpp (b11434): n_rot_k starts at 64 and doubles while head_dim %
+    (2 * n_rot_k) == 0; n_rot_v stays 64. Below 64 (llama.cpp does not rotate there) the
+    largest power-of-two divisor, for V no more than 64."""
+    assert rotation.default_block(d, "k") == k and rotation.default_block(d, "v") == v
+
+
+@pytest.mark.parametrize("block", [8, 64, 128])
+def test_block_matrix_is_walsh_blocks_on_the_diagonal(block):
+    h = np.array(rotation.hadamard(256, block))
+    want = np.kron(np.eye(256 // block), np_walsh(block))
+    np.testing.assert_allclose(h, want, atol=1e-7)
+    x = np.random.default_rng(1).standard_normal((3, 256)).astype(np.float32)
+    got = np.array(rotation.rotate(mx.array(x), "hadamard", block))
+    np.testing.assert_allclose(got, x @ want, atol=1e-5)
+
+
+@pytest.mark.parametrize("d,block", [(256, 4), (256, 48), (256, 512), (96, 64), (64, 0)])
+def test_refuses_a_block_that_is_not_a_dividing_power_of_two(d, block):
+    with pytest.raises(ValueError, match=f"rotation block {block}"):
+        rotation.check("hadamard", d, block)
+
+
 @pytest.mark.parametrize("d", [12, 20, 7, 0])
 def test_refuses_head_dims_without_a_block(d):
     with pytest.raises(ValueError, match="no power-of-two block"):
@@ -169,6 +195,25 @@ def test_cache_engine_stores_rotated_and_passes_parity(kernel):
     assert acc["hadamard"]["kv_recon_err"] < 0.7 * acc["none"]["kv_recon_err"]
 
 
+def test_cache_engine_rotates_in_the_cases_blocks():
+    """rot_block_k / rot_block_v reach the stored rows: layer 0's fp32 cache holds K times the
+    numpy block matrix of 32 and V times that of 64; the row records the blocks in effect."""
+    from kvbench.kernels.data import make_qkv
+
+    base = dict(TINY, head_dim=128, kv_dtype="fp32", kernel="sdpa", rotate_k="hadamard")
+    case = Case(**base, rotate_v="hadamard", rot_block_k=32)
+    state = build(case)
+    _, k, v = make_qkv(case.kv_data, (1, 8, 1, 128), (1, 2, 96, 128), case.seed, None)
+    k_stored, v_stored = (np.array(a) for a in state.cache()[:2])
+    for got, x, block in ((k_stored, k, 32), (v_stored, v, 64)):
+        want = np.array(x) @ np.kron(np.eye(128 // block), np_walsh(block))
+        np.testing.assert_allclose(got[:, :, :95], want[:, :, :95], atol=1e-5)
+    assert state.effective["rot_block_k"] == 32 and state.effective["rot_block_v"] == 64
+    assert build(Case(**base)).effective["rot_block_k"] == 128  # llama.cpp's rule
+    assert build(Case(**base)).effective["rot_block_v"] is None  # V not rotated
+    assert state.check()["rel_err"] < 1e-5  # exact on fp32: the rotation undone
+
+
 def test_cache_engine_rotation_keeps_bytes():
     base = Case(**TINY, kv_dtype="int4", group_size=32, kernel="dequant_sdpa")
     rot = Case(**{**vars(base), "rotate_k": "hadamard"})
@@ -190,6 +235,9 @@ def test_cache_engine_rotation_keeps_bytes():
             "not with this layout",
         ),
         ({"rotate_v": "hadamard", "kernel": "numpy"}, "rotate_v", "not with this kernel"),
+        ({"rot_block_k": 32}, "rot_block_k", "set without rotate_k"),
+        ({"rotate_v": "hadamard", "rot_block_v": 48}, "rot_block_v", "power of two from 8"),
+        ({"rotate_v": "hadamard", "rot_block_v": 128}, "rot_block_v", "to head_dim 64"),
     ],
 )
 def test_suite_refuses_rotation_where_it_cannot_run(extra, key, why):
@@ -297,6 +345,10 @@ def test_llamacpp_rotation_rule_and_env():
     assert engine.rotation_env(rot) == {}
     assert engine.rotation_reason(plain) is None and engine.rotation_reason(rot) is None
     assert "rotate_v=hadamard" in engine.rotation_reason(half)
+    own = Case(**base, rotate_k="hadamard", rotate_v="hadamard", rot_block_k=64, rot_block_v=64)
+    assert engine.rotation_reason(own) is None  # llama.cpp's own blocks at head_dim 64
+    small = Case(**base, rotate_k="hadamard", rotate_v="hadamard", rot_block_v=32)
+    assert engine.rotation_reason(small) == "llama.cpp rotates V in blocks of 64, not 32"
 
 
 def test_q_quant_rounds_queries_through_q8_0_in_the_key_basis():

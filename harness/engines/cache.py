@@ -38,7 +38,7 @@ from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.formats.rotation import rotate
 from kvbench.kernels.stores.cache import KVCache
-from kvbench.spec.cache_spec import format_of
+from kvbench.spec.cache_spec import format_of, rotation_blocks
 
 GPU_KERNELS = ("metal", "cuda")
 
@@ -107,8 +107,11 @@ def gpu_fields(case: Case) -> dict:
 
 
 def effective(case: Case) -> dict:
-    """The case axes as the kernel runs them: a null tile_kv is the kernel's default tile."""
-    return {"tile_kv": effective_tile(case.kernel, case.tile_kv)}
+    """The case axes as the kernel runs them: a null tile_kv is the kernel's default tile, a
+    null rotation block llama.cpp's rule."""
+    bk, bv = rotation_blocks(case)
+    return {"tile_kv": effective_tile(case.kernel, case.tile_kv), "rot_block_k": bk,
+            "rot_block_v": bv}  # fmt: skip
 
 
 def build(case: Case) -> State:
@@ -133,14 +136,15 @@ def build(case: Case) -> State:
     alloc = mx.get_active_memory() - baseline
     pos = case.context_len - lq  # decode: L-1 prefilled positions; prefill: none
     rk, rv = case.rotate_k, case.rotate_v
+    bk, bv = rotation_blocks(case)
     if pos:  # stored rotated (after RoPE) when the case asks
-        cache.fill(rotate(k_act[:, :, :pos], rk), rotate(v_act[:, :, :pos], rv))
+        cache.fill(rotate(k_act[:, :, :pos], rk, bk), rotate(v_act[:, :, :pos], rv, bv))
     mx.synchronize()
     fill_peak = mx.get_peak_memory() - baseline  # allocation + prefill writes (quantize)
     k_new, v_new = k_act[:, :, pos:], v_act[:, :, pos:]
     mask = "causal" if case.phase == "prefill" else None
     scale = 1.0 / math.sqrt(case.head_dim)
-    kernel = rotated(KERNELS[case.kernel].fn, rk, rv)  # q in, output out: rotated once
+    kernel = rotated(KERNELS[case.kernel].fn, rk, rv, bk, bv)  # q in, output out: once
 
     def attend(layer: int, query: mx.array = q) -> mx.array:
         k, v = cache.view(layer, case.context_len)
@@ -152,7 +156,7 @@ def build(case: Case) -> State:
         return attend(layer, outs[-1].astype(q.dtype) if outs else q)
 
     def put(layer: int) -> None:  # the new token's K/V, rotated as stored, then encoded
-        cache.write(layer, rotate(k_new, rk), rotate(v_new, rv), pos)
+        cache.write(layer, rotate(k_new, rk, bk), rotate(v_new, rv, bv), pos)
 
     def write() -> list[mx.array]:
         for layer in range(cache.n_layers):
@@ -176,12 +180,13 @@ def build(case: Case) -> State:
         mx.eval(step())
         out = attend(0)
         k, v = cache.view(0, case.context_len)
-        want = rotated(reference, rk, rv)(q32, k, v, fmt, mask=mask, scale=scale)
+        want = rotated(reference, rk, rv, bk, bv)(q32, k, v, fmt, mask=mask, scale=scale)
         parity_gate(case.kernel, out, want, act)
         exact = reference(
             q32, {"data": k32}, {"data": v32}, get_format("fp32"), mask=mask, scale=scale
         )
-        back = tuple(rotate(fmt.decode(x, mx.float32), r) for x, r in ((k, rk), (v, rv)))
+        pairs = ((k, rk, bk), (v, rv, bv))
+        back = tuple(rotate(fmt.decode(x, mx.float32), r, b) for x, r, b in pairs)
         return {**compare_outputs(out, exact), "kv_recon_err": recon_err(back, (k32, v32))}
 
     return State(

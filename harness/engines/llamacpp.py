@@ -34,6 +34,7 @@ from pathlib import Path
 from kvbench.case import Case
 from kvbench.engines import model as model_engine
 from kvbench.engines.contract import JobResult, State
+from kvbench.kernels.formats.rotation import default_block
 from kvbench.kernels.model.fetch import require_model
 from kvbench.kernels.model.quality import default_text, text_file
 from kvbench.peers import llamacpp
@@ -63,7 +64,12 @@ def rotation_env(case: Case) -> dict:
 
 
 def rotation_reason(case: Case) -> str | None:
-    """Why llama.cpp cannot run the case's rotations (it rotates K and V together)."""
+    """Why llama.cpp cannot run the case's rotations (it rotates K and V together, in blocks
+    of its own rule: kernels/formats/rotation.py default_block)."""
+    for part, block in (("k", case.rot_block_k), ("v", case.rot_block_v)):
+        rule = default_block(case.head_dim, part) if block is not None else None
+        if block is not None and block != rule:
+            return f"llama.cpp rotates {part.upper()} in blocks of {rule}, not {block}"
     type_k, type_v = types_of(case)
     disabled = bool(rotation_env(case))
     want = llamacpp.rotations(type_k, type_v, case.head_dim, disabled)

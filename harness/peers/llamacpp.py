@@ -50,8 +50,8 @@ ROT_BLOCK = 64  # llama.cpp rotates a quantized K/V type when head_dim % 64 == 0
 def rotations(type_k: str, type_v: str, head_dim: int, disabled: bool) -> tuple[str, str]:
     """(rotate_k, rotate_v) llama.cpp b11434 runs (src/llama-kv-cache.cpp attn_rot_k/v): a
     Hadamard for each quantized type when head_dim % 64 == 0, unless LLAMA_ATTN_ROT_DISABLE.
-    Its K block is the largest power of two dividing head_dim, V's 64 (kvbench's: the largest
-    for both, the same matrices at head_dim 64)."""
+    Its K block is the largest power of two dividing head_dim, V's 64: kvbench's default rule
+    (kernels/formats/rotation.py default_block)."""
     on = not disabled and head_dim % ROT_BLOCK == 0
     return tuple("hadamard" if on and t not in DENSE_TYPES else "none" for t in (type_k, type_v))
 

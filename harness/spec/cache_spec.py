@@ -10,6 +10,7 @@ from functools import cache
 
 from kvbench.case import Case
 from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.formats.rotation import block_size
 from kvbench.kernels.model.cache import CacheSpec
 
 TASK_PHASES = ("retrieval", "generate")  # harness/engines/model_tasks.py
@@ -30,6 +31,18 @@ def spec_of(case: Case) -> CacheSpec:
         rotate_v=case.rotate_v,
         k_order=case.k_order,
         q_quant=case.q_quant,
+    )
+
+
+def rotation_blocks(case: Case) -> tuple[int | None, int | None]:
+    """(K's, V's) Hadamard block in effect: the case's rot_block_k / rot_block_v, else
+    llama.cpp's rule (kernels/formats/rotation.py default_block); None where not rotated."""
+    return tuple(
+        None if rot == "none" else block_size(case.head_dim, block, part)
+        for rot, block, part in (
+            (case.rotate_k, case.rot_block_k, "k"),
+            (case.rotate_v, case.rot_block_v, "v"),
+        )
     )
 
 

@@ -202,15 +202,19 @@ ROTATED_ENGINE += "per-stream, no workload, "
 
 
 def check_rotation(path: str, case: Case) -> None:
-    """rotate_k / rotate_v: a Hadamard block that fits head_dim, on an engine that rotates."""
-    for axis in ("rotate_k", "rotate_v"):
-        value = getattr(case, axis)
+    """rotate_k / rotate_v: a Hadamard block (rot_block_k / rot_block_v, or llama.cpp's rule)
+    that fits head_dim, on an engine that rotates; a block only beside its rotation."""
+    for part in rotation.PARTS:
+        axis, block_axis = f"rotate_{part}", f"rot_block_{part}"
+        value, block = getattr(case, axis), getattr(case, block_axis)
         if value == "none":
+            if block is not None:
+                raise SuiteError(path, block_axis, f"set without {axis}: nothing is rotated")
             continue
         try:
-            rotation.check(value, case.head_dim)
+            rotation.check(value, case.head_dim, block, part)
         except ValueError as e:
-            raise SuiteError(path, axis, str(e)) from None
+            raise SuiteError(path, axis if block is None else block_axis, str(e)) from None
         if case.phase in MODEL_PHASES:
             continue  # the model's cache stores rows rotated (kernels/model/cache.py); the
             # llama.cpp engine says which rotations llama.cpp runs (harness/engines/llamacpp.py)

@@ -75,6 +75,8 @@ class _CaseColumns:
     rope_theta: float | None = None
     rotate_k: str | None = None
     rotate_v: str | None = None
+    rot_block_k: int | None = None
+    rot_block_v: int | None = None
     k_order: str | None = None
     q_quant: str | None = None
     task: str | None = None

@@ -148,15 +148,23 @@ KERNELS = {
 }
 
 
-def rotated(fn: Callable, rotate_k: str = "none", rotate_v: str = "none") -> Callable:
+def rotated(
+    fn: Callable,
+    rotate_k: str = "none",
+    rotate_v: str = "none",
+    block_k: int | None = None,
+    block_v: int | None = None,
+) -> Callable:
     """Kernel `fn` over a cache whose keys / values are stored rotated (kernels/formats/
-    rotation.py): q rotated once before the kernel, the output rotated back once after it, the
-    stored cache never touched, so every kernel (GPU ones included) runs it unchanged."""
+    rotation.py, blocks of block_k / block_v): q rotated once before the kernel by K's matrix,
+    the output rotated back once after it by V's, the stored cache never touched, so every
+    kernel (GPU ones included) runs it unchanged."""
     if rotate_k == rotate_v == "none":
         return fn
 
     def run(q, k, v, fmt, **kw) -> mx.array:
-        return rotate(fn(rotate(q, rotate_k), k, v, fmt, **kw), rotate_v)
+        out = fn(rotate(q, rotate_k, block_k), k, v, fmt, **kw)
+        return rotate(out, rotate_v, block_v)
 
     return run
 
