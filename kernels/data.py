@@ -17,7 +17,7 @@ Kinds (KV_DATA):
   head_dim], any float dtype, with L >= the case's context length; the first context_len
   positions are used. One layer's capture serves every layer of the cache.
 * model: real K/V: the default model (SmolLM2-135M, `kvbench model fetch`) run over the default
-  text (kernels/model/quality.py), keys post-RoPE as caches hold them, from its middle layer
+  text (kernels/model/text.py), keys post-RoPE as caches hold them, from its middle layer
   (kernels/model/capture.py); the case's shape must be the model's (3 KV heads, head_dim 64). The
   capture is a float32 prefill of context_len tokens (slow on a CPU: seconds per 10 tokens).
 """

@@ -3,7 +3,7 @@
 Speed: llama-bench tg{N} at depth D for several -ctk/-ctv pairs (flash attention on).
 Quality: llama-perplexity -c CTX --chunks C with an f16 cache (saving its log-probabilities)
 and with each quantized pair, KL divergence against the f16 run.
-Text: kvbench's default text (kernels/model/quality.py default_text: CPython's pydoc topics prose),
+Text: kvbench's default text (kernels/model/text.py default_text: CPython's pydoc topics prose),
 first CHARS characters, written to the cache for llama-perplexity.
 
 Run (after `make llamacpp`):
@@ -20,7 +20,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from kvbench.kernels.model.quality import default_text
+from kvbench.kernels.model.text import default_text
 from kvbench.peers import llamacpp as lc
 
 PAIRS = [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "q4_0"), ("q4_1", "q4_1")]

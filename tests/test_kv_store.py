@@ -6,7 +6,8 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
-from kvbench.kernels.model.cache import CacheSpec, MixedCache, PlainCache, kv_bytes, region_counts
+from kvbench.kernels.model.cache import MixedCache, PlainCache
+from kvbench.kernels.model.spec import CacheSpec, kv_bytes, region_counts
 
 D = 64
 

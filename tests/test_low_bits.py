@@ -10,7 +10,8 @@ import pytest
 
 from kvbench.kernels.attention.registry import KERNELS, reference
 from kvbench.kernels.formats.registry import get_format
-from kvbench.kernels.model.cache import CacheSpec, MixedCache, kv_bytes
+from kvbench.kernels.model.cache import MixedCache
+from kvbench.kernels.model.spec import CacheSpec, kv_bytes
 
 # hand counts, D = 128, group 32: codes D * bits / 8 bytes, plus an fp16 scale and an fp16 bias
 # per group (4 groups * 4 bytes = 16)

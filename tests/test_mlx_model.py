@@ -24,7 +24,8 @@ from tiny_model import (
 
 from kvbench.kernels.model import load as L
 from kvbench.kernels.model import seam
-from kvbench.kernels.model.cache import CacheSpec, LayeredCache, WindowCache, make_cache
+from kvbench.kernels.model.cache import LayeredCache, WindowCache, make_cache
+from kvbench.kernels.model.spec import CacheSpec
 
 TOKENS = [5, 17, 42, 299, 0, 7, 7, 123, 64, 1, 250, 33]
 LONG = np.random.default_rng(7).integers(0, TINY["vocab"], 30).tolist()

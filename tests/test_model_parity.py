@@ -16,9 +16,9 @@ from kvbench.kernels.model.quality import (
     REFERENCE_SPEC,
     chunk_logprobs,
     chunks,
-    default_text,
     targets_of,
 )
+from kvbench.kernels.model.text import default_text
 from kvbench.kernels.model.tokenizer import load_tokenizer
 
 DRIVER_PPL, DRIVER_TOKENS = 26.336544036865234, 62

@@ -18,10 +18,11 @@ from kvbench.engines import model_tasks as engine
 from kvbench.errors import SuiteError
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.model import generate as G
-from kvbench.kernels.model.cache import CacheSpec, make_cache
+from kvbench.kernels.model.cache import make_cache
 from kvbench.kernels.model.capture import capture_kv
 from kvbench.kernels.model.load import load_model
-from kvbench.kernels.model.quality import forward
+from kvbench.kernels.model.run import forward
+from kvbench.kernels.model.spec import CacheSpec
 from kvbench.spec.validate import check_model
 
 TOKENS = tuple(np.random.default_rng(1).integers(0, TINY["vocab"], 200).tolist())

@@ -10,10 +10,13 @@ from kvbench.kernels.data import load_kv_file
 from kvbench.kernels.formats.registry import FORMATS
 from kvbench.kernels.model import load as L
 from kvbench.kernels.model import quality as Q
-from kvbench.kernels.model.cache import CacheSpec, make_cache
+from kvbench.kernels.model import run as R
+from kvbench.kernels.model import text as T
+from kvbench.kernels.model.cache import make_cache
 from kvbench.kernels.model.capture import capture_kv, read_mlx_prompt_cache, save_kv_npz
 from kvbench.kernels.model.fetch import model_path
 from kvbench.kernels.model.load import load_model
+from kvbench.kernels.model.spec import CacheSpec
 
 RNG = np.random.default_rng(0)
 TOKS = RNG.integers(0, TINY["vocab"], 64).tolist()
@@ -45,7 +48,7 @@ def test_ppl_is_exp_mean_nll(tiny):
     """ppl from an independent numpy log-softmax of the reference logits."""
     ch = Q.chunks(TOKS, 32, 1)
     cache = make_cache(CacheSpec("fp32"), tiny.config, 32)
-    logits = np.array(Q.forward(tiny, mx.array([ch[0]]), cache)[0], dtype=np.float64)
+    logits = np.array(R.forward(tiny, mx.array([ch[0]]), cache)[0], dtype=np.float64)
     lp = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
     nll = [-lp[j, ch[0][j + 1]] for j in range(16, 31)]
     r = Q.quality(tiny, ch, CacheSpec("fp16"), Q.reference_run(tiny, ch))
@@ -110,21 +113,21 @@ def test_read_mlx_prompt_cache(tmp_path, bits):
 
 
 def test_default_text_is_deterministic_prose():
-    a, b = Q.default_text(), Q.default_text()
+    a, b = T.default_text(), T.default_text()
     assert a == b and len(a) > 100_000
     assert "statement" in a and "::=" not in a  # grammar blocks dropped
-    assert Q.text_info(a)["text_sha256"] == Q.text_info(b)["text_sha256"]
+    assert T.text_info(a)["text_sha256"] == T.text_info(b)["text_sha256"]
 
 
 def test_text_file(tmp_path):
     p = tmp_path / "t.txt"
     p.write_text("Hello there.\n", encoding="utf-8")
-    assert Q.text_file(p) == "Hello there.\n"
+    assert T.text_file(p) == "Hello there.\n"
     with pytest.raises(ValueError, match="missing.txt"):
-        Q.text_file(tmp_path / "missing.txt")
+        T.text_file(tmp_path / "missing.txt")
     (tmp_path / "e.txt").write_text("  \n")
     with pytest.raises(ValueError, match="empty"):
-        Q.text_file(tmp_path / "e.txt")
+        T.text_file(tmp_path / "e.txt")
 
 
 # ---- the real model (fetched) ------------------------------------------------------------------
@@ -146,13 +149,13 @@ def test_real_model_greedy_text_is_coherent(smol):
     model, tok = smol
     prompt = tok.encode("The capital of France is")
     cache = make_cache(CacheSpec("fp32"), model.config, len(prompt) + 4)
-    assert "Paris" in tok.decode(Q.greedy(model, cache, prompt, 3))
+    assert "Paris" in tok.decode(R.greedy(model, cache, prompt, 3))
 
 
 @needs_model
 def test_real_model_fp16_ppl_within_1pct_and_rope_matters(smol, monkeypatch):
     model, tok = smol
-    ch = Q.chunks(tok.encode(Q.default_text()), 32, 1)  # 15 scored tokens: keeps it quick
+    ch = Q.chunks(tok.encode(T.default_text()), 32, 1)  # 15 scored tokens: keeps it quick
     ref = Q.reference_run(model, ch)
     r = Q.quality(model, ch, CacheSpec("fp16"), ref)
     assert abs(r["ppl"] / r["ppl_ref"] - 1) < 0.01
@@ -171,8 +174,8 @@ def test_decode_cases_match_the_reference_kernel_on_the_same_cache(tiny):
 
     def step(spec, kernel):
         cache = make_cache(spec, tiny.config, 40, kernel)
-        Q.prefill(tiny, cache, TOKS[:32], ubatch=16)
-        return np.array(Q.decode_step(tiny, cache, TOKS[32]))
+        R.prefill(tiny, cache, TOKS[:32], ubatch=16)
+        return np.array(R.decode_step(tiny, cache, TOKS[32]))
 
     for spec, kernel in DECODE_CASES:
         ref = step(spec, "reference")

@@ -15,7 +15,8 @@ from kvbench.errors import SuiteError
 from kvbench.kernels.attention.registry import KERNELS, rotated
 from kvbench.kernels.formats import rotation
 from kvbench.kernels.formats.registry import get_format
-from kvbench.kernels.model.cache import CacheSpec, MixedCache, PlainCache
+from kvbench.kernels.model.cache import MixedCache, PlainCache
+from kvbench.kernels.model.spec import CacheSpec
 from kvbench.spec.cache_spec import spec_of
 from kvbench.spec.suite import resolve
 
@@ -352,7 +353,7 @@ def test_llamacpp_rotation_rule_and_env():
 
 
 def test_q_quant_rounds_queries_through_q8_0_in_the_key_basis():
-    from kvbench.kernels.model.cache import quantize_query
+    from kvbench.kernels.model.spec import quantize_query
 
     q = mx.random.normal((1, 3, 2, 64), key=mx.random.key(5))
     assert quantize_query(q, "none", "hadamard") is q

@@ -280,7 +280,7 @@ def write_tokenizer_json(path: Path, vocab: int = 300) -> Path:
     default text, so a tiny model directory can run the model phases end to end."""
     from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
 
-    from kvbench.kernels.model.quality import default_text
+    from kvbench.kernels.model.text import default_text
 
     tok = Tokenizer(models.BPE())
     tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)

@@ -36,7 +36,7 @@ from kvbench.engines import model as model_engine
 from kvbench.engines.contract import JobResult, State
 from kvbench.kernels.formats.rotation import default_block
 from kvbench.kernels.model.fetch import require_model
-from kvbench.kernels.model.quality import default_text, text_file
+from kvbench.kernels.model.text import default_text, text_file
 from kvbench.peers import llamacpp
 from kvbench.spec.cache_spec import MODEL_PHASES
 

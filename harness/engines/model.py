@@ -12,7 +12,7 @@ cache stored in the case's format through kvbench's own formats and kernels
   with the cache in the case's format and with a float32 cache; the row gets ppl, ppl_ref,
   delta_ppl, kl_mean, kl_p99 (KL divergence of the next-token distributions, nats) and
   top1_agree. Nothing is timed (n_samples 0): the quality phase measures quality only.
-* kv_bytes: the exact bytes of the cache after context_len tokens (kernels/model/cache.py kv_bytes:
+* kv_bytes: the exact bytes of the cache after context_len tokens (kernels/model/spec.py kv_bytes:
   data, scales, biases, fp16 sinks and residual window); alloc_bytes: what the store holds.
 The model, the tokenized text and the float32 reference of each (model, text, context, chunks)
 are loaded once per process and shared by every case.
@@ -30,8 +30,11 @@ from kvbench.engines.contract import State, memory_baseline
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.model import cache as kv_store
 from kvbench.kernels.model import quality
+from kvbench.kernels.model import spec as kv_spec
 from kvbench.kernels.model.load import load_model
+from kvbench.kernels.model.run import decode_step, prefill
 from kvbench.kernels.model.source import model_file
+from kvbench.kernels.model.text import default_text, text_file
 from kvbench.kernels.model.tokenizer import load_tokenizer
 from kvbench.spec.cache_spec import MODEL_PHASES, format_of, spec_of
 
@@ -64,7 +67,7 @@ def model_of(name: str):
 @lru_cache(maxsize=4)
 def tokens_of(name: str, text: str) -> tuple[int, ...]:
     _, tokenizer = model_of(name)
-    body = quality.default_text() if text == "default" else quality.text_file(text)
+    body = default_text() if text == "default" else text_file(text)
     return tuple(tokenizer.encode(body))
 
 
@@ -85,13 +88,13 @@ def decode_state(case: Case) -> State:
         raise ValueError(f"text {case.text}: {len(tokens)} tokens, fewer than context_len")
     baseline = memory_baseline()
     cache = kv_store.make_cache(spec, model.config, case.context_len, case.kernel, case.tile_kv)
-    quality.prefill(model, cache, list(tokens[:depth]))
+    prefill(model, cache, list(tokens[:depth]))
     mx.eval(cache.arrays())
     alloc, mark, token = cache.held_bytes(), cache.mark(), tokens[depth]
 
     def step() -> list[mx.array]:
         cache.rewind(mark)  # every sample decodes the same context_len-th token
-        return [quality.decode_step(model, cache, token), *cache.arrays()]
+        return [decode_step(model, cache, token), *cache.arrays()]
 
     return State(
         {"step": step},
@@ -139,7 +142,7 @@ def decode_traffic(case: Case, model) -> tuple[int, int]:
     """(read, written) of one decode step, each tensor once: every weight, the K/V of the
     context_len - 1 positions held, the new token's K/V written (activations not counted)."""
     c = model.config
-    held = kv_store.kv_bytes(spec_of(case), case.context_len - 1, c.n_layers, c.n_kv_heads,
+    held = kv_spec.kv_bytes(spec_of(case), case.context_len - 1, c.n_layers, c.n_kv_heads,
                              c.head_dim)  # fmt: skip
     written = kv_bytes(case) - held
     return weight_bytes(model) + held, written
@@ -177,7 +180,7 @@ def quality_state(case: Case) -> State:
 def kv_bytes(case: Case) -> int:
     c = model_of(case.model)[0].config
     n = held_positions(case)
-    return kv_store.kv_bytes(spec_of(case), n, c.n_layers, c.n_kv_heads, c.head_dim)
+    return kv_spec.kv_bytes(spec_of(case), n, c.n_layers, c.n_kv_heads, c.head_dim)
 
 
 def bits_per_elem(case: Case) -> float:

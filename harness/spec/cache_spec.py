@@ -11,7 +11,7 @@ from functools import cache
 from kvbench.case import Case
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.formats.rotation import block_size
-from kvbench.kernels.model.cache import CacheSpec
+from kvbench.kernels.model.spec import CacheSpec
 
 TASK_PHASES = ("retrieval", "generate")  # harness/engines/model_tasks.py
 MODEL_PHASES = ("quality", "model_decode", *TASK_PHASES)

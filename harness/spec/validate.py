@@ -17,11 +17,11 @@ from kvbench.kernels.attention.sharded import BY, COMBINES, split_reason
 from kvbench.kernels.data import KV_DATA, load_kv_file
 from kvbench.kernels.formats import rotation
 from kvbench.kernels.formats.registry import FORMATS
-from kvbench.kernels.model.cache import AXES as K_AXES
-from kvbench.kernels.model.cache import Q_QUANTS
 from kvbench.kernels.model.fetch import MODELS
 from kvbench.kernels.model.retrieval import TASKS as RETRIEVAL_TASKS
 from kvbench.kernels.model.source import HF_ID, is_path_like
+from kvbench.kernels.model.spec import AXES as K_AXES
+from kvbench.kernels.model.spec import Q_QUANTS
 from kvbench.kernels.stores.layouts import LAYOUT_KINDS
 from kvbench.kernels.stores.paged import PAGE_SIZES
 from kvbench.kernels.stores.workloads import ORDERS
@@ -322,7 +322,7 @@ def check_context_limit(path: str, case: Case) -> None:
 
 @lru_cache(maxsize=1)
 def _default_text_bytes() -> int:
-    from kvbench.kernels.model.quality import default_text
+    from kvbench.kernels.model.text import default_text
 
     return len(default_text().encode("utf-8"))
 

@@ -14,9 +14,10 @@ from pathlib import Path
 import mlx.core as mx
 import numpy as np
 
-from kvbench.kernels.model.cache import CacheSpec, make_cache
+from kvbench.kernels.model.cache import make_cache
 from kvbench.kernels.model.load import Model
-from kvbench.kernels.model.quality import forward
+from kvbench.kernels.model.run import forward
+from kvbench.kernels.model.spec import CacheSpec
 
 REFERENCE_SPEC = CacheSpec("fp32")
 
@@ -127,7 +128,7 @@ def default_capture(context_len: int) -> tuple[np.ndarray, np.ndarray]:
     model over the first context_len tokens of the default text (`kv_data: model`)."""
     from kvbench.kernels.model.fetch import require_model
     from kvbench.kernels.model.load import load_model
-    from kvbench.kernels.model.quality import default_text
+    from kvbench.kernels.model.text import default_text
     from kvbench.kernels.model.tokenizer import load_tokenizer
 
     model = load_model(require_model())

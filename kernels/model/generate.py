@@ -23,8 +23,9 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from kvbench.kernels.model.cache import CacheSpec, make_cache
-from kvbench.kernels.model.quality import decode_step, prefill
+from kvbench.kernels.model.cache import make_cache
+from kvbench.kernels.model.run import decode_step, prefill
+from kvbench.kernels.model.spec import CacheSpec
 
 FP16 = CacheSpec("fp16")
 

@@ -1,4 +1,4 @@
-"""The quality cost of a KV cache configuration on a real model, and decode at depth.
+"""The quality cost of a KV cache configuration on a real model.
 
 Measured as llama.cpp's `llama-perplexity` does: the token stream is cut into chunks of
 `context_len` tokens; each chunk starts from an empty cache, is fed in micro-batches of
@@ -14,86 +14,22 @@ positions (bucket b of m scored tokens holds scored index i with i * POS_BUCKETS
 chunk position context_len/2 + i), pooled over chunks: kl_pos1 .. kl_pos4, top1_pos1 ..
 top1_pos4 and n_pos1 .. n_pos4 (tokens per bucket) show whether a format's error grows with
 depth.
-
-Default text: the prose of Python's own language reference as shipped in every CPython
-(`pydoc_data.topics`, the text `help()` shows), topics in sorted order, indented blocks (code
-and grammar) and reST underlines dropped. It is present wherever kvbench installs, needs no
-network and is deterministic for a given Python minor version (its sha256 is reported with
-the figures); it is technical English, so absolute perplexities are those of documentation
-prose, while the deltas between cache formats are what kvbench ranks.
 """
 
 from __future__ import annotations
 
-import hashlib
-import sys
-from pathlib import Path
-
 import mlx.core as mx
 import numpy as np
 
-from kvbench.kernels.model import seam
-from kvbench.kernels.model.cache import CacheSpec, make_cache
+from kvbench.kernels.model.cache import make_cache
 from kvbench.kernels.model.load import Model
+from kvbench.kernels.model.run import forward
+from kvbench.kernels.model.spec import CacheSpec
 
-DEFAULT_TEXT = "pydoc-topics"
 REFERENCE_SPEC = CacheSpec("fp32")
 
 
-# ---- text ----------------------------------------------------------------------------------
-
-
-def _prose(block: str) -> str:
-    keep = []
-    for line in block.splitlines():
-        if line.startswith("   ") or set(line.strip()) <= set("*=-^~"):
-            continue  # code / grammar block, or a heading underline (blank lines kept)
-        keep.append(line)
-    return "\n".join(keep)
-
-
-def default_text() -> str:
-    """The prose of CPython's pydoc topics (see module docstring), deterministic."""
-    from pydoc_data.topics import topics
-
-    text = "\n\n".join(_prose(topics[k]) for k in sorted(topics))
-    while "\n\n\n" in text:
-        text = text.replace("\n\n\n", "\n\n")
-    return text.strip() + "\n"
-
-
-def text_file(path: str | Path) -> str:
-    """UTF-8 text of a file; ValueError naming the file if unreadable or empty."""
-    try:
-        text = Path(path).read_text(encoding="utf-8")
-    except (OSError, UnicodeDecodeError) as e:
-        raise ValueError(f"cannot read text file {path}: {e}") from None
-    if not text.strip():
-        raise ValueError(f"text file {path} is empty")
-    return text
-
-
-def text_info(text: str) -> dict:
-    """What identifies a text in a result row."""
-    digest = hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
-    return {"text_sha256": digest, "text_chars": len(text), "python": sys.version.split()[0]}
-
-
 # ---- running the model over chunks -----------------------------------------------------------
-
-
-def forward(model: Model, tokens: mx.array, cache, logits_from: int = 0) -> mx.array:
-    """Logits [B, n - logits_from, vocab] of tokens [B, n] at positions cache.offset.. (lazy)
-    through the mlx-lm model with `cache` (kernels/model/seam.py). The tokens before
-    logits_from go through their own forward pass whose logits are never evaluated, so the
-    output head runs only where logits are wanted."""
-    n = tokens.shape[1]
-    if logits_from >= n:
-        return seam.forward(model, tokens, cache)[:, n:]
-    if logits_from > 0:
-        seam.forward(model, tokens[:, :logits_from], cache)
-        tokens = tokens[:, logits_from:]
-    return seam.forward(model, tokens, cache)
 
 
 def chunks(tokens: list[int], context_len: int, n_chunks: int | None = None) -> list[list[int]]:
@@ -206,31 +142,3 @@ def quality(
         stats.append(token_stats(ref_lp, lp, tg))
         ref_nll.append(token_stats(ref_lp, ref_lp, tg)["nll"])
     return summarize(stats, np.concatenate(ref_nll))
-
-
-# ---- decode at depth -----------------------------------------------------------------------
-
-
-def prefill(model: Model, cache, tokens: list[int], ubatch: int | None = None) -> None:
-    """Fill `cache` with `tokens` (no logits kept), evaluated piece by piece."""
-    step = ubatch or len(tokens)
-    for s in range(0, len(tokens), step):
-        piece = mx.array([tokens[s : s + step]])
-        forward(model, piece, cache, logits_from=piece.shape[1])
-        mx.eval(cache.arrays())
-
-
-def decode_step(model: Model, cache, token: int) -> mx.array:
-    """One whole-model decode step at depth cache.offset: logits [vocab] (lazy: the caller
-    evaluates them, with cache.arrays(), inside its timer)."""
-    return forward(model, mx.array([[token]]), cache)[0, -1]
-
-
-def greedy(model: Model, cache, prompt: list[int], n_new: int) -> list[int]:
-    """Greedy continuation of `prompt` (n_new tokens)."""
-    logits = forward(model, mx.array([prompt]), cache, logits_from=len(prompt) - 1)[0, -1]
-    out = []
-    for _ in range(n_new):
-        out.append(int(mx.argmax(logits).item()))
-        logits = decode_step(model, cache, out[-1])
-    return out

@@ -325,7 +325,7 @@ def greedy_answer(model, cache, tokenizer, prompt: Prompt, task: str, ubatch: in
     answer is complete), with `cache` (empty, capacity >= len(prompt.tokens) + gen_tokens)."""
     import mlx.core as mx
 
-    from kvbench.kernels.model.quality import decode_step, prefill
+    from kvbench.kernels.model.run import decode_step, prefill
 
     prefill(model, cache, prompt.tokens[:-1], ubatch)
     token, out = prompt.tokens[-1], []

@@ -21,19 +21,14 @@ import mlx.core as mx
 from kvbench.kernels.attention.registry import reference
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
-from kvbench.kernels.model.cache import CacheSpec, kv_bytes, make_cache
+from kvbench.kernels.model.cache import make_cache
 from kvbench.kernels.model.capture import capture_kv
 from kvbench.kernels.model.fetch import require_model
 from kvbench.kernels.model.load import Model, load_model
-from kvbench.kernels.model.quality import (
-    chunks,
-    decode_step,
-    default_text,
-    prefill,
-    quality,
-    reference_run,
-    text_info,
-)
+from kvbench.kernels.model.quality import chunks, quality, reference_run
+from kvbench.kernels.model.run import decode_step, prefill
+from kvbench.kernels.model.spec import CacheSpec, kv_bytes
+from kvbench.kernels.model.text import default_text, text_info
 from kvbench.kernels.model.tokenizer import load_tokenizer
 
 SPECS = [

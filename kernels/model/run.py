@@ -1,0 +1,54 @@
+"""Running the model over a kvbench cache: a forward pass, prefill, a decode step, greedy.
+
+Every reader of the model (quality, retrieval, generate, capture, the engines) runs it through
+these; kernels/model/seam.py is where the cache's kernel enters the mlx-lm model.
+"""
+
+from __future__ import annotations
+
+import mlx.core as mx
+
+from kvbench.kernels.model import seam
+from kvbench.kernels.model.load import Model
+
+
+def forward(model: Model, tokens: mx.array, cache, logits_from: int = 0) -> mx.array:
+    """Logits [B, n - logits_from, vocab] of tokens [B, n] at positions cache.offset.. (lazy)
+    through the mlx-lm model with `cache` (kernels/model/seam.py). The tokens before
+    logits_from go through their own forward pass whose logits are never evaluated, so the
+    output head runs only where logits are wanted."""
+    n = tokens.shape[1]
+    if logits_from >= n:
+        return seam.forward(model, tokens, cache)[:, n:]
+    if logits_from > 0:
+        seam.forward(model, tokens[:, :logits_from], cache)
+        tokens = tokens[:, logits_from:]
+    return seam.forward(model, tokens, cache)
+
+
+# ---- decode at depth -----------------------------------------------------------------------
+
+
+def prefill(model: Model, cache, tokens: list[int], ubatch: int | None = None) -> None:
+    """Fill `cache` with `tokens` (no logits kept), evaluated piece by piece."""
+    step = ubatch or len(tokens)
+    for s in range(0, len(tokens), step):
+        piece = mx.array([tokens[s : s + step]])
+        forward(model, piece, cache, logits_from=piece.shape[1])
+        mx.eval(cache.arrays())
+
+
+def decode_step(model: Model, cache, token: int) -> mx.array:
+    """One whole-model decode step at depth cache.offset: logits [vocab] (lazy: the caller
+    evaluates them, with cache.arrays(), inside its timer)."""
+    return forward(model, mx.array([[token]]), cache)[0, -1]
+
+
+def greedy(model: Model, cache, prompt: list[int], n_new: int) -> list[int]:
+    """Greedy continuation of `prompt` (n_new tokens)."""
+    logits = forward(model, mx.array([prompt]), cache, logits_from=len(prompt) - 1)[0, -1]
+    out = []
+    for _ in range(n_new):
+        out.append(int(mx.argmax(logits).item()))
+        logits = decode_step(model, cache, out[-1])
+    return out

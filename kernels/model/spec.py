@@ -1,0 +1,136 @@
+"""What a model cache holds: CacheSpec, and its exact bytes.
+
+A CacheSpec names the K and V formats (`k_dtype`, `v_dtype`, each with a group size), the axis
+key scales run along (`k_axis`: "token" = one scale per position (and group of channels), as
+every kvbench format stores; "channel" = one scale per channel over a group of positions, as
+KIVI quantizes keys), `sink_tokens` (the first positions, kept in fp16) and `recent_tokens`
+(a residual window in fp16: new positions wait there and are quantized `recent_tokens` at a
+time when it fills, as KIVI's residual does; 0 = quantize every position on write).
+
+`kv_bytes` is the exact storage formula of a spec after n tokens (the regions as filled).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import mlx.core as mx
+
+from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.formats.rotation import K_ORDERS, ROTATIONS, gguf_order, rotate
+
+AXES = ("token", "channel")
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    k_dtype: str = "fp16"
+    v_dtype: str | None = None  # None: same as k_dtype
+    k_group: int | None = None
+    v_group: int | None = None  # None with v_dtype None: same as k_group
+    k_axis: str = "token"
+    sink_tokens: int = 0
+    recent_tokens: int = 0
+    rotate_k: str = "none"  # rotation before quantization (kernels/formats/rotation.py)
+    rotate_v: str = "none"
+    k_order: str = "hf"  # key channel order stored: "hf" (the model's) or "gguf" (llama.cpp's)
+    q_quant: str = "none"  # "q8_0": queries rounded through q8_0 blocks before the key dot
+
+    def __post_init__(self):
+        if self.k_axis not in AXES:
+            raise ValueError(f"k_axis must be one of {AXES}, got {self.k_axis!r}")
+        if self.sink_tokens < 0 or self.recent_tokens < 0:
+            raise ValueError("sink_tokens and recent_tokens must be >= 0")
+        if self.k_axis == "channel" and self.recent_tokens == 0:
+            raise ValueError("k_axis channel quantizes groups of recent_tokens positions: set it")
+        if {self.rotate_k, self.rotate_v} - set(ROTATIONS):
+            raise ValueError(f"rotate_k / rotate_v must be one of {ROTATIONS}")
+        if self.k_order not in K_ORDERS:
+            raise ValueError(f"k_order must be one of {K_ORDERS}, got {self.k_order!r}")
+        if self.q_quant not in Q_QUANTS:
+            raise ValueError(f"q_quant must be one of {Q_QUANTS}, got {self.q_quant!r}")
+
+    @property
+    def v_name(self) -> str:
+        return self.v_dtype or self.k_dtype
+
+    @property
+    def v_grp(self) -> int | None:
+        return self.v_group if self.v_dtype is not None else self.v_group or self.k_group
+
+    def formats(self):
+        return get_format(self.k_dtype, self.k_group), get_format(self.v_name, self.v_grp)
+
+    @property
+    def plain(self) -> bool:
+        same = self.v_name == self.k_dtype and self.v_grp == self.k_group
+        return same and self.k_axis == "token" and not self.sink_tokens + self.recent_tokens
+
+    @property
+    def label(self) -> str:
+        k = self.k_dtype + (f"/g{self.k_group}" if self.k_group else "")
+        v = self.v_name + (f"/g{self.v_grp}" if self.v_grp else "")
+        out = k if self.v_name == self.k_dtype and self.v_grp == self.k_group else f"K{k}-V{v}"
+        if self.k_axis == "channel":
+            out += "-kchan"
+        if self.sink_tokens:
+            out += f"-sink{self.sink_tokens}"
+        if self.recent_tokens:
+            out += f"-recent{self.recent_tokens}"
+        for part, rot in (("K", self.rotate_k), ("V", self.rotate_v)):
+            out += f"-rot{part}" if rot != "none" else ""
+        out += "-kgguf" if self.k_order == "gguf" else ""
+        return out + ("-qq8_0" if self.q_quant == "q8_0" else "")
+
+    def keys_in_order(self, q: mx.array, k: mx.array) -> tuple[mx.array, mx.array]:
+        """q and k with their channels in the stored key order (q.k unchanged); with q_quant,
+        q rounded as llama.cpp's CPU flash attention rounds it against a quantized K."""
+        if self.k_order == "gguf":
+            q, k = gguf_order(q), gguf_order(k)
+        return quantize_query(q, self.q_quant, self.rotate_k), k
+
+
+Q_QUANTS = ("none", "q8_0")
+
+
+def quantize_query(q: mx.array, q_quant: str, rotate_k: str) -> mx.array:
+    """q [..., D] as llama.cpp's CPU flash attention uses it against a quantized K (ggml-cpu
+    ops.cpp: Q is converted to K's vec_dot_type, q8_0 for q4_0 / q8_0 keys, before the dot
+    product): in the keys' stored basis (rotated when K is), rounded through q8_0 blocks of 32,
+    then back to the model's basis. "none": q unchanged."""
+    if q_quant == "none":
+        return q
+    fmt = get_format(q_quant)
+    return rotate(fmt.decode(fmt.encode(rotate(q, rotate_k)), mx.float32), rotate_k).astype(q.dtype)
+
+
+# ---- exact bytes ---------------------------------------------------------------------------
+
+
+def region_counts(spec: CacheSpec, n: int) -> tuple[int, int, int]:
+    """(sink, quantized, residual) positions held after n tokens."""
+    sink = min(spec.sink_tokens, n)
+    rest = n - sink
+    r = spec.recent_tokens
+    body = rest if r == 0 else rest // r * r
+    return sink, body, rest - body
+
+
+def stream_bytes(spec: CacheSpec, fmt, channel: bool, n: int, head_dim: int) -> int:
+    """Bytes of one K or V stream (one layer, one sequence, one KV head) after n tokens."""
+    sink, body, resid = region_counts(spec, n)
+    fp16 = 2 * head_dim * (sink + resid)
+    if channel:  # each flushed group: head_dim rows of recent_tokens positions
+        return fp16 + body // spec.recent_tokens * fmt.nbytes(head_dim, spec.recent_tokens)
+    return fp16 + fmt.nbytes(body, head_dim)
+
+
+def kv_bytes(
+    spec: CacheSpec, n_tokens: int, n_layers: int, n_kv_heads: int, head_dim: int, n_seqs: int = 1
+) -> int:
+    """Exact bytes of the K and V a spec holds after n_tokens (data, scales, biases, fp16
+    sinks and residual), over every layer, KV head and sequence."""
+    kf, vf = spec.formats()
+    per = stream_bytes(spec, kf, spec.k_axis == "channel", n_tokens, head_dim)
+    per += stream_bytes(spec, vf, False, n_tokens, head_dim)
+    return per * n_layers * n_kv_heads * n_seqs
