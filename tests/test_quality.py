@@ -1,6 +1,9 @@
 """Quality metrics, text, K/V capture and decode on the tiny model (fast), and on the real
 SmolLM2-135M when it has been fetched (`kvbench model fetch`; skipped otherwise)."""
 
+import sys
+from pathlib import Path
+
 import mlx.core as mx
 import numpy as np
 import pytest
@@ -17,6 +20,8 @@ from kvbench.kernels.model.capture import capture_kv, read_mlx_prompt_cache, sav
 from kvbench.kernels.model.fetch import model_path
 from kvbench.kernels.model.load import load_model
 from kvbench.kernels.model.spec import CacheSpec
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scripts"))  # model_table.py
 
 RNG = np.random.default_rng(0)
 TOKS = RNG.integers(0, TINY["vocab"], 64).tolist()
@@ -170,7 +175,7 @@ def test_real_model_fp16_ppl_within_1pct_and_rope_matters(smol, monkeypatch):
 def test_decode_cases_match_the_reference_kernel_on_the_same_cache(tiny):
     """Each (spec, kernel) the decode table times gives the decode step that the float32
     reference kernel gives over the same stored format (kernels compute in fp16)."""
-    from kvbench.kernels.model.table import DECODE_CASES
+    from model_table import DECODE_CASES
 
     def step(spec, kernel):
         cache = make_cache(spec, tiny.config, 40, kernel)
@@ -184,7 +189,7 @@ def test_decode_cases_match_the_reference_kernel_on_the_same_cache(tiny):
 
 
 def test_attention_error_rows(tiny):
-    from kvbench.kernels.model.table import ERROR_FORMATS, error_rows
+    from model_table import ERROR_FORMATS, error_rows
 
     rows = {(r["format"], r["kv_data"]): r for r in error_rows(tiny, TOKS, 32)}
     assert len(rows) == 3 * len(ERROR_FORMATS)

@@ -1,7 +1,8 @@
 """Quality (and optionally decode speed) of many cache specs on one model: rows as plain dicts.
 
-`python -m kvbench.kernels.model.table --context-len 128 --chunks 2 --out q.csv` measures every
-spec of SPECS on the default model and text against the float32 cache, and prints a markdown table.
+`.venv/bin/python scripts/model_table.py --context-len 128 --chunks 2 --out q.csv` measures
+every spec of SPECS on the default model and text against the float32 cache, and prints a
+markdown table.
 Decode speed (`--decode-only --decode-depth N`): for each (spec, kernel) of DECODE_CASES the
 cache is prefilled with N tokens of the text (untimed), then whole-model decode steps are timed
 (mx.eval of the logits and the cache arrays; one warm-up step, then the median of
