@@ -5,8 +5,8 @@ every spec of SPECS on the default model and text against the float32 cache, and
 markdown table.
 Decode speed (`--decode-only --decode-depth N`): for each (spec, kernel) of DECODE_CASES the
 cache is prefilled with N tokens of the text (untimed), then whole-model decode steps are timed
-(mx.eval of the logits and the cache arrays; one warm-up step, then the median of
-`--decode-steps` steps; wall clock, time.perf_counter).
+(harness/timer.py run_once: mx.eval of the logits and the cache arrays and a synchronize; one
+warm-up step, then the median of `--decode-steps` steps).
 `--attention-error`: kvbench's synthetic accuracy columns (rel_err of one decode query's
 attention output, kv_recon_err) per format on gaussian, outlier and the model's real K/V.
 """
@@ -31,6 +31,7 @@ from kvbench.kernels.model.run import decode_step, prefill
 from kvbench.kernels.model.spec import CacheSpec, kv_bytes
 from kvbench.kernels.model.text import default_text, text_info
 from kvbench.kernels.model.tokenizer import load_tokenizer
+from kvbench.timer import run_once
 
 SPECS = [
     CacheSpec("fp16"),
@@ -81,11 +82,10 @@ def decode_ms(model: Model, spec: CacheSpec, kernel: str, tokens: list[int], ste
     cache = make_cache(spec, model.config, len(tokens) + steps + 1, kernel)
     prefill(model, cache, tokens)
     mx.reset_peak_memory()
-    times = []
-    for i in range(steps + 1):
-        t0 = time.perf_counter()
-        mx.eval(decode_step(model, cache, tokens[i % len(tokens)]), cache.arrays())
-        times.append((time.perf_counter() - t0) * 1e3)
+    times = [
+        run_once(lambda i=i: [decode_step(model, cache, tokens[i % len(tokens)]), *cache.arrays()])
+        for i in range(steps + 1)
+    ]
     ms = statistics.median(times[1:])  # the first step is warm-up
     # min beside the median: on a shared machine the min is the least disturbed step
     best = min(times[1:])

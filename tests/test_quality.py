@@ -188,6 +188,15 @@ def test_decode_cases_match_the_reference_kernel_on_the_same_cache(tiny):
         assert err < 0.02, (spec.label, kernel, err)
 
 
+def test_decode_ms_row_through_the_harness_timer(tiny):
+    from model_table import decode_ms
+
+    row = decode_ms(tiny, CacheSpec("int8"), "tiled", TOKS[:16], steps=3)
+    assert set(row) == {"decode_ms", "decode_ms_min", "tokens_per_s", "peak_mb"}
+    assert 0 < row["decode_ms_min"] <= row["decode_ms"] and row["peak_mb"] > 0
+    assert row["tokens_per_s"] == 1e3 / row["decode_ms"]
+
+
 def test_attention_error_rows(tiny):
     from model_table import ERROR_FORMATS, error_rows
 
