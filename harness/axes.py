@@ -72,7 +72,7 @@ TABLE: tuple[Axis, ...] = (
          doc="decode (one new token) or prefill (the whole context)"),
     Axis("context_len", "int", check="positive_int", label="ctx{}", always=True, column="ctx",
          series="ctx {}", doc="tokens in the cache (each sequence)"),
-    Axis("kv_dtype", "str", "fp16", "choice:formats", label="{}", always=True, column="dtype",
+    Axis("kv_dtype", "str", "fp16", "kv_format", label="{}", always=True, column="dtype",
          doc="cache format (kernels/formats/registry.py)"),
     Axis("kernel", "str", "sdpa", "choice:kernels", label="{}", always=True, column="kernel",
          doc="attention kernel (kernels/attention/registry.py) or peer (harness/peers)"),

@@ -14,6 +14,7 @@ DATA_BITS = {"fp32": 32, "fp16": 16, "bf16": 16, "int8": 8, "affine8": 8}
 DATA_BITS |= {name: 4 for name in ("fp4", "int4", "mxfp4", "nvfp4", "affine4")}
 DATA_BITS |= {"affine2": 2, "affine3": 3}
 DATA_BITS |= {"q4_0": 4, "q4_1": 4, "q5_0": 5, "q5_1": 5, "q8_0": 8}  # ggml's blocks
+DATA_BITS |= {f"tq{b}_{v}": b for b in (2, 3, 4) for v in ("mse", "prod")}  # TurboQuant
 
 
 @pytest.mark.parametrize("name", FORMATS)

@@ -15,7 +15,7 @@ from kvbench.files import not_regular, read_text
 from kvbench.kernels.attention.registry import KERNELS
 from kvbench.kernels.attention.sharded import BY, COMBINES, split_reason
 from kvbench.kernels.data import KV_DATA, load_kv_file
-from kvbench.kernels.formats import rotation
+from kvbench.kernels.formats import rotation, turbo
 from kvbench.kernels.formats.registry import FORMATS
 from kvbench.kernels.model.fetch import MODELS
 from kvbench.kernels.model.retrieval import TASKS as RETRIEVAL_TASKS
@@ -75,8 +75,19 @@ def nonempty_string(v) -> str | None:
     return None if isinstance(v, str) and v else f"must be a non-empty string, got {v!r}"
 
 
+def kv_format(v) -> str | None:
+    """A registered format; a TurboQuant name with a bit width or variant it cannot use says
+    which (kernels/formats/turbo.py) instead of listing every format."""
+    if isinstance(v, str) and v.startswith("tq") and v not in FORMATS:
+        try:
+            turbo.parse_name(v)
+        except ValueError as e:
+            return str(e)
+    return one_of(tuple(FORMATS))(v)
+
+
 def optional_format(v) -> str | None:
-    return None if v is None else one_of(tuple(FORMATS))(v)
+    return None if v is None else kv_format(v)
 
 
 def positive_number(v) -> str | None:
@@ -138,6 +149,7 @@ NAMED_CHECKS = {
     "optional_string": optional_string,
     "nonempty_string": nonempty_string,
     "optional_format": optional_format,
+    "kv_format": kv_format,
     "page_size": page_size,
     "positive_number": positive_number,
     "model_name": model_name,
@@ -176,9 +188,12 @@ def check_case(path: str, case: Case) -> None:
     """Combinations of axes: the format's group size vs head_dim, the K/V file vs the shape."""
     try:
         fmt = format_of(case)
-        fmt.nbytes(1, case.head_dim)
     except ValueError as e:
         raise SuiteError(path, "group_size", str(e)) from None
+    try:
+        fmt.nbytes(1, case.head_dim)
+    except ValueError as e:  # a group that does not divide head_dim, or a head_dim it refuses
+        raise SuiteError(path, "group_size" if case.group_size else "head_dim", str(e)) from None
     if case.group_size is not None and not fmt.quantized:
         # kept, it would change the case_id of a case that runs exactly as without it
         raise SuiteError(path, "group_size", f"{case.kv_dtype} has no scales: leave it out")

@@ -14,7 +14,7 @@ from functools import partial
 
 import mlx.core as mx
 
-from kvbench.kernels.formats import ggml, quant
+from kvbench.kernels.formats import ggml, quant, turbo
 from kvbench.kernels.formats.protocol import Format, Stored
 
 
@@ -75,6 +75,8 @@ FORMATS = {
     "q5_0": ggml.ggml_format("q5_0"),
     "q5_1": ggml.ggml_format("q5_1"),
     "q8_0": ggml.ggml_format("q8_0"),
+    # TurboQuant (kernels/formats/turbo.py): Lloyd-Max codes of a rotated row, its fp16 norm
+    **{name: turbo.turbo(name) for name in turbo.NAMES},
 }
 
 
