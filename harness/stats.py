@@ -110,3 +110,50 @@ def bootstrap_ratio_ci(
     tail = (1 - confidence) / 2 * 100
     lo, hi = np.percentile(ratios, [tail, 100 - tail])
     return float(lo), float(hi)
+
+
+# ---- ratios of two medians, and proportions ---------------------------------------------------
+
+
+def _n_samples(row) -> float:
+    n = row.get("n_samples")
+    return math.inf if n is None or n != n else float(n)  # no count recorded: trust the CI
+
+
+def ratio_ci(a, b, min_samples: int) -> tuple[float, float, float]:
+    """(median_a / median_b, conservative low, high) of two rows (median_ms, ci_low_ms,
+    ci_high_ms, n_samples): the interval [low_a / high_b, high_a / low_b] built from each
+    side's 95% CI of its median. NaN bounds when a side has fewer than `min_samples` samples
+    (a 2-sample "CI" is the two samples: no interval)."""
+    r = a["median_ms"] / b["median_ms"]
+    if min(_n_samples(a), _n_samples(b)) < min_samples:
+        return float(r), math.nan, math.nan
+    lo = a["ci_low_ms"] / b["ci_high_ms"] if b["ci_high_ms"] > 0 else math.nan
+    hi = a["ci_high_ms"] / b["ci_low_ms"] if b["ci_low_ms"] > 0 else math.nan
+    return float(r), float(lo), float(hi)
+
+
+def ratio_verdict(lo: float, hi: float, threshold: float) -> str:
+    """Of a ratio a / b's interval: "faster" (a < b: the whole interval below 1 / threshold),
+    "slower" (wholly above threshold), "same" (not wholly beyond it), or "few" (no interval)."""
+    if math.isnan(lo) or math.isnan(hi):
+        return "few"
+    if hi < 1 / threshold:
+        return "faster"
+    if lo > threshold:
+        return "slower"
+    return "same"
+
+
+Z95 = 1.959963984540054  # the standard normal's 97.5% quantile
+
+
+def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
+    """The Wilson score interval of k successes in n trials (95% by default); (0, 1) for n = 0,
+    and exact ends at k = 0 and k = n (no rounding residue)."""
+    if n == 0:
+        return 0.0, 1.0
+    p, den = k / n, 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return (0.0 if k == 0 else max(0.0, mid - half), 1.0 if k == n else min(1.0, mid + half))

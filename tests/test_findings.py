@@ -30,7 +30,7 @@ def frame(*rows) -> pd.DataFrame:
 def test_ratio_interval_is_built_from_both_cis():
     a = {"median_ms": 2.0, "ci_low_ms": 1.8, "ci_high_ms": 2.4}
     b = {"median_ms": 1.0, "ci_low_ms": 0.9, "ci_high_ms": 1.2}
-    r, lo, hi = fd.ratio_ci(a, b)
+    r, lo, hi = fd.common.ratio_ci(a, b)
     assert (r, lo, hi) == pytest.approx((2.0, 1.8 / 1.2, 2.4 / 0.9))
 
 
@@ -40,22 +40,22 @@ def test_ratio_interval_is_built_from_both_cis():
      (math.nan, 2.0, "few")],
 )  # fmt: skip
 def test_verdict_needs_the_whole_interval_beyond_the_threshold(lo, hi, want):
-    assert fd.verdict(lo, hi, threshold=1.1) == want
+    assert fd.common.verdict(lo, hi, threshold=1.1) == want
 
 
 def test_fastest_states_a_clear_lead_and_a_tie_as_no_difference():
-    clear = fd.fastest(frame(row(1.0), row(2.0, kernel="ops")))
+    clear = fd.fastest.find(frame(row(1.0), row(2.0, kernel="ops")))
     assert len(clear) == 1 and clear[0].supported and clear[0].figure == "latency"
     assert "fp16 sdpa" not in clear[0].text or "is fastest" in clear[0].text
     assert "sdpa is fastest, 1 ms; 2.00×" in clear[0].text
-    tie = fd.fastest(frame(row(1.0, half=0.1), row(1.05, half=0.1, kernel="ops")))
+    tie = fd.fastest.find(frame(row(1.0, half=0.1), row(1.05, half=0.1, kernel="ops")))
     assert not tie[0].supported and "no difference measured" in tie[0].text
 
 
 def test_fastest_is_per_context():
     rows = [row(1.0, context_len=c) for c in (256, 1024)]
     rows += [row(3.0, kernel="ops", context_len=c) for c in (256, 1024)]
-    found = fd.fastest(frame(*rows))
+    found = fd.fastest.find(frame(*rows))
     assert [f.text.split(":")[0] for f in found] == ["decode · ctx 256", "decode · ctx 1024"]
 
 
@@ -64,7 +64,7 @@ def test_formats_against_fp16_with_the_crossing_context():
     for ctx, int4_ms in ((256, 2.0), (1024, 1.0), (4096, 0.4), (16384, 0.3)):
         rows += [row(1.0, context_len=ctx), row(int4_ms, context_len=ctx, kv_dtype="int4",
                                                   kernel="dequant_sdpa", kv_bytes=280)]  # fmt: skip
-    (f,) = fd.formats(frame(*rows))
+    (f,) = fd.formats.find(frame(*rows))
     assert f.figure == "formats" and f.supported
     assert f.text.startswith("int4 dequant_sdpa time / fp16's: ctx 256 ×2, ctx 1024 ×1, ")
     assert "KV bytes ×0.28" in f.text
@@ -74,7 +74,7 @@ def test_formats_against_fp16_with_the_crossing_context():
 
 def test_formats_prefers_the_same_kernel_for_the_baseline():
     rows = [row(1.0), row(0.5, kernel="ops"), row(1.0, kv_dtype="fp32", kernel="ops")]
-    found = {f.text.split(" time")[0]: f for f in fd.formats(frame(*rows))}
+    found = {f.text.split(" time")[0]: f for f in fd.formats.find(frame(*rows))}
     assert "ctx 1024 ×2 (slower in 1 of 1" in found["fp32 ops"].text  # ops vs fp16 ops
 
 
@@ -85,7 +85,7 @@ def test_layouts_by_prefix_fraction():
             rows.append(row(1.0, n_seqs=n, prefix_frac=frac, bytes_alloc=1000))
             rows.append(row(uni_ms, n_seqs=n, prefix_frac=frac, layout="unified",
                             bytes_alloc=mem))  # fmt: skip
-    found = fd.layouts(frame(*rows))
+    found = fd.layouts.find(frame(*rows))
     assert [f.figure for f in found] == ["layouts", "layouts"]
     assert "shared prefix 0: unified holds ×1 the KV memory" in found[0].text
     assert "no difference measured in 2 of 2 pairs" in found[0].text and not found[0].supported
@@ -97,7 +97,7 @@ def test_tiles_counts_the_best_tile_per_context():
     rows = [row(ms, kernel="tiled", tile_kv=t) for t, ms in ((32, 2.0), (64, 1.0), (128, 1.05))]
     rows += [row(ms, kernel="tiled", tile_kv=t, kv_dtype="int4")
              for t, ms in ((32, 3.0), (64, 2.0), (128, 1.0))]  # fmt: skip
-    (f,) = fd.tiles(frame(*rows))
+    (f,) = fd.tiles.find(frame(*rows))
     assert f.text == (
         "ctx 1024: fastest tile over 2 configurations: tile 128 in 1 (clear lead in 1); "
         "tile 64 in 1 (clear lead in 0)"
@@ -107,7 +107,7 @@ def test_tiles_counts_the_best_tile_per_context():
 def test_peers_against_the_fastest_peer():
     rows = [row(1.0), row(3.0, kernel="ops"), row(2.0, kernel="torch_sdpa", kernel_kind="peer"),
             row(0.8, kernel="numpy_ref", kernel_kind="peer")]  # fmt: skip
-    found = {f.text.split(":")[0]: f for f in fd.peers(frame(*rows))}
+    found = {f.text.split(":")[0]: f for f in fd.peers.find(frame(*rows))}
     assert found["sdpa"].text.startswith("sdpa: ×1.2 the best peer's time")
     assert "best peer: numpy_ref (1)" in found["sdpa"].text
     assert "×3.8 the best peer's time (slower in 1 of 1" in found["ops"].text
@@ -115,15 +115,15 @@ def test_peers_against_the_fastest_peer():
 
 def test_quality_only_when_its_columns_exist():
     df = frame(row(1.0), row(1.0, kv_dtype="int4"))
-    assert fd.quality(df) == []
+    assert fd.quality.find(df) == []
     df = df.assign(delta_ppl=[0.0, 0.31], kl_mean=[0.0, 0.012])
-    lines = {f.text for f in fd.quality(df)}
+    lines = {f.text for f in fd.quality.find(df)}
     assert "int4: Δppl +0.31, KL 0.012" in lines
 
 
 def test_too_few_samples_give_no_interval_and_no_verdict():
     rows = frame(row(1.0, n_samples=2), row(5.0, kernel="ops", n_samples=2))
-    (f,) = fd.fastest(rows)
+    (f,) = fd.fastest.find(rows)
     assert (
         not f.supported and "too few samples to judge (×5.00 [no interval: fewer than 5" in f.text
     )
@@ -136,8 +136,6 @@ def test_no_finding_from_rows_without_a_comparison():
 def test_quality_rows_carry_no_time_and_each_cache_configuration_is_its_own_line():
     import pandas as pd
 
-    from kvbench.analysis.findings import quality
-
     rows = pd.DataFrame(
         [
             dict(status="ok", kv_dtype="int8", phase="quality", kl_mean=8e-4, delta_ppl=0.1),
@@ -146,7 +144,7 @@ def test_quality_rows_carry_no_time_and_each_cache_configuration_is_its_own_line
             dict(status="error", kv_dtype="int4", phase="quality", kl_mean=None),
         ]
     )  # fmt: skip
-    lines = [f.text for f in quality(rows)]
+    lines = [f.text for f in fd.quality.find(rows)]
     assert len(lines) == 2 and "V int4" in lines[1] and "KL 0.02" in lines[1]
     assert "KL 0.0008" in lines[0] and "V int4" not in lines[0]
 
@@ -169,7 +167,7 @@ def test_memory_sets_exact_resident_and_peak_side_by_side_per_layout():
         row(1.0, layout="window", **mem | {"resident_bytes": 1050, "peak_mem_bytes": 1050}),
         row(1.0, kv_bytes=1000),  # no memory figure: not counted
     )
-    lines = [f.text for f in fd.memory(rows)]
+    lines = [f.text for f in fd.memory.find(rows)]
     assert lines == [
         "paged: resident falls SHORT of exact in 1 of 1 case (×0.25): part of the cache is not "
         "there; peak ×4.02 resident: the timed stages allocate beyond the cache",
@@ -194,7 +192,7 @@ def _line(fmt: str, a: float, b: float, bytes_per_ctx: float, ctxs=(256, 1024, 4
 def test_where_a_format_pays_off_by_hand():
     # fp16: 1.0 + 0.001 ctx ms; int8: 1.5 + 0.0005 ctx: equal at (1.5 - 1.0) / 0.0005 = 1000
     rows = _line("fp16", 1.0, 0.001, 4.0) + _line("int8", 1.5, 0.0005, 2.125)
-    found = fd.payoff(frame(*rows))
+    found = fd.payoff.find(frame(*rows))
     assert len(found) == 1 and found[0].figure == "formats"
     text = found[0].text
     assert "faster than fp16 beyond ctx 1,000;" in text  # inside 256-4096: not extrapolated
@@ -208,7 +206,7 @@ def test_payoff_never_always_and_extrapolated():
     rows += _line("fp4", 2.0, 0.0012, 1.125)  # slower and steeper: never
     rows += _line("int4", 9.0, 0.0009, 1.125)  # equal at 80,000: beyond what was measured
     rows += _line("nvfp4", 0.5, 0.0015, 1.125)  # starts faster, steeper: faster below 1,000
-    text = {f.text.split()[0]: f.text for f in fd.payoff(frame(*rows))}
+    text = {f.text.split()[0]: f.text for f in fd.payoff.find(frame(*rows))}
     assert "faster than fp16 at every context;" in text["int8"]
     assert "never faster than fp16" in text["fp4"]
     assert "beyond ctx 80,000 (extrapolated: measured 256-4096)" in text["int4"]
@@ -219,7 +217,7 @@ def test_payoff_needs_three_contexts_and_the_same_workload():
     two = _line("fp16", 1.0, 0.001, 4.0, ctxs=(256, 1024)) + _line(
         "int8", 1.5, 0.0005, 2.125, ctxs=(256, 1024)
     )
-    assert fd.payoff(frame(*two)) == []
+    assert fd.payoff.find(frame(*two)) == []
     # fp16 measured only at GQA 4, int8 only at GQA 8: no line pairs across workloads
     other = _line("fp16", 1.0, 0.001, 4.0) + _line("int8", 1.5, 0.0005, 2.125, gqa_ratio=8)
-    assert fd.payoff(frame(*other)) == []
+    assert fd.payoff.find(frame(*other)) == []

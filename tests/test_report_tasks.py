@@ -1,7 +1,8 @@
-"""The report of a real model's tasks (harness/report/tasks.py, harness/analysis/
-task_findings.py) on hand-made rows: the findings' counts and Wilson intervals by hand, the
-Pareto per model and context, the retrieval heatmap's cells, and the page in headless chromium.
-The numbers are invented rows for structure, never reported as measurements."""
+"""The report of a real model's tasks (harness/report/tasks.py, harness/analysis/findings/
+retrieval.py, generate.py, by_position.py) on hand-made rows: the findings' counts and Wilson
+intervals by hand, the Pareto per model and context, the retrieval heatmap's cells, and the page
+in headless chromium. The numbers are invented rows for structure, never reported as
+measurements."""
 
 from __future__ import annotations
 
@@ -10,10 +11,11 @@ import pytest
 import report_browser
 from scipy.stats import binomtest
 
-from kvbench.analysis import task_findings as T
-from kvbench.analysis.findings import findings
+from kvbench.analysis.findings import by_position, findings, generate, retrieval
+from kvbench.analysis.findings.tasks import config_label
 from kvbench.report import tasks
 from kvbench.report.page import write_report
+from kvbench.stats import wilson
 from kvbench.store.record import COLUMNS
 
 
@@ -131,10 +133,10 @@ def generate_rows() -> list[dict]:
 
 
 def test_retrieval_findings_by_hand():
-    got = T.retrieval(pd.DataFrame(retrieval_rows()))
+    got = retrieval.find(pd.DataFrame(retrieval_rows()))
     by_ctx = {f.text.split(" (")[0]: f for f in got}
     at8 = by_ctx["passkey at 8K"]
-    lo, hi = T.wilson(12, 20)
+    lo, hi = wilson(12, 20)
     assert f"int4 in 12/20 ({lo:.2f}-{hi:.2f})" in at8.text and "fp16 in 20/20" in at8.text
     assert "the float32 cache in 20/20" in at8.text
     assert at8.supported and "not separated" not in at8.text  # 0.78 < 0.84: apart
@@ -160,7 +162,7 @@ def test_agreement_alone_can_separate():
         )
         for f, k, a in (("fp16", 3, 6), ("int4", 0, 0))
     ]
-    (f,) = T.retrieval(pd.DataFrame(rows))
+    (f,) = retrieval.find(pd.DataFrame(rows))
     assert "int4 in 0/6 (0.00-0.39), fp16 in 3/6 (0.19-0.81)" in f.text
     assert "(intervals overlap: not separated)" in f.text and "int4 0/6, fp16 6/6 (apart)" in f.text
     assert f.supported
@@ -169,24 +171,24 @@ def test_agreement_alone_can_separate():
 def test_wilson_of_the_analysis_matches_scipy():
     for k, n in [(0, 4), (12, 20), (20, 20), (7, 9)]:
         ci = binomtest(k, n).proportion_ci(method="wilson")
-        assert T.wilson(k, n) == (pytest.approx(ci.low, abs=1e-9), pytest.approx(ci.high))
+        assert wilson(k, n) == (pytest.approx(ci.low, abs=1e-9), pytest.approx(ci.high))
 
 
 def test_generate_and_position_findings():
-    gen = T.generate(pd.DataFrame(generate_rows()))
+    gen = generate.find(pd.DataFrame(generate_rows()))
     assert gen[0].text.startswith("fp16 at 2K") and "after 7.5 tokens (least 6)" in gen[1].text
     assert "teacher-forced KL 0.08 on 64 positions" in gen[1].text
-    pos = T.by_position(pd.DataFrame(quality_rows()))
+    pos = by_position.find(pd.DataFrame(quality_rows()))
     assert any("int4 at 2K: KL 0.11 in the first quarter" in f.text for f in pos)
     assert all("(256 tokens)" in f.text for f in pos)
 
 
 def test_window_rows_are_their_own_configuration():
-    assert T.config_label(row(kv_dtype="int4", window=2048, sink_tokens=4)) == (
+    assert config_label(row(kv_dtype="int4", window=2048, sink_tokens=4)) == (
         "int4, sliding window 2048 + 4 sinks"
     )
-    assert T.config_label(row(kv_dtype="int4", sink_tokens=4)) == "int4, 4 sinks"
-    assert T.config_label(row(kv_dtype="int4", quantized_kv_start=512)) == "int4, fp16 until 512"
+    assert config_label(row(kv_dtype="int4", sink_tokens=4)) == "int4, 4 sinks"
+    assert config_label(row(kv_dtype="int4", quantized_kv_start=512)) == "int4, fp16 until 512"
 
 
 def test_heatmap_cells_and_pareto_panels():

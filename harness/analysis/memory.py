@@ -15,8 +15,8 @@ from __future__ import annotations
 import pandas as pd
 
 from kvbench.store.results import format_label
+from kvbench.store.status import MEASURED
 
-MEASURED = ("ok", "partial")
 SAME_TOL = 0.01  # the residency gate's tolerance: ratios within 1% read as equal
 LLAMACPP_SOURCE = "llama.cpp's own figures"
 

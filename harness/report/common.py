@@ -9,10 +9,8 @@ import plotly.express as px
 import plotly.graph_objects as go
 
 from kvbench.axes import TABLE, Axis
-from kvbench.store.results import (
-    MEASURED,  # noqa: F401 (statuses whose rows carry times)
-    format_label,
-)
+from kvbench.store.results import format_label, measured  # noqa: F401 (figures read it here)
+from kvbench.store.status import MEASURED  # noqa: F401 (statuses whose rows carry times)
 
 MIB = 2**20
 
@@ -38,12 +36,6 @@ class Figure:
     fig: go.Figure
     table: pd.DataFrame  # the figure's numbers, shown beneath it
     note: str = ""  # how it is computed, in a sentence or two
-
-
-def measured(df: pd.DataFrame) -> pd.DataFrame:
-    d = df[df["status"].isin(MEASURED) & df["median_ms"].notna()].copy()
-    d["fmt"] = [format_label(r) for r in d.to_dict("records")] if len(d) else []
-    return d
 
 
 def with_fmt(df: pd.DataFrame) -> pd.DataFrame:

@@ -17,8 +17,8 @@ from plotly.offline import get_plotlyjs
 
 from kvbench.analysis.findings import Finding
 from kvbench.report.common import Figure
+from kvbench.store.status import STATUSES
 
-STATUSES = ("ok", "error", "skipped", "partial")
 OPEN_ROWS = 12  # longer tables start folded (still in the page; a click opens them)
 CONFIG = {"displaylogo": False, "responsive": True}
 CSS = """
@@ -117,7 +117,7 @@ def findings_html(found: list[Finding], figures: list[Figure]) -> str:
     parts.append(
         '<p class="note">A difference is stated only when the interval of the ratio of medians '
         "(from both sides' 95% CIs of the median) lies wholly beyond 1.1×; otherwise the line "
-        "says no difference measured (harness/analysis/findings.py).</p>"
+        "says no difference measured (harness/analysis/findings/).</p>"
     )
     return "".join(parts)
 

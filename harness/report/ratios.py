@@ -2,8 +2,8 @@
 per-stream against the shared-prefix fraction, the roofline, and the quality per format.
 
 Ratios join each row to its baseline row (same case but the one axis compared) with
-harness/analysis/findings.py's `baseline`, so the figure shows exactly the numbers the findings
-state; error bars are the conservative interval low_a / high_b .. high_a / low_b of the two
+harness/analysis/findings/common.py's `baseline`, so the figure shows exactly the numbers the
+findings state; error bars are the conservative interval low_a / high_b .. high_a / low_b of the two
 medians' 95% CIs. Roofline: arithmetic intensity = flops / (bytes read + written) of the byte
 model; achieved GB/s and GFLOP/s = those / median time; the roof is the bandwidth kvbench
 measured in the same run (peak_gbps) times the intensity.
@@ -14,7 +14,8 @@ from __future__ import annotations
 import pandas as pd
 import plotly.graph_objects as go
 
-from kvbench.analysis.findings import baseline, cache_config, format_pairs, source_of
+from kvbench.analysis.findings.common import baseline, cache_config, source_of
+from kvbench.analysis.findings.formats import format_pairs
 from kvbench.report.common import Figure, log_ticks, measured, pareto, style, table
 from kvbench.report.styles import (
     MAX_SERIES,

@@ -14,7 +14,7 @@ import pandas as pd
 import plotly.graph_objects as go
 from plotly.subplots import make_subplots
 
-from kvbench.analysis.task_findings import task_rows
+from kvbench.analysis.findings.tasks import task_rows
 from kvbench.report.common import Figure, pareto, style, table
 from kvbench.report.styles import format_color, grid, panel_pos, subplots
 

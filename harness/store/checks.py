@@ -25,11 +25,11 @@ import numpy as np
 import pandas as pd
 
 from kvbench.errors import UserError
+from kvbench.store.status import MEASURED
 
 RUN_COLUMNS = {"run_id", "case_id", "status"}
 COMPARE_COLUMNS = {"ratio", "verdict"}
 SAMPLES_COLUMNS = {"case_id", "stage", "ms"}
-MEASURED = ("ok", "partial")
 MEDIAN_RTOL = 1e-6  # CSV cells keep full float precision (repr): only an edit moves a median
 _warned: set[str] = set()
 

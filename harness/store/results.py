@@ -46,11 +46,11 @@ from kvbench.store import git
 from kvbench.store.checks import check_against_samples, check_rows, dir_files, whole_lines
 from kvbench.store.migrate_v1 import with_v1_facts
 from kvbench.store.record import COLUMNS, METRIC_STAGE, Record
+from kvbench.store.status import MEASURED
 
 # Read as text: a 12-digit commit or case id made only of digits must not become a number.
 TEXT_COLUMNS = {c: str for c in ("run_id", "case_id", "commit", "branch", "suite", "host", "label")}
 STATUS_RANK = {"ok": 0, "partial": 1}
-MEASURED = ("ok", "partial")
 PICK_KEYS = ("case_id", "device", "backend")
 NUMERIC_COLUMNS = tuple(
     f.name for f in dataclasses.fields(Record) if str(f.type).startswith(("int", "float"))
@@ -391,3 +391,11 @@ def format_label(r) -> str:
     the report)."""
     g = r.get("group_size")
     return f"{r['kv_dtype']}/g{int(g)}" if pd.notna(g) else str(r["kv_dtype"])
+
+
+def measured(df: pd.DataFrame) -> pd.DataFrame:
+    """The rows that carry a time (status ok or partial, a median), with their `fmt`
+    (format_label)."""
+    d = df[df["status"].isin(MEASURED) & df["median_ms"].notna()].copy()
+    d["fmt"] = [format_label(r) for r in d.to_dict("records")] if len(d) else []
+    return d
