@@ -24,10 +24,14 @@ from kvbench.kernels.stores.window import Ring
 # ---- caches --------------------------------------------------------------------------------
 
 
-def attend_kernel(kernel: str, q, k, v, fmt, scale: float, tile_kv, rot=("none", "none")):
-    """Run KERNELS[kernel] over stored k, v; causal when several queries are new. `rot`: the
-    (K, V) rotations the cache stores rows in (q rotated in, the output rotated back out)."""
-    mask = "causal" if q.shape[2] > 1 else None
+def attend_kernel(
+    kernel: str, q, k, v, fmt, scale: float, tile_kv, rot=("none", "none"), mask=None
+) -> mx.array:
+    """Run KERNELS[kernel] over stored k, v; `mask` the cells each query sees (a boolean
+    array), None: causal when several queries are new. `rot`: the (K, V) rotations the cache
+    stores rows in (q rotated in, the output rotated back out)."""
+    if mask is None:
+        mask = "causal" if q.shape[2] > 1 else None
     dtype = mx.float32 if kernel == "reference" else fmt.compute_dtype
     fn = rotated(KERNELS[kernel].fn, *rot)
     out = fn(q.astype(dtype), k, v, fmt, mask=mask, scale=scale, tile_kv=tile_kv)
@@ -231,10 +235,7 @@ class WindowCache:
         self.kv.put(0, (ALL, ALL, mx.array(cells)), rotate(k, rk), rotate(v, rv))
         mask = mx.array(self.ring.mask(range(self.offset, self.offset + n)))
         ks, vs = self.kv.view(0, self.ring.size)
-        dtype = mx.float32 if self.kernel == "reference" else self.fmt.compute_dtype
-        fn = rotated(KERNELS[self.kernel].fn, *self.rot)
-        out = fn(q.astype(dtype), ks, vs, self.fmt, mask=mask, scale=scale, tile_kv=self.tile_kv)
-        return out.astype(mx.float32)
+        return attend_kernel(self.kernel, q, ks, vs, self.fmt, scale, self.tile_kv, self.rot, mask)
 
     def advance(self, n: int) -> None:
         self.offset += n
