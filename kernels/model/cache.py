@@ -17,6 +17,7 @@ import mlx.core as mx
 from kvbench.kernels.attention.registry import KERNELS, rotated, unsupported_reason
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.formats.rotation import rotate
+from kvbench.kernels.model.protocol import RewindableCache
 from kvbench.kernels.model.spec import CacheSpec
 from kvbench.kernels.stores.cache import ALL, KVCache, KVStore
 from kvbench.kernels.stores.window import Ring
@@ -256,8 +257,8 @@ class WindowCache:
 
 class LayeredCache:
     """A model whose layers differ (sliding-window layers beside global ones, as the model's
-    make_cache asks): one store per layer, each holding that layer alone; the same
-    attend / advance / mark / rewind / arrays / held_bytes as PlainCache and MixedCache."""
+    make_cache asks): one store per layer, each holding that layer alone; a RewindableCache
+    (kernels/model/protocol.py) as PlainCache and MixedCache are."""
 
     def __init__(self, stores: list):
         self.stores, self.offset = stores, 0
@@ -287,7 +288,7 @@ class LayeredCache:
 
 def make_cache(
     spec: CacheSpec, config, capacity: int, kernel: str = "reference", tile_kv=None, max_step=None
-):
+) -> RewindableCache:
     """A cache for `config` (kernels/model/load.py Shape) holding up to `capacity` positions:
     one store for every layer when every layer keeps its whole context, else one per layer
     (config.windows: (window, sinks) of a sliding-window layer, kernels/stores/window.py's

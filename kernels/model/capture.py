@@ -23,9 +23,9 @@ REFERENCE_SPEC = CacheSpec("fp32")
 
 
 class _Tap:
-    """A float32 cache that keeps each layer's K/V as the model hands them over, and the
-    pre-RoPE keys: `pre` maps the id of each RoPE output to its input (_RopeTap), and the keys a
-    layer stores are the very array its RoPE returned."""
+    """A float32 cache (a ModelCache, kernels/model/protocol.py) that keeps each layer's K/V
+    as the model hands them over, and the pre-RoPE keys: `pre` maps the id of each RoPE output
+    to its input (_RopeTap), and the keys a layer stores are the very array its RoPE returned."""
 
     def __init__(self, inner):
         self.inner, self.kv, self.pre = inner, [], {}

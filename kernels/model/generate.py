@@ -32,8 +32,8 @@ FP16 = CacheSpec("fp16")
 
 class DeferredCache:
     """fp16 until `start` positions are held, then the spec's cache (mlx-lm's
-    quantized_kv_start). The same attend / advance / arrays as the caches of
-    kernels/model/cache.py (no mark / rewind: the generate phase never rewinds)."""
+    quantized_kv_start). A StoredCache (kernels/model/protocol.py): no mark / rewind, the
+    generate phase never rewinds."""
 
     def __init__(self, spec, config, capacity, kernel="reference", tile_kv=None, start=0):
         self.spec, self.config, self.capacity = spec, config, capacity

@@ -10,9 +10,10 @@ import mlx.core as mx
 
 from kvbench.kernels.model import seam
 from kvbench.kernels.model.load import Model
+from kvbench.kernels.model.protocol import ModelCache, StoredCache
 
 
-def forward(model: Model, tokens: mx.array, cache, logits_from: int = 0) -> mx.array:
+def forward(model: Model, tokens: mx.array, cache: ModelCache, logits_from: int = 0) -> mx.array:
     """Logits [B, n - logits_from, vocab] of tokens [B, n] at positions cache.offset.. (lazy)
     through the mlx-lm model with `cache` (kernels/model/seam.py). The tokens before
     logits_from go through their own forward pass whose logits are never evaluated, so the
@@ -29,7 +30,7 @@ def forward(model: Model, tokens: mx.array, cache, logits_from: int = 0) -> mx.a
 # ---- decode at depth -----------------------------------------------------------------------
 
 
-def prefill(model: Model, cache, tokens: list[int], ubatch: int | None = None) -> None:
+def prefill(model: Model, cache: StoredCache, tokens: list[int], ubatch: int | None = None) -> None:
     """Fill `cache` with `tokens` (no logits kept), evaluated piece by piece."""
     step = ubatch or len(tokens)
     for s in range(0, len(tokens), step):
@@ -38,13 +39,13 @@ def prefill(model: Model, cache, tokens: list[int], ubatch: int | None = None) -
         mx.eval(cache.arrays())
 
 
-def decode_step(model: Model, cache, token: int) -> mx.array:
+def decode_step(model: Model, cache: ModelCache, token: int) -> mx.array:
     """One whole-model decode step at depth cache.offset: logits [vocab] (lazy: the caller
     evaluates them, with cache.arrays(), inside its timer)."""
     return forward(model, mx.array([[token]]), cache)[0, -1]
 
 
-def greedy(model: Model, cache, prompt: list[int], n_new: int) -> list[int]:
+def greedy(model: Model, cache: ModelCache, prompt: list[int], n_new: int) -> list[int]:
     """Greedy continuation of `prompt` (n_new tokens)."""
     logits = forward(model, mx.array([prompt]), cache, logits_from=len(prompt) - 1)[0, -1]
     out = []

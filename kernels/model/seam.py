@@ -20,12 +20,13 @@ import sys
 
 import mlx.core as mx
 
+from kvbench.kernels.model.protocol import ModelCache
+
 
 class LayerView:
-    """Layer `layer` of a kvbench cache (kernels/model/cache.py: PlainCache, MixedCache,
-    LayeredCache, or anything with their attend / advance / offset) as mlx-lm's models use a
-    layer's cache (mlx_lm/models/cache.py: `offset`, `update_and_fetch`, `make_mask`, `state`,
-    `is_trimmable`, `size`, `nbytes`, `empty`).
+    """Layer `layer` of a kvbench cache (kernels/model/protocol.py ModelCache: offset, attend,
+    advance) as mlx-lm's models use a layer's cache (mlx_lm/models/cache.py: `offset`,
+    `update_and_fetch`, `make_mask`, `state`, `is_trimmable`, `size`, `nbytes`, `empty`).
 
     update_and_fetch keeps the new K/V; mlx-lm's scaled_dot_product_attention, rerouted by
     `route`, then calls `attend`: the cache writes them in its format (quantize on write) and
@@ -33,7 +34,7 @@ class LayerView:
     that path. The cache advances once per forward pass (`forward`), so `offset` is the
     position of the step's first token in every layer, where the model reads it for RoPE."""
 
-    def __init__(self, cache, layer: int):
+    def __init__(self, cache: ModelCache, layer: int):
         self.cache, self.layer, self.pending, self.attended = cache, layer, None, False
 
     @property
@@ -108,7 +109,7 @@ def route(net) -> list[str]:
 _ROUTED: set[type] = set()  # model classes whose modules route (the patch is per module)
 
 
-def forward(model, tokens: mx.array, cache) -> mx.array:
+def forward(model, tokens: mx.array, cache: ModelCache) -> mx.array:
     """Logits [B, n, vocab] of tokens [B, n] at positions cache.offset.. (lazy), every layer's
     K/V stored in the cache's format and attended by its kernel; the cache then advances n."""
     if type(model.net) not in _ROUTED:  # once per class: a decode step is timed, the walk not
