@@ -21,7 +21,9 @@ mkdir -p "$out" /tmp/gw
 case "$stage" in
   a) cp .gpuwhl-a/part-a /tmp/gw/ && ls -la /tmp/gw ;;
   b) test -f /tmp/gw/part-a || { echo "gpu_offline: /tmp/gw/part-a is gone (a fresh machine): run stage a again" >&2; exit 3; }
+     # kvbench itself, installed (a PYTHONPATH of the checkout has no `kvbench`: harness/ is it)
+     python3 -m pip install -q --no-deps --no-index --no-build-isolation . || exit 4
      PYTHONUNBUFFERED=1 python3 scripts/gpu_verify.py --python current --wheels /tmp/gw \
-       --wheels .gpuwhl-b --suite "$suite" --budget-s "$budget_s" --out "$out" ;;
+       --wheels .gpuwhl-b --suite "$suite" --budget-s "$budget_s" --test-workers 8 --out "$out" ;;
   *) echo "gpu_offline: stage is a or b" >&2; exit 2 ;;
 esac

@@ -43,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 600
 # the most of the budget left when a step starts that the step may take
-STEP_SHARE = {"tests": 0.4, "suite": 0.75, "copy": 0.5, "report": 1.0}
+STEP_SHARE = {"tests": 0.4, "suite": 0.75, "overhead": 0.3, "copy": 0.5, "report": 1.0}
 MLX_BOUND = ">=0.32,<0.33"  # pyproject.toml's bound, the versions the compile gates check
 
 
@@ -76,6 +76,7 @@ def plan(
     out: Path,
     stamp: str,
     suite: str = "suites/gpu-verify.yaml",
+    test_workers: int = 0,
 ) -> list[tuple]:
     """(step, argv, extra env) in order; argv[0] 'PY' is the interpreter that runs kvbench
     (the venv's, or with venv None the running one: no venv step)."""
@@ -107,6 +108,8 @@ def plan(
                 "pytest",
                 "-q",
                 "-rfE",
+                "--tb=line",
+                *(["-n", str(test_workers)] if test_workers else []),
                 "-p",
                 "no:cacheprovider",
                 "-m",
@@ -131,6 +134,7 @@ def plan(
             ],
             {},
         ),  # fmt: skip
+        ("overhead", ["PY", "scripts/gpu_overhead.py"], {}),
         (
             "copy",
             ["PY", "scripts/copy_bandwidth.py", "--out", str(out / f"copy-bandwidth-{stamp}.json")],
@@ -211,6 +215,7 @@ def main(argv: list[str] | None = None) -> int:
                     help="current: no venv, wheels into the running interpreter")  # fmt: skip
     ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="whole run, seconds")
     ap.add_argument("--suite", default="suites/gpu-verify.yaml")
+    ap.add_argument("--test-workers", type=int, default=0, help="pytest-xdist workers, if any")
     args = ap.parse_args(argv)
     kind = gpu_kind()
     if kind is None and not args.dry_run:
@@ -224,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     scratch.mkdir(parents=True, exist_ok=True)
     wheels = wheel_files(args.wheels, scratch)
     own_venv = venv if args.python == "venv" else None
-    steps = plan(kind or "cuda", own_venv, wheels, args.out, stamp, args.suite)
+    steps = plan(kind or "cuda", own_venv, wheels, args.out, stamp, args.suite, args.test_workers)
     if args.dry_run:
         return dry_run(steps, args.suite)
     args.out.mkdir(parents=True, exist_ok=True)
