@@ -141,12 +141,13 @@ def error_rows(model: Model, ids: list[int], ctx: int) -> list[dict]:
 
 def run(args) -> list[dict]:
     model = load_model(args.model or require_model())
-    ids = load_tokenizer(model).encode(default_text())
+    tok = load_tokenizer(model)
+    ids = tok.encode(default_text())
     if args.decode_only:
         return decode_rows(model, ids, args.decode_depth, args.decode_steps)
     if args.attention_error:
         return error_rows(model, ids, args.context_len)
-    token_chunks = chunks(ids, args.context_len, args.chunks)
+    token_chunks = chunks(ids, args.context_len, args.chunks, tok.bos_id if tok.add_bos else None)
     ref = reference_run(model, token_chunks)
     rows = []
     specs = [s for s in SPECS if not args.specs or s.label in args.specs.split(",")]

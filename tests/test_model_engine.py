@@ -109,3 +109,84 @@ def test_kv_data_model_is_a_causal_capture_of_the_real_model():
     assert np.allclose(np.array(k16[0, :, :8]), np.array(k8[1]), atol=1e-4)
     assert np.allclose(np.array(v16[0, :, :8]), np.array(v8[0]), atol=1e-4)
     assert float(mx.abs(k16).max()) > 0
+
+
+BOS = 0
+
+
+def bpe_vocab(add_bos: bool) -> dict:
+    """A byte-level vocabulary of 258 tokens (BOS, EOS, the 256 byte symbols) that adds BOS
+    when add_bos: every character of plain ASCII text is one token."""
+    from tokenizers import pre_tokenizers
+
+    tokens = ["<s>", "</s>", *sorted(pre_tokenizers.ByteLevel.alphabet())]
+    return {
+        "tokenizer.ggml.model": "gpt2",
+        "tokenizer.ggml.pre": "gpt2",
+        "tokenizer.ggml.tokens": tokens,
+        "tokenizer.ggml.merges": [],
+        "tokenizer.ggml.token_type": mx.array([3, 3] + [1] * 256, dtype=mx.int32),
+        "tokenizer.ggml.bos_token_id": mx.array(BOS, dtype=mx.uint32),
+        "tokenizer.ggml.eos_token_id": mx.array(1, dtype=mx.uint32),
+        "tokenizer.ggml.add_bos_token": mx.array(add_bos),
+    }
+
+
+@pytest.fixture()
+def bos_model(tmp_path):
+    """(gguf path, text path, token stream): a tiny model whose vocabulary adds BOS."""
+    gguf = write_gguf(tmp_path / "bos.gguf", weights(seed=5), metadata=bpe_vocab(True))
+    text = tmp_path / "t.txt"
+    text.write_text("".join(chr(97 + (i * 7) % 26) for i in range(100)))  # 100 tokens
+    engine.model_of.cache_clear()
+    engine.tokens_of.cache_clear()
+    engine.reference_of.cache_clear()
+    yield str(gguf), str(text), list(engine.tokens_of(str(gguf), str(text)))
+    engine.model_of.cache_clear()
+    engine.tokens_of.cache_clear()
+    engine.reference_of.cache_clear()
+
+
+def ppl_of(model, chunks: list[list[int]]) -> float:
+    """exp(mean nll) of the scored halves, computed here from each chunk's log-probabilities."""
+    from kvbench.kernels.model import quality
+
+    nll = []
+    for c, lp in zip(chunks, quality.reference_run(model, chunks)):
+        lp = np.array(lp)
+        nll += [-lp[i, t] for i, t in enumerate(c[len(c) // 2 + 1 :])]
+    return float(np.exp(np.mean(nll)))
+
+
+def test_every_chunk_starts_with_bos_where_the_vocabulary_adds_one(bos_model):
+    # llama-perplexity (tools/perplexity/perplexity.cpp): the text tokenized once with its BOS,
+    # cut into n_ctx pieces, each piece's first token overwritten by BOS (replaced, not shifted)
+    gguf, text, tokens = bos_model
+    assert tokens[0] == BOS and len(tokens) == 101 and BOS not in tokens[1:]
+    chunks = engine.chunks_of(gguf, text, 32, 3)
+    assert chunks == [[BOS, *tokens[i * 32 + 1 : (i + 1) * 32]] for i in range(3)]
+    run = runner.CaseRun(c := case(phase="quality", model=gguf, text=text, chunks=3))
+    runner.measure_round(run, Settings(warmup_s=0, min_samples=1, max_samples=1, budget_s=0), 0)
+    row = runner.finish(run, Settings(), {})
+    assert row.chunk_bos is True and row.n_scored == 3 * 15 and c.chunks == 3
+    model = engine.model_of(gguf)[0]
+    assert row.ppl_ref == pytest.approx(ppl_of(model, chunks), rel=1e-6)
+    # negative control: the plain slices (no BOS past the first chunk) score differently
+    plain = [tokens[i * 32 : (i + 1) * 32] for i in range(3)]
+    assert abs(ppl_of(model, plain) / row.ppl_ref - 1) > 1e-4
+
+
+def test_no_bos_is_put_in_where_the_vocabulary_adds_none(tmp_path):
+    gguf = write_gguf(tmp_path / "nobos.gguf", weights(seed=5), metadata=bpe_vocab(False))
+    text = tmp_path / "t.txt"
+    text.write_text("".join(chr(97 + (i * 7) % 26) for i in range(100)))
+    engine.model_of.cache_clear()
+    engine.tokens_of.cache_clear()
+    try:
+        tokens = list(engine.tokens_of(str(gguf), str(text)))
+        assert engine.chunk_bos(str(gguf)) is None and BOS not in tokens
+        assert engine.chunks_of(str(gguf), str(text), 32, 3) == [tokens[:32], tokens[32:64],
+                                                                 tokens[64:96]]  # fmt: skip
+    finally:
+        engine.model_of.cache_clear()
+        engine.tokens_of.cache_clear()

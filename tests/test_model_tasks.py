@@ -29,7 +29,9 @@ TOKENS = tuple(np.random.default_rng(1).integers(0, TINY["vocab"], 200).tolist()
 
 
 class HashTokenizer:
-    """A word per token, ids by crc32 within the tiny vocabulary."""
+    """A word per token, ids by crc32 within the tiny vocabulary (no BOS added)."""
+
+    bos_id, add_bos = None, False
 
     def __init__(self):
         self.words: dict[int, str] = {}

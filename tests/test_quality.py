@@ -40,6 +40,13 @@ def test_chunks_and_scored_positions():
         Q.chunks(list(range(10)), 16)
 
 
+def test_bos_overwrites_each_chunks_first_token():
+    # as llama-perplexity: tokens[start] = BOS, the rest of the chunk unchanged (not shifted)
+    ch = Q.chunks([-1, *range(1, 40)], 16, 2, bos_id=-1)
+    assert ch == [[-1, *range(1, 16)], [-1, *range(17, 32)]]
+    assert Q.targets_of(ch[1]) == list(range(25, 32))  # the overwritten token is never a target
+
+
 def test_reference_against_itself_is_exact(tiny):
     ch = Q.chunks(TOKS, 32)
     ref = Q.reference_run(tiny, ch)

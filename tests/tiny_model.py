@@ -55,7 +55,8 @@ GGUF_NAMES = {"q": "attn_q", "k": "attn_k", "v": "attn_v", "o": "attn_output",
               "attn_norm": "attn_norm", "ffn_norm": "ffn_norm"}  # fmt: skip
 
 
-def write_gguf(path: Path, wts: dict, arch: str = "llama") -> Path:
+def write_gguf(path: Path, wts: dict, arch: str = "llama", metadata: dict | None = None) -> Path:
+    """The tiny model as a GGUF; `metadata`: more keys (a tokenizer.ggml.* vocabulary)."""
     t = TINY
     arrays = {"token_embd.weight": wts["embed"], "output_norm.weight": wts["norm"]}
     if "lm_head" in wts:
@@ -83,7 +84,7 @@ def write_gguf(path: Path, wts: dict, arch: str = "llama") -> Path:
         f"{arch}.rope.freq_base": mx.array(ROPE_BASE, dtype=mx.float32),
         f"{arch}.attention.layer_norm_rms_epsilon": mx.array(EPS, dtype=mx.float32),
     }
-    mx.save_gguf(str(path), {k: mx.array(v) for k, v in arrays.items()}, md)
+    mx.save_gguf(str(path), {k: mx.array(v) for k, v in arrays.items()}, {**md, **(metadata or {})})
     return path
 
 

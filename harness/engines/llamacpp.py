@@ -186,6 +186,8 @@ def quality_job(case: Case, gguf: Path):
             "kl_mean": got["kl_mean"], "kl_p99": got.get("kl_p99"),
             "top1_agree": got.get("same_top_p"),
             "n_scored": case.chunks * (case.context_len // 2 - 1),  # second half, less one
+            # llama-perplexity starts every chunk with BOS where the GGUF's vocabulary adds one
+            "chunk_bos": model_engine.chunk_bos(case.model) is not None,
         }  # fmt: skip
         return JobResult({}, accuracy, extra={"peer_kv_types": f"{type_k}/{type_v}"})
 

@@ -8,7 +8,8 @@ cache stored in the case's format through kvbench's own formats and kernels
   sample decodes the same next token at the same depth: the cache's write position is reset
   before each step, so each sample is the context_len-th token. tokens_per_s = 1 / step.
 * phase quality: the text is cut into `chunks` chunks of context_len tokens (as
-  llama-perplexity: the second half of each chunk is scored); the model runs over each chunk
+  llama-perplexity: each chunk's first token replaced by BOS where the vocabulary adds one,
+  the row's chunk_bos; the second half of each chunk is scored); the model runs over each chunk
   with the cache in the case's format and with a float32 cache; the row gets ppl, ppl_ref,
   delta_ppl, kl_mean, kl_p99 (KL divergence of the next-token distributions, nats) and
   top1_agree. Nothing is timed (n_samples 0): the quality phase measures quality only.
@@ -71,11 +72,26 @@ def tokens_of(name: str, text: str) -> tuple[int, ...]:
     return tuple(tokenizer.encode(body))
 
 
+def chunk_bos(name: str) -> int | None:
+    """The BOS id that starts every chunk where the model's vocabulary adds one (Gemma,
+    Llama 3, Mistral), as llama-perplexity puts it there; None where it adds none (SmolLM2)."""
+    _, tokenizer = model_of(name)
+    if tokenizer is None or not tokenizer.add_bos:
+        return None
+    return tokenizer.bos_id
+
+
+def chunks_of(name: str, text: str, context_len: int, n_chunks: int) -> list[list[int]]:
+    """The text's chunks as llama-perplexity builds them (quality.chunks with chunk_bos)."""
+    tokens = list(tokens_of(name, text))
+    return quality.chunks(tokens, context_len, n_chunks, chunk_bos(name))
+
+
 @lru_cache(maxsize=8)
 def reference_of(name: str, text: str, context_len: int, n_chunks: int):
     """The chunks and their float32-cache log-probabilities (once per process)."""
     model, _ = model_of(name)
-    chunks = quality.chunks(list(tokens_of(name, text)), context_len, n_chunks)
+    chunks = chunks_of(name, text, context_len, n_chunks)
     return chunks, quality.reference_run(model, chunks)
 
 
@@ -170,7 +186,8 @@ def quality_state(case: Case) -> State:
     chunks, ref = reference_of(case.model, case.text, case.context_len, case.chunks)
 
     def check() -> dict:
-        return quality.quality(model, chunks, spec_of(case), ref, case.kernel, None, case.tile_kv)
+        row = quality.quality(model, chunks, spec_of(case), ref, case.kernel, None, case.tile_kv)
+        return {**row, "chunk_bos": chunk_bos(case.model) is not None}
 
     return State(
         {}, check, traffic=(0, 0), kv_bytes=kv_bytes(case), bits_per_elem=bits_per_elem(case)

@@ -83,7 +83,7 @@ def retrieval_state(case: Case) -> State:
 @lru_cache(maxsize=8)
 def generate_reference(name: str, text: str, context_len: int, n_chunks: int, n_new: int):
     model, _ = base.model_of(name)
-    chunks = quality.chunks(list(base.tokens_of(name, text)), context_len, n_chunks)
+    chunks = base.chunks_of(name, text, context_len, n_chunks)
     return chunks, [generate.reference(model, c, n_new, UBATCH) for c in chunks]
 
 
@@ -92,10 +92,11 @@ def generate_state(case: Case) -> State:
         model = base.windowed(base.model_of(case.model)[0], case)
         chunks, refs = generate_reference(case.model, case.text, case.context_len, case.chunks,
                                           case.gen_tokens)  # fmt: skip
-        return generate.generate_error(
+        row = generate.generate_error(
             model, chunks, refs, spec_of(case), case.gen_tokens, case.kernel, case.tile_kv,
             case.quantized_kv_start, UBATCH,
         )  # fmt: skip
+        return {**row, "chunk_bos": base.chunk_bos(case.model) is not None}
 
     return State({}, check, traffic=(0, 0), kv_bytes=base.kv_bytes(case),
                  bits_per_elem=base.bits_per_elem(case))  # fmt: skip

@@ -174,6 +174,9 @@ class _Measured:
     kl_p99: float | None = None  # its 99th percentile over the scored tokens
     top1_agree: float | None = None  # fraction of scored tokens with the same top-1 token
     n_scored: int | None = None  # tokens scored
+    # every chunk starts with BOS (its first token overwritten, as llama-perplexity does where
+    # the vocabulary adds BOS); False: the chunks are plain slices of the text (no BOS added)
+    chunk_bos: bool | None = None
     # the same by position: the scored half of each chunk in 4 equal runs (1 = earliest)
     kl_pos1: float | None = None
     kl_pos2: float | None = None

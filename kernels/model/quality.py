@@ -1,7 +1,8 @@
 """The quality cost of a KV cache configuration on a real model.
 
 Measured as llama.cpp's `llama-perplexity` does: the token stream is cut into chunks of
-`context_len` tokens; each chunk starts from an empty cache, is fed in micro-batches of
+`context_len` tokens, each chunk's first token replaced by BOS where the vocabulary adds one
+(chunks); each chunk starts from an empty cache, is fed in micro-batches of
 `ubatch` tokens (K/V stored in the cache's format on write, attention over the stored cache),
 and only the second half of each chunk is scored (logits at positions context_len/2 ..
 context_len-2 predict the next token), so every scored token sees at least half a context.
@@ -32,14 +33,22 @@ REFERENCE_SPEC = CacheSpec("fp32")
 # ---- running the model over chunks -----------------------------------------------------------
 
 
-def chunks(tokens: list[int], context_len: int, n_chunks: int | None = None) -> list[list[int]]:
-    """Consecutive chunks of context_len tokens (the last partial one dropped)."""
+def chunks(
+    tokens: list[int], context_len: int, n_chunks: int | None = None, bos_id: int | None = None
+) -> list[list[int]]:
+    """Consecutive chunks of context_len tokens (the last partial one dropped). With bos_id
+    (a vocabulary that adds BOS), each chunk's first token is overwritten by BOS, as
+    llama-perplexity does (tools/perplexity/perplexity.cpp, b11434: the text is tokenized once
+    with its BOS, cut into n_ctx pieces, and `tokens[start] = bos` before each chunk's first
+    batch): the token there is replaced, not shifted, and never scored (targets start at
+    context_len/2 + 1)."""
     if context_len < 4:
         raise ValueError(f"context_len {context_len} must be >= 4")
     n = len(tokens) // context_len if n_chunks is None else n_chunks
     if n < 1 or n * context_len > len(tokens):
         raise ValueError(f"text has {len(tokens)} tokens: fewer than {n} x {context_len}")
-    return [tokens[i * context_len : (i + 1) * context_len] for i in range(n)]
+    out = [tokens[i * context_len : (i + 1) * context_len] for i in range(n)]
+    return out if bos_id is None else [[bos_id, *c[1:]] for c in out]
 
 
 def chunk_logprobs(
