@@ -63,3 +63,19 @@ def test_kvbench_installs_beside_pypi_kernels(tmp_path):
     r = subprocess.run(run, capture_output=True, text=True, cwd=tmp_path, env=env)
     assert r.returncode == 0, r.stderr[-2000:]
     assert any(p.suffix == ".csv" for p in out.iterdir())
+
+
+def test_every_package_folder_is_in_pyprojects_package_list():
+    """A regular install ships only the packages pyproject lists: a new package folder left out
+    of the list imports from the source tree and breaks once installed."""
+    import tomllib
+
+    listed = set(
+        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
+    )
+    found = set()
+    for folder, name in ((ROOT / "harness", "kvbench"), (ROOT / "kernels", "kvbench.kernels")):
+        for init in folder.rglob("__init__.py"):
+            rel = init.parent.relative_to(folder).parts
+            found.add(".".join((name, *rel)))
+    assert found == listed

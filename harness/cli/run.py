@@ -1,0 +1,81 @@
+"""`kvbench run SUITE`: run a suite and write results/<run-id>.csv (--dry-run lists the cases)."""
+
+from __future__ import annotations
+
+import argparse
+
+from kvbench.cli.common import check_blas, say
+from kvbench.errors import UserError
+
+NAME = "run"
+
+
+def add_parser(sub) -> argparse.ArgumentParser:
+    p = sub.add_parser(NAME, help="run a suite and write results/<run-id>.csv")
+    p.add_argument("suite", help="suite YAML file")
+    p.add_argument("--out", default="results", help="output directory (default: results)")
+    p.add_argument(
+        "--filter",
+        action="append",
+        metavar="KEY=VALUE",
+        help="keep only cases whose KEY equals VALUE (repeatable)",
+    )
+    p.add_argument("--dry-run", action="store_true", help="list the expanded cases and stop")
+    p.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="run part I of N (cost-balanced; every case in exactly one part: docs/distributed.md)",
+    )
+    p.add_argument("--device", choices=("cpu", "gpu"), help="MLX device (default: MLX's)")
+    p.set_defaults(func=run)
+    return p
+
+
+def run(args) -> int:
+    from kvbench.run.interrupt import Interrupted, handling
+
+    # signals are ours before the slow imports: an early Ctrl-C is a clean exit, never lost
+    with handling():
+        try:
+            return _run(args)
+        except Interrupted as e:
+            say(f"interrupted ({e}): {getattr(e, 'kept', 'completed rows are kept')}")
+            return e.exit_code
+
+
+def _run(args) -> int:
+    from kvbench.run.context import set_device
+    from kvbench.run.session import run_suite
+    from kvbench.spec.suite import apply_filters, expand, load_suite
+
+    suite = load_suite(args.suite)
+    cases = apply_filters(expand(suite), args.filter or [])
+    if args.shard:
+        from kvbench.spec.shard import parse_shard, shard_cases
+
+        cases = shard_cases(cases, *parse_shard(args.shard))
+    if args.dry_run:
+        for case in cases:
+            print(f"{case.case_id}  {case.label()}")
+        from kvbench.spec.suite import time_floor_s
+
+        st = suite.settings
+        print(
+            f"{len(cases)} cases, {st.rounds} rounds, budget {st.budget_s:g} s per case; at "
+            f"least {time_floor_s(st, len(cases)):,.1f} s in all (cases x (rounds x warmup_s + "
+            "budget_s); a case whose steps are slow overruns its budget: `kvbench run` measures "
+            "the read bandwidth and warns, before measuring, of each case that will)"
+        )
+        return 0
+    if not cases:
+        raise UserError(f"{args.suite}: --filter: no case matches")
+    set_device(args.device)
+    check_blas(say_notice=True)
+    import pandas as pd
+
+    from kvbench.analysis.summary import table
+
+    writer = run_suite(suite, cases, args.out)
+    print(table(pd.read_csv(writer.csv_path)))
+    print(f"\nresults: {writer.csv_path}\nsamples: {writer.samples_path}")
+    return 0
