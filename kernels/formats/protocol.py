@@ -49,6 +49,11 @@ class Format(Protocol):
         """The scale granularity in words, e.g. "no scales", "per row (group 128)"."""
         ...
 
+    def tensor_bytes(self, n_kv_heads: int) -> int:
+        """Bytes one layer's K (or V) stores once, whatever its length: a per-tensor scale
+        (FP8, kernels/formats/fp8.py). 0 for every format whose scales are per row or group."""
+        return 0
+
     def bits_per_elem(self, head_dim: int) -> float:
         """Exact stored bits per K/V element at `head_dim`, scales and biases included."""
         return 8 * self.nbytes(1, head_dim) / head_dim

@@ -14,7 +14,7 @@ from functools import partial
 
 import mlx.core as mx
 
-from kvbench.kernels.formats import ggml, quant, turbo
+from kvbench.kernels.formats import fp8, ggml, quant, turbo
 from kvbench.kernels.formats.protocol import Format, Stored
 
 
@@ -77,13 +77,22 @@ FORMATS = {
     "q8_0": ggml.ggml_format("q8_0"),
     # TurboQuant (kernels/formats/turbo.py): Lloyd-Max codes of a rotated row, its fp16 norm
     **{name: turbo.turbo(name) for name in turbo.NAMES},
+    "fp8_e4m3": fp8.fp8_format("fp8_e4m3"),  # vLLM's FP8 KV cache (kernels/formats/fp8.py)
+    "fp8_e5m2": fp8.fp8_format("fp8_e5m2"),
 }
 
 
-def get_format(name: str, group_size: int | None = None) -> Format:
-    """The format `name` with scale granularity `group_size` (None: per row / mode default).
+def get_format(name: str, group_size: int | None = None, fp8_scale="one") -> Format:
+    """The format `name` with scale granularity `group_size` (None: per row / mode default)
+    and, for the FP8 formats, the scale `fp8_scale` (kernels/formats/fp8.py SCALE_MODES or a
+    positive number).
 
-    Raises KeyError for an unknown name, ValueError for a group size the format cannot use."""
+    Raises KeyError for an unknown name, ValueError for a group size or an fp8_scale the format
+    cannot use."""
     if name not in FORMATS:
         raise KeyError(f"unknown kv_dtype {name!r}; known: {', '.join(FORMATS)}")
+    if name in fp8.KINDS:
+        return FORMATS[name](group_size=group_size, fp8_scale=fp8_scale)
+    if fp8_scale != "one":
+        raise ValueError(f"fp8_scale applies to {', '.join(fp8.KINDS)}, not {name}")
     return FORMATS[name](group_size=group_size)
