@@ -148,6 +148,9 @@ TABLE: tuple[Axis, ...] = (
     Axis("q_quant", "str", "none", "choice:q_quants", label="q:{}", column="q-quant",
          hide_default=True, doc="a real model's queries rounded through q8_0 before the key dot "
          "product, as llama.cpp's CPU flash attention does against a quantized K"),
+    Axis("fp8_scale", "str", "one", "fp8_scale", label="fp8s:{}", column="fp8-scale",
+         hide_default=True, doc="fp8_e4m3 / fp8_e5m2's float32 scale: one (1.0), a positive "
+         "number, calibrated (vLLM's, per layer on the first prefill) or per_head"),
     # the model's task phases (harness/engines/model_tasks.py, docs/quality.md)
     Axis("task", "str", "none", "choice:retrieval_tasks", label="{}", column="task",
          hide_default=True, doc="phase retrieval: passkey, niah, multikey or vartrack"),

@@ -131,16 +131,24 @@ def test_calibration_is_vllms_rule():
     xs = k / want[None, :, None, None]
     codes = brute_force_codes(xs.ravel(), "fp8_e4m3").reshape(xs.shape)
     np.testing.assert_array_equal(np.array(stored["data"]), codes)
-    assert int(ph.saturated(mx.array(k)).item()) == 0  # amax / 448: the largest lands on 448
+    assert int(ph.saturated(mx.array(k)).item()) == 0  # amax / 448: the largest lands at ~448
     with pytest.raises(ValueError, match="not calibrated"):
         pending.encode(mx.array(k))
 
 
 def test_saturated_values_are_counted():
-    x = mx.array([1.0, 447.0, 448.0, 449.0, -500.0, np.inf, np.nan, 60000.0])
-    assert int(get_format("fp8_e4m3").saturated(x).item()) == 4  # 449, -500, inf, 60000
-    assert int(get_format("fp8_e5m2").saturated(x).item()) == 2  # inf, 60000
-    assert int(get_format("fp8_e4m3", fp8_scale=2.0).saturated(x).item()) == 2  # /2: 449, 500 fit
+    """Counted: what rounds past the largest value and is stored as it. E4M3: the next value
+    the exponent would give is 480, so |y| in (448, 464] rounds to 448 on its own (464 is a
+    tie, to the even 448) and |y| > 464 saturates; E5M2: 57344 then 65536, the tie 61440 goes
+    to the even 65536, so |y| >= 61440 saturates."""
+    x = mx.array([1.0, 447.0, 448.0, 449.0, 463.9, 464.0, 464.1, -500.0, np.inf, np.nan,
+                  60000.0, 61439.0, 61440.0])  # fmt: skip
+    assert int(get_format("fp8_e4m3").saturated(x).item()) == 6  # 464.1 ... 61440
+    assert int(get_format("fp8_e5m2").saturated(x).item()) == 2  # inf, 61440
+    # halved: only inf, 60000, 61439, 61440 stay past 464
+    assert int(get_format("fp8_e4m3", fp8_scale=2.0).saturated(x).item()) == 4
+    assert fp8.overflow_bound("fp8_e4m3") == (464.0, False)
+    assert fp8.overflow_bound("fp8_e5m2") == (61440.0, True)
 
 
 def test_bytes_by_hand():
@@ -166,3 +174,150 @@ def test_fp8_scale_on_another_format_and_group_sizes_refused():
         get_format("int4", fp8_scale="calibrated")
     with pytest.raises(ValueError, match="no group size"):
         get_format("fp8_e4m3", 32)
+
+
+# ---- the cache engine and the suite ----------------------------------------------------------
+
+
+@pytest.mark.parametrize("kernel", ["reference", "dequant_sdpa", "tiled"])
+def test_cache_engine_runs_fp8_and_counts_saturation(kernel):
+    """Every MLX path that decodes a stored format reads FP8; the row's kv_saturated is the
+    count of layer 0's K and V elements past 464 after the scale (stored as 448), by hand from
+    the same data; alloc_bytes is the cache's bytes less the per-tensor scales (floats kvbench
+    holds in the format, 4 bytes per layer for K and for V in kv_bytes)."""
+    from kvbench.case import Case
+    from kvbench.engines import metrics
+    from kvbench.engines.cache import build
+    from kvbench.kernels.data import make_qkv
+
+    case = Case("tiny", 2, 8, 2, 64, 96, kv_dtype="fp8_e4m3", kernel=kernel,
+                kv_data="outliers", fp8_scale="0.01")  # fmt: skip
+    state = build(case)
+    fmt = get_format("fp8_e4m3", fp8_scale="0.01")
+    assert state.kv_bytes == metrics.kv_bytes(case, fmt) == 2 * 2 * (2 * 96 * 64 + 4)
+    assert state.alloc_bytes == state.kv_bytes - 2 * 2 * 4
+    acc = state.check()
+    _, k, v = make_qkv("outliers", (1, 8, 1, 64), (1, 2, 96, 64), 0, None)
+    kv = np.concatenate([np.array(x.astype(mx.float16), dtype=np.float32) for x in (k, v)])
+    assert acc["kv_saturated"] == int(np.sum(np.abs(kv / np.float32(0.01)) > 464)) > 0
+    plain = build(Case("tiny", 2, 8, 2, 64, 96, kv_dtype="fp8_e4m3", kernel=kernel)).check()
+    assert plain["kv_saturated"] == 0 and plain["cosine"] > 0.99
+
+
+BAD_SCALES = {"0": "0", "-1": "-1", "inf": ".inf", "nan": ".nan", "text": "big", "bool": "true"}
+
+
+@pytest.mark.parametrize("name", BAD_SCALES)
+def test_bad_fp8_scale_is_one_line_exit_2(tmp_path, capsys, name):
+    from kvbench.cli import main
+
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "fixed: {model: tiny, context_len: 16, kv_dtype: fp8_e4m3, kernel: tiled, "
+        f"fp8_scale: {BAD_SCALES[name]}}}\n"
+    )
+    assert main(["run", str(path), "--dry-run"]) == 2
+    lines = [line for line in capsys.readouterr().err.splitlines() if line.strip()]
+    assert len(lines) == 1 and f"{path}: fixed.fp8_scale" in lines[0], lines
+    assert "positive finite number" in lines[0]
+
+
+@pytest.mark.parametrize(
+    "extra, why",
+    [
+        ("kv_dtype: int4, kernel: tiled, fp8_scale: 0.5", "applies to fp8_e4m3"),
+        ("kv_dtype: fp8_e5m2, kernel: tiled, fp8_scale: calibrated", "a model phase"),
+        ("kv_dtype: fp8_e4m3, kernel: tiled, group_size: 32", "no group size"),
+    ],
+)
+def test_fp8_combinations_refused(tmp_path, capsys, extra, why):
+    from kvbench.cli import main
+
+    path = tmp_path / "s.yaml"
+    path.write_text(f"fixed: {{model: tiny, context_len: 16, {extra}}}\n")
+    assert main(["run", str(path), "--dry-run"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and why in err, err
+
+
+def test_fp8_scale_number_from_a_suite(tmp_path):
+    from kvbench.spec.cache_spec import format_of
+    from kvbench.spec.suite import expand, load_suite
+
+    path = tmp_path / "s.yaml"
+    path.write_text(
+        "fixed: {model: tiny, context_len: 16, kernel: tiled, fp8_scale: 0.25}\n"
+        "sweep: {kv_dtype: [fp8_e4m3, fp8_e5m2]}\n"
+    )
+    cases = expand(load_suite(path))
+    assert [format_of(c).scale for c in cases] == [(0.25,), (0.25,)]
+    assert all("fp8s:0.25" in c.label() for c in cases)
+
+
+# ---- a real model's cache (kernels/model/cache.py) ------------------------------------------
+
+
+def test_model_cache_calibrates_each_layer_k_and_v_on_the_first_prefill():
+    from kvbench.kernels.model.cache import MixedCache
+    from kvbench.kernels.model.spec import CacheSpec, kv_bytes
+
+    spec = CacheSpec("fp8_e4m3", fp8_scale="calibrated")
+    assert not spec.plain  # K and V, layer by layer, get their own scale
+    cache = MixedCache(spec, 2, 3, 64, 40, "reference")
+    rng = np.random.default_rng(3)
+    pre = {}
+    for layer in range(2):
+        q, k, v = (rng.standard_normal((1, h, 20, 64)).astype(np.float32) for h in (9, 3, 3))
+        k, v = k * (layer + 1), v * 3
+        pre[layer] = (k, v)
+        cache.attend(layer, mx.array(q), mx.array(k), mx.array(v), scale=0.125)
+    cache.advance(20)
+    for layer, (k, v) in pre.items():
+        sk, sv = cache.k[layer].fmt.scale, cache.v[layer].fmt.scale
+        assert sk == (float(np.abs(k).max() / np.float32(200)),)
+        assert sv == (float(np.abs(v).max() / np.float32(100)),)
+        body = np.array(cache.k[layer].body["data"][:, :, :20])
+        want = brute_force_codes((k / np.float32(sk[0])).ravel(), "fp8_e4m3")
+        np.testing.assert_array_equal(body.ravel(), want)
+    assert cache.saturated() == 0
+    # a later token past 448 * k_scale is stored as 448 * k_scale and counted; the scale stays
+    big = np.zeros((1, 3, 1, 64), dtype=np.float32)
+    big[0, 0, 0, :5] = 1000.0 * sk[0]
+    q1 = mx.zeros((1, 9, 1, 64))
+    cache.attend(1, q1, mx.array(big), mx.zeros((1, 3, 1, 64)), scale=0.125)
+    assert cache.saturated() == 5 and cache.k[1].fmt.scale == sk
+    assert kv_bytes(spec, 21, 2, 3, 64) == 2 * (2 * 21 * 3 * 64 + 4 + 4)
+    per_head = CacheSpec("fp8_e5m2", fp8_scale="per_head")
+    assert kv_bytes(per_head, 21, 2, 3, 64) == 2 * (2 * 21 * 3 * 64 + 2 * 4 * 3)
+
+
+def test_model_cache_per_head_scales():
+    from kvbench.kernels.model.cache import MixedCache
+    from kvbench.kernels.model.spec import CacheSpec
+
+    cache = MixedCache(CacheSpec("fp8_e4m3", fp8_scale="per_head"), 1, 3, 64, 20, "reference")
+    k = np.random.default_rng(4).standard_normal((1, 3, 10, 64)).astype(np.float32)
+    k *= np.array([1, 10, 100], dtype=np.float32)[None, :, None, None]
+    cache.attend(0, mx.zeros((1, 3, 10, 64)), mx.array(k), mx.array(k), scale=0.125)
+    want = tuple(float(s) for s in np.abs(k).max(axis=(0, 2, 3)) / np.float32(448))
+    assert cache.k[0].fmt.scale == cache.v[0].fmt.scale == want
+
+
+@pytest.mark.parametrize("scale", ["one", "calibrated", "per_head", 0.001])
+def test_quality_rows_carry_kv_saturated(tmp_path, scale):
+    """The quality phase on the tiny model: finite, with the saturated count of every chunk,
+    layer and head."""
+    from tiny_model import weights, write_gguf
+
+    from kvbench.kernels.model import quality as Q
+    from kvbench.kernels.model.load import load_model
+    from kvbench.kernels.model.spec import CacheSpec
+
+    model = load_model(write_gguf(tmp_path / "t.gguf", weights(seed=7)))
+    ch = Q.chunks(list(range(3, 67)), 32, 2)
+    r = Q.quality(model, ch, CacheSpec("fp8_e4m3", fp8_scale=scale), Q.reference_run(model, ch))
+    assert all(np.isfinite(v) for v in r.values())
+    # calibrated on the chunk's first forward (16 tokens here): vLLM's max/200 and max/100
+    # leave 2.2x and 4.5x headroom for later tokens; per_head's max/448 leaves none, so a
+    # later token past the first ones' max saturates
+    assert (r["kv_saturated"] > 0) == (scale in (0.001, "per_head")), r["kv_saturated"]

@@ -90,7 +90,7 @@ def test_members_of_each_level():
     assert members(ModelCache) == ["attend", "advance"]
     assert sorted(members(StoredCache)) == ["advance", "arrays", "attend"]
     assert sorted(members(RewindableCache)) == sorted(
-        ["attend", "advance", "arrays", "mark", "rewind", "held_bytes"]
+        ["attend", "advance", "arrays", "mark", "rewind", "held_bytes", "saturated"]
     )
 
 

@@ -114,6 +114,13 @@ def effective(case: Case) -> dict:
             "rot_block_v": bv}  # fmt: skip
 
 
+def saturated(fmt, k: mx.array, v: mx.array) -> dict:
+    """kv_saturated: elements of layer 0's K and V (every position, as written) the format
+    stores as its largest value (FP8); {} for a format that does not saturate."""
+    sat = [fmt.saturated(x) for x in (k, v)]
+    return {} if sat[0] is None else {"kv_saturated": int((sat[0] + sat[1]).item())}
+
+
 def build(case: Case) -> State:
     """Allocate and fill the cache for `case` (untimed) and return its stages."""
     fmt = format_of(case)
@@ -187,7 +194,8 @@ def build(case: Case) -> State:
         )
         pairs = ((k, rk, bk), (v, rv, bv))
         back = tuple(rotate(fmt.decode(x, mx.float32), r, b) for x, r, b in pairs)
-        return {**compare_outputs(out, exact), "kv_recon_err": recon_err(back, (k32, v32))}
+        acc = {**compare_outputs(out, exact), "kv_recon_err": recon_err(back, (k32, v32))}
+        return acc | saturated(fmt, rotate(k_act, rk, bk), rotate(v_act, rv, bv))
 
     return State(
         {"step": step, "write": write, "attend": attend_all},

@@ -55,9 +55,10 @@ def flops(case: Case) -> int | None:
 
 def kv_bytes(case: Case, fmt) -> int:
     """Exact bytes of the full cache (all layers, K and V) at the case's context length (a
-    windowed cache holds only its window)."""
+    windowed cache holds only its window), each layer's per-tensor scales (FP8) included."""
     held = attended(case) if case.phase == "decode" else case.context_len
-    return 2 * case.n_layers * fmt.nbytes(case.n_seqs * case.n_kv_heads * held, case.head_dim)
+    rows = fmt.nbytes(case.n_seqs * case.n_kv_heads * held, case.head_dim)
+    return 2 * case.n_layers * (rows + fmt.tensor_bytes(case.n_kv_heads))
 
 
 ONE_TOKEN = ("decode", "model_decode")  # phases whose timed call produces one token a sequence

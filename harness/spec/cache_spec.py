@@ -9,6 +9,7 @@ from __future__ import annotations
 from functools import cache
 
 from kvbench.case import Case
+from kvbench.kernels.formats.fp8 import KINDS as FP8_KINDS
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.formats.rotation import block_size
 from kvbench.kernels.model.spec import CacheSpec
@@ -31,6 +32,7 @@ def spec_of(case: Case) -> CacheSpec:
         rotate_v=case.rotate_v,
         k_order=case.k_order,
         q_quant=case.q_quant,
+        fp8_scale=case.fp8_scale,
     )
 
 
@@ -47,10 +49,12 @@ def rotation_blocks(case: Case) -> tuple[int | None, int | None]:
 
 
 @cache
-def _format(kv_dtype: str, group_size: int | None):
-    return get_format(kv_dtype, group_size)
+def _format(kv_dtype: str, group_size: int | None, fp8_scale):
+    return get_format(kv_dtype, group_size, fp8_scale)
 
 
 def format_of(case: Case):
-    """The case's K format (kv_dtype at group_size), resolved once per (kv_dtype, group_size)."""
-    return _format(case.kv_dtype, case.group_size)
+    """The case's K format (kv_dtype at group_size, an FP8 format at fp8_scale), resolved once
+    per (kv_dtype, group_size, fp8_scale)."""
+    scale = case.fp8_scale if case.kv_dtype in FP8_KINDS else "one"
+    return _format(case.kv_dtype, case.group_size, scale)

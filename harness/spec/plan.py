@@ -278,7 +278,8 @@ def make_plan(
     layer = {
         "k_data": rows * parts["data"],
         "v_data": rows * parts["data"],
-        "scales": 2 * rows * parts.get("scales", 0),
+        # per-row scales, and a per-tensor scale of K and of V (FP8: a float32 each)
+        "scales": 2 * (rows * parts.get("scales", 0) + fmt.tensor_bytes(shape.n_kv_heads)),
         "biases": 2 * rows * parts.get("biases", 0),
     }
     layer["total"] = sum(layer.values())

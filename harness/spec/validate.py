@@ -15,7 +15,7 @@ from kvbench.files import not_regular, read_text
 from kvbench.kernels.attention.registry import KERNELS
 from kvbench.kernels.attention.sharded import BY, COMBINES, split_reason
 from kvbench.kernels.data import KV_DATA, load_kv_file
-from kvbench.kernels.formats import rotation, turbo
+from kvbench.kernels.formats import fp8, rotation, turbo
 from kvbench.kernels.formats.registry import FORMATS
 from kvbench.kernels.model.fetch import MODELS
 from kvbench.kernels.model.retrieval import TASKS as RETRIEVAL_TASKS
@@ -95,6 +95,14 @@ def positive_number(v) -> str | None:
     return None if ok else f"must be a positive number, got {v!r}"
 
 
+def fp8_scale(v) -> str | None:
+    try:
+        fp8.parse_scale(v)
+    except ValueError as e:
+        return str(e).removeprefix("fp8_scale ")
+    return None
+
+
 def page_size(v) -> str | None:
     lo, hi = PAGE_SIZES
     ok = v is None or (is_int(v) and lo <= v <= hi)
@@ -152,6 +160,7 @@ NAMED_CHECKS = {
     "kv_format": kv_format,
     "page_size": page_size,
     "positive_number": positive_number,
+    "fp8_scale": fp8_scale,
     "model_name": model_name,
 }
 
@@ -186,6 +195,7 @@ def check_axis(path: str, key: str, axis: str, value) -> None:
 
 def check_case(path: str, case: Case) -> None:
     """Combinations of axes: the format's group size vs head_dim, the K/V file vs the shape."""
+    check_fp8_scale(path, case)
     try:
         fmt = format_of(case)
     except ValueError as e:
@@ -210,6 +220,21 @@ def check_case(path: str, case: Case) -> None:
         except ValueError as e:
             raise SuiteError(path, "kv_file", str(e)) from None
     check_rotation(path, case)
+
+
+def check_fp8_scale(path: str, case: Case) -> None:
+    """fp8_scale: only with an FP8 format; calibrated / per_head only in the model phases (the
+    scale is calibrated per layer, K and V apart, on a real model's first prefill)."""
+    if case.fp8_scale == "one":
+        return
+    if not {case.kv_dtype, case.v_dtype} & set(fp8.KINDS):
+        why = f"applies to {', '.join(fp8.KINDS)} (kv_dtype or v_dtype), not {case.kv_dtype}"
+        raise SuiteError(path, "fp8_scale", why)
+    if case.fp8_scale in ("calibrated", "per_head") and case.phase not in MODEL_PHASES:
+        why = (f"{case.fp8_scale} is calibrated per layer, K and V apart, on a real model's "
+               f"first prefill: a model phase ({', '.join(MODEL_PHASES)}) runs it; phase "
+               f"{case.phase} takes one or a number")  # fmt: skip
+        raise SuiteError(path, "fp8_scale", why)
 
 
 ROTATED_ENGINE = "rotation runs in the model phases and the plain cache engine (layout "

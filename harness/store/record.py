@@ -79,6 +79,7 @@ class _CaseColumns:
     rot_block_v: int | None = None
     k_order: str | None = None
     q_quant: str | None = None
+    fp8_scale: str | None = None
     task: str | None = None
     depth: float | None = None
     trials: int | None = None
@@ -165,6 +166,7 @@ class _Measured:
     rel_err: float | None = None
     cosine: float | None = None
     kv_recon_err: float | None = None  # relative L2 error of decoded K/V vs the originals
+    kv_saturated: int | None = None  # FP8: K/V elements beyond its largest value (stored as it)
     # quality on a real model (phase quality, harness/engines/model.py): the cache in the
     # case's format against a float32 cache over the same text, scored as llama-perplexity
     ppl: float | None = None  # perplexity with the case's cache

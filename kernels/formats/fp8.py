@@ -68,6 +68,17 @@ def max_value(name: str) -> float:
     return float(np.max(np.abs(t[np.isfinite(t)])))
 
 
+def overflow_bound(name: str) -> tuple[float, bool]:
+    """Where rounding leaves the finite range: the midpoint between the largest value and the
+    next one the exponent would give, and whether that tie rounds up (to the even code: E5M2's
+    57344 has an odd mantissa, so 61440 overflows; E4M3's 448 an even one, so 464 stays)."""
+    e_bits, m_bits, bias, _ = KINDS[name]
+    top = max_value(name)
+    step = 2.0 ** (math.floor(math.log2(top)) - m_bits)
+    odd = int(top / step) & 1
+    return top + step / 2, bool(odd)
+
+
 def parse_scale(value) -> str | float:
     """A mode name, or a positive finite float; ValueError with the reason otherwise."""
     if isinstance(value, str) and value in SCALE_MODES:
@@ -163,10 +174,13 @@ class Fp8(Format):
         return {"data": encode_codes(x.astype(mx.float32) / self._scale(x.ndim), self.name)}
 
     def saturated(self, x: mx.array) -> mx.array:
-        """How many elements of x beyond the largest finite value once divided by the scale
-        (stored as that value, not their own): an int32 scalar (lazy)."""
+        """How many elements of x, divided by the scale, round past the largest finite value
+        and are stored as it instead (E4M3: |x/s| > 464, E5M2: >= 61440; inf included, NaN
+        not): an int32 scalar (lazy). Between 448 and 464 E4M3 rounds to 448 as it would
+        anyway: not counted."""
         y = mx.abs(x.astype(mx.float32) / self._scale(x.ndim))
-        return mx.sum(y > self.max_value).astype(mx.int32)
+        bound, tie_up = overflow_bound(self.name)
+        return mx.sum(y >= bound if tie_up else y > bound).astype(mx.int32)
 
     def decode(self, stored: Stored, dtype: mx.Dtype | None = None) -> mx.array:
         data = stored["data"]

@@ -49,6 +49,16 @@ class Format(Protocol):
         """The scale granularity in words, e.g. "no scales", "per row (group 128)"."""
         ...
 
+    def calibrate(self, x: mx.array, role: str) -> Format:
+        """The format with its scale fixed from the first rows x [B, H, L, D] of one layer's K
+        (role "k") or V ("v"): FP8's calibrated / per_head scales. Every other format: itself."""
+        return self
+
+    def saturated(self, x: mx.array) -> mx.array | None:
+        """How many elements of rows x the format stores as its largest value instead of
+        their own (FP8 saturates: an int32 scalar); None where nothing saturates."""
+        return None
+
     def tensor_bytes(self, n_kv_heads: int) -> int:
         """Bytes one layer's K (or V) stores once, whatever its length: a per-tensor scale
         (FP8, kernels/formats/fp8.py). 0 for every format whose scales are per row or group."""

@@ -56,13 +56,16 @@ class PlainCache:
         self.kv = KVCache(self.fmt, n_layers, 1, n_kv_heads, capacity, head_dim)
         self.kernel, self.tile_kv, self.offset = kernel, tile_kv, 0
         self.rot, self.spec = (spec.rotate_k, spec.rotate_v), spec
+        self.n_saturated = mx.array(0, dtype=mx.int32)  # FP8: elements stored saturated
 
     def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
         # rows stored rotated; the kernel gets q rotated and its output is rotated back
         q, k = self.spec.keys_in_order(q, k)
         n = k.shape[2]
         rk, rv = self.rot
-        self.kv.write(layer, rotate(k, rk), rotate(v, rv), self.offset)
+        k, v = rotate(k, rk), rotate(v, rv)
+        self.n_saturated = count_saturated(self.fmt, self.n_saturated, k, v)
+        self.kv.write(layer, k, v, self.offset)
         ks, vs = self.kv.view(layer, self.offset + n)
         return attend_kernel(self.kernel, q, ks, vs, self.fmt, scale, self.tile_kv, self.rot)
 
@@ -87,12 +90,24 @@ class PlainCache:
         views = [self.kv.view(i, self.offset) for i in range(self.kv.n_layers)]
         return sum(a.nbytes for kv in views for s in kv for a in s.values())
 
+    def saturated(self) -> int:
+        """K/V elements written so far that an FP8 format stored saturated (0 for others)."""
+        return int(self.n_saturated.item())
+
+
+def count_saturated(fmt, total: mx.array, k: mx.array, v: mx.array) -> mx.array:
+    """total plus the elements of k and v that `fmt` stores saturated (lazy; unchanged for a
+    format that does not saturate)."""
+    sat = [fmt.saturated(x) for x in (k, v)]
+    return total if sat[0] is None else total + sat[0] + sat[1]
+
 
 class Stream:
     """One layer's K or V of a mixed spec: fp16 sinks, a quantized body, an fp16 residual."""
 
-    def __init__(self, spec: CacheSpec, fmt, channel: bool, n_kv_heads, head_dim, capacity):
-        self.fmt, self.channel, self.d = fmt, channel, head_dim
+    def __init__(self, spec: CacheSpec, fmt, channel: bool, n_kv_heads, head_dim, capacity, role):
+        self.fmt, self.channel, self.d, self.role = fmt, channel, head_dim, role
+        self.n_saturated = mx.array(0, dtype=mx.int32)  # FP8: elements stored saturated
         self.s_max, self.r = spec.sink_tokens, spec.recent_tokens
         dense = (1, n_kv_heads, max(self.s_max, 1), head_dim)
         self.sink = mx.zeros(dense, dtype=mx.float16)
@@ -104,7 +119,9 @@ class Stream:
         self.n_sink = self.n_body = self.n_resid = 0
 
     def write(self, x: mx.array) -> None:
-        """Append x [1, H, n, D] (float32) after the positions already held."""
+        """Append x [1, H, n, D] (float32) after the positions already held. The first write
+        (the prefill) calibrates a format whose scale is calibrated (FP8, as vLLM)."""
+        self.fmt = self.fmt.calibrate(x, self.role)
         take = min(self.s_max - self.n_sink, x.shape[2])
         if take > 0:
             self.sink[:, :, self.n_sink : self.n_sink + take] = x[:, :, :take].astype(mx.float16)
@@ -125,6 +142,9 @@ class Stream:
     def _flush(self, x: mx.array) -> None:
         """Quantize x [1, H, m, D] into the body (m a multiple of recent_tokens if channel)."""
         m = x.shape[2]
+        sat = self.fmt.saturated(x)
+        if sat is not None:
+            self.n_saturated = self.n_saturated + sat
         if self.channel:
             g0, ng = self.n_body // self.r, m // self.r
             b, h, _, d = x.shape
@@ -176,9 +196,9 @@ class MixedCache:
             except ValueError as e:
                 reason = f"k_axis channel, recent_tokens {spec.recent_tokens}: {e}"
                 raise ValueError(reason) from None
-        mk = lambda f, c: Stream(spec, f, c, n_kv_heads, head_dim, capacity)  # noqa: E731
-        self.k = [mk(kf, chan) for _ in range(n_layers)]
-        self.v = [mk(vf, False) for _ in range(n_layers)]
+        mk = lambda f, c, r: Stream(spec, f, c, n_kv_heads, head_dim, capacity, r)  # noqa: E731
+        self.k = [mk(kf, chan, "k") for _ in range(n_layers)]
+        self.v = [mk(vf, False, "v") for _ in range(n_layers)]
         self.kernel, self.tile_kv, self.offset = kernel, tile_kv, 0
         self.rk, self.rv, self.spec = spec.rotate_k, spec.rotate_v, spec
 
@@ -211,6 +231,10 @@ class MixedCache:
     def held_bytes(self) -> int:
         return sum(s.held_bytes() for s in (*self.k, *self.v))
 
+    def saturated(self) -> int:
+        """K/V elements written so far that an FP8 format stored saturated (0 for others)."""
+        return int(sum(s.n_saturated for s in (*self.k, *self.v)).item())
+
 
 class WindowCache:
     """One sliding-window layer (mlx-lm's RotatingKVCache(max_size, keep)) in kvbench's window
@@ -227,13 +251,16 @@ class WindowCache:
         self.kv = KVStore(self.fmt, 1, 1, n_kv_heads, self.ring.size, head_dim)
         self.kernel, self.tile_kv, self.offset = kernel, tile_kv, 0
         self.rot, self.spec = (spec.rotate_k, spec.rotate_v), spec
+        self.n_saturated = mx.array(0, dtype=mx.int32)  # FP8: elements stored saturated
 
     def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
         q, k = self.spec.keys_in_order(q, k)  # as PlainCache: stored order and rotation
         n = k.shape[2]
         rk, rv = self.rot
         cells = self.ring.write(n)
-        self.kv.put(0, (ALL, ALL, mx.array(cells)), rotate(k, rk), rotate(v, rv))
+        k, v = rotate(k, rk), rotate(v, rv)
+        self.n_saturated = count_saturated(self.fmt, self.n_saturated, k, v)
+        self.kv.put(0, (ALL, ALL, mx.array(cells)), k, v)
         mask = mx.array(self.ring.mask(range(self.offset, self.offset + n)))
         ks, vs = self.kv.view(0, self.ring.size)
         return attend_kernel(self.kernel, q, ks, vs, self.fmt, scale, self.tile_kv, self.rot, mask)
@@ -253,6 +280,9 @@ class WindowCache:
 
     def held_bytes(self) -> int:
         return sum(a.nbytes for a in self.kv.arrays()) * self.ring.held() // self.ring.size
+
+    def saturated(self) -> int:
+        return int(self.n_saturated.item())
 
 
 class LayeredCache:
@@ -284,6 +314,9 @@ class LayeredCache:
 
     def held_bytes(self) -> int:
         return sum(s.held_bytes() for s in self.stores)
+
+    def saturated(self) -> int:
+        return sum(s.saturated() for s in self.stores)
 
 
 def make_cache(

@@ -60,5 +60,10 @@ class RewindableCache(StoredCache, Protocol):
         """Bytes of the stored arrays' slices that hold positions now (measured, not a formula)."""
         ...
 
+    def saturated(self) -> int:
+        """K/V elements written so far that the format stored as its largest value instead of
+        their own (FP8: kernels/formats/fp8.py); 0 for a format that does not saturate."""
+        ...
+
 
 LEVELS = {"ModelCache": ModelCache, "StoredCache": StoredCache, "RewindableCache": RewindableCache}

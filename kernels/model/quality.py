@@ -22,6 +22,7 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from kvbench.kernels.formats.fp8 import KINDS as FP8_KINDS
 from kvbench.kernels.model.cache import make_cache
 from kvbench.kernels.model.load import Model
 from kvbench.kernels.model.run import forward
@@ -52,9 +53,16 @@ def chunks(
 
 
 def chunk_logprobs(
-    model: Model, chunk: list[int], spec: CacheSpec, kernel="reference", ubatch=None, tile_kv=None
+    model: Model,
+    chunk: list[int],
+    spec: CacheSpec,
+    kernel="reference",
+    ubatch=None,
+    tile_kv=None,
+    saturated: list | None = None,
 ) -> mx.array:
-    """float32 log-probabilities [n_scored, vocab] at the scored positions of one chunk."""
+    """float32 log-probabilities [n_scored, vocab] at the scored positions of one chunk; the
+    K/V elements the cache stored saturated (FP8) appended to `saturated` when given."""
     n = len(chunk)
     first = n // 2
     cache = make_cache(spec, model.config, n, kernel, tile_kv)
@@ -69,6 +77,8 @@ def chunk_logprobs(
         else:
             forward(model, piece, cache, logits_from=piece.shape[1])
         mx.eval(out, cache.arrays())
+    if saturated is not None:
+        saturated.append(cache.saturated())
     logits = mx.concatenate(out, axis=0)[: n - 1 - first]  # the last position has no target
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
@@ -143,11 +153,13 @@ def quality(
     tile_kv: int | None = None,
 ) -> dict:
     """ppl, ppl_ref, delta_ppl, kl_mean, kl_p99, top1_agree, n_scored of `spec` against `ref`
-    (reference_run of the same chunks)."""
-    stats, ref_nll = [], []
+    (reference_run of the same chunks); with an FP8 format, kv_saturated: the K/V elements
+    stored saturated over every chunk, layer and head."""
+    stats, ref_nll, sat = [], [], []
     for chunk, ref_lp in zip(token_chunks, ref):
-        lp = chunk_logprobs(model, chunk, spec, kernel, ubatch, tile_kv)
+        lp = chunk_logprobs(model, chunk, spec, kernel, ubatch, tile_kv, sat)
         tg = targets_of(chunk)
         stats.append(token_stats(ref_lp, lp, tg))
         ref_nll.append(token_stats(ref_lp, ref_lp, tg)["nll"])
-    return summarize(stats, np.concatenate(ref_nll))
+    fp8 = {spec.k_dtype, spec.v_name} & set(FP8_KINDS)
+    return summarize(stats, np.concatenate(ref_nll)) | ({"kv_saturated": sum(sat)} if fp8 else {})

@@ -16,6 +16,7 @@ from dataclasses import dataclass
 
 import mlx.core as mx
 
+from kvbench.kernels.formats.fp8 import KINDS as FP8_KINDS
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.formats.rotation import K_ORDERS, ROTATIONS, gguf_order, rotate
 
@@ -35,6 +36,7 @@ class CacheSpec:
     rotate_v: str = "none"
     k_order: str = "hf"  # key channel order stored: "hf" (the model's) or "gguf" (llama.cpp's)
     q_quant: str = "none"  # "q8_0": queries rounded through q8_0 blocks before the key dot
+    fp8_scale: str | float = "one"  # an FP8 format's scale (kernels/formats/fp8.py)
 
     def __post_init__(self):
         if self.k_axis not in AXES:
@@ -59,12 +61,18 @@ class CacheSpec:
         return self.v_group if self.v_dtype is not None else self.v_group or self.k_group
 
     def formats(self):
-        return get_format(self.k_dtype, self.k_group), get_format(self.v_name, self.v_grp)
+        """K's and V's formats (an FP8 one at fp8_scale: pending when it is calibrated)."""
+        scale = lambda name: self.fp8_scale if name in FP8_KINDS else "one"  # noqa: E731
+        k = get_format(self.k_dtype, self.k_group, scale(self.k_dtype))
+        return k, get_format(self.v_name, self.v_grp, scale(self.v_name))
 
     @property
     def plain(self) -> bool:
         same = self.v_name == self.k_dtype and self.v_grp == self.k_group
-        return same and self.k_axis == "token" and not self.sink_tokens + self.recent_tokens
+        # a calibrated FP8 scale differs between K and V and between layers: per-stream formats
+        calibrated = self.fp8_scale in ("calibrated", "per_head")
+        plain = self.k_axis == "token" and not self.sink_tokens + self.recent_tokens
+        return same and plain and not calibrated
 
     @property
     def label(self) -> str:
@@ -80,6 +88,7 @@ class CacheSpec:
         for part, rot in (("K", self.rotate_k), ("V", self.rotate_v)):
             out += f"-rot{part}" if rot != "none" else ""
         out += "-kgguf" if self.k_order == "gguf" else ""
+        out += f"-fp8s:{self.fp8_scale}" if self.fp8_scale != "one" else ""
         return out + ("-qq8_0" if self.q_quant == "q8_0" else "")
 
     def keys_in_order(self, q: mx.array, k: mx.array) -> tuple[mx.array, mx.array]:
@@ -129,8 +138,10 @@ def kv_bytes(
     spec: CacheSpec, n_tokens: int, n_layers: int, n_kv_heads: int, head_dim: int, n_seqs: int = 1
 ) -> int:
     """Exact bytes of the K and V a spec holds after n_tokens (data, scales, biases, fp16
-    sinks and residual), over every layer, KV head and sequence."""
+    sinks and residual), over every layer, KV head and sequence, plus each layer's per-tensor
+    scales (FP8)."""
     kf, vf = spec.formats()
     per = stream_bytes(spec, kf, spec.k_axis == "channel", n_tokens, head_dim)
     per += stream_bytes(spec, vf, False, n_tokens, head_dim)
-    return per * n_layers * n_kv_heads * n_seqs
+    fixed = kf.tensor_bytes(n_kv_heads) + vf.tensor_bytes(n_kv_heads)
+    return (per * n_kv_heads * n_seqs + fixed) * n_layers

@@ -38,7 +38,9 @@ def layout_counts(layout: str, n_seqs: int, ctx: int, la: LayoutArgs) -> dict:
 
 def cache_bytes(fmt, layout: str, n_seqs: int, ctx: int, la: LayoutArgs, *, n_layers: int,
                 n_kv_heads: int, head_dim: int) -> int:  # fmt: skip
-    """Exact bytes of the whole cache (K and V, every layer, plus a block table)."""
+    """Exact bytes of the whole cache (K and V, every layer with its per-tensor scales (FP8),
+    plus a block table)."""
     counts = layout_counts(layout, n_seqs, ctx, la)
-    kv = 2 * n_layers * fmt.nbytes(counts["cells"] * n_kv_heads, head_dim)
+    rows = fmt.nbytes(counts["cells"] * n_kv_heads, head_dim)
+    kv = 2 * n_layers * (rows + fmt.tensor_bytes(n_kv_heads))
     return kv + counts.get("block_table_bytes", 0)
