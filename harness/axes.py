@@ -2,7 +2,7 @@
 
 A case axis is a knob a suite sets (model, context length, format, kernel, ...). Everything that
 knows about axes derives from TABLE: the Case's fields (kvbench.case), the Record's case block and
-so the CSV header (kvbench.store.record), the value checks (kvbench.spec.validate resolves each
+so the CSV header (kvbench.store.schema), the value checks (kvbench.spec.validate resolves each
 `check` name, since the choices live in kernels/ registries), case labels (kvbench.case.label_of),
 the terminal summary's columns (kvbench.analysis.summary) and the report's series names
 (kvbench.report.common). Adding an axis is one entry here plus the engine code that reads it

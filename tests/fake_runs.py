@@ -8,7 +8,8 @@ from pathlib import Path
 
 import numpy as np
 
-from kvbench.store.record import COLUMNS, SAMPLE_COLUMNS, make_record, write_csv_atomic
+from kvbench.store.schema import COLUMNS, SAMPLE_COLUMNS, make_record
+from kvbench.store.writer import write_csv_atomic
 
 CASE = {"model": "tiny", "phase": "decode", "kv_dtype": "fp16", "kernel": "sdpa", "n_seqs": 1}
 

@@ -14,7 +14,7 @@ from pathlib import Path
 import pandas as pd
 
 from kvbench.spec.cache_spec import format_of
-from kvbench.store.record import COLUMNS
+from kvbench.store.schema import COLUMNS
 
 # name -> (stored bits per element with scales, data bits)
 FORMATS = {"fp32": 32.0, "fp16": 16.0, "int4": 4.5}

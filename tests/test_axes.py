@@ -15,7 +15,7 @@ from kvbench.case import AXES, Case, case_class, case_id
 from kvbench.report.common import SERIES_AXES, series_axes
 from kvbench.spec.suite import expand, load_suite
 from kvbench.spec.validate import CHECKS, checks_for
-from kvbench.store.record import COLUMNS, record_class
+from kvbench.store.schema import COLUMNS, record_class
 
 # Real values: computed with `expand(load_suite(...))` and `.case_id` on main at commit bfa0cb3,
 # before the axis table existed (Case was a hand-written dataclass then). If one changes, stored
@@ -132,7 +132,7 @@ def test_a_required_axis_goes_before_the_defaults():
 def test_the_table_imports_neither_mlx_nor_kernels():
     # store/, analysis/ and report/ read the table; they must run where mlx cannot load
     code = (
-        "import sys; sys.modules['mlx'] = None; import kvbench.axes, kvbench.store.record; "
+        "import sys; sys.modules['mlx'] = None; import kvbench.axes, kvbench.store.schema; "
         "bad = [m for m, x in sys.modules.items() if x and m.startswith(('mlx', 'kvbench.kern'))]; "
         "assert not bad, bad"
     )
@@ -149,7 +149,7 @@ def test_the_declared_case_is_what_the_table_says():
 
 
 def test_the_declared_record_is_what_the_table_says():
-    from kvbench.store.record import Record
+    from kvbench.store.schema import Record
 
     assert _shape(Record) == _shape(record_class())
 

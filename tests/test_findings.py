@@ -8,7 +8,7 @@ import pandas as pd
 import pytest
 
 from kvbench.analysis import findings as fd
-from kvbench.store.record import COLUMNS
+from kvbench.store.schema import COLUMNS
 
 
 def row(ms: float, half: float = 0.02, **case) -> dict:

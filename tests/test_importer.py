@@ -13,8 +13,8 @@ from kvbench.case import Case
 from kvbench.cli import main
 from kvbench.errors import UserError
 from kvbench.store.importer import import_file
-from kvbench.store.record import COLUMNS
 from kvbench.store.results import load
+from kvbench.store.schema import COLUMNS
 
 FIXTURE = Path(__file__).parent / "data" / "pytest-benchmark.json"
 DOC = json.loads(FIXTURE.read_text())

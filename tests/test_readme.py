@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from kvbench.store.record import COLUMNS
+from kvbench.store.schema import COLUMNS
 
 
 def test_every_column_is_documented():

@@ -7,7 +7,8 @@ import math
 import pandas as pd
 import pytest
 
-from kvbench.store.record import COLUMNS, SAMPLE_COLUMNS, Record, ResultsWriter, make_record
+from kvbench.store.schema import COLUMNS, SAMPLE_COLUMNS, Record, make_record
+from kvbench.store.writer import ResultsWriter
 
 
 def test_round_trip(tmp_path):

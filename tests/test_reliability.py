@@ -200,7 +200,7 @@ def test_an_interrupted_run_says_so_in_its_files_and_its_report(tmp_path):
     from kvbench.report.page import build
     from kvbench.run import runner, session
     from kvbench.spec.suite import Settings, resolve
-    from kvbench.store.record import ResultsWriter
+    from kvbench.store.writer import ResultsWriter
 
     cases = [resolve("s.yaml", {"model": "tiny", "context_len": c}) for c in (16, 32, 64)]
     runs = {c.case_id: runner.CaseRun(c) for c in cases}

@@ -16,7 +16,7 @@ from kvbench.analysis.findings.tasks import config_label
 from kvbench.report import tasks
 from kvbench.report.page import write_report
 from kvbench.stats import wilson
-from kvbench.store.record import COLUMNS
+from kvbench.store.schema import COLUMNS
 
 
 def row(**kw) -> dict:

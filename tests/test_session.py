@@ -120,7 +120,7 @@ def test_ctrl_c_keeps_completed_rows(write_suite, tmp_path, monkeypatch, quiet):
 
 
 def test_run_ids_never_overwrite_an_earlier_run(tmp_path):
-    from kvbench.store.record import ResultsWriter
+    from kvbench.store.writer import ResultsWriter
 
     assert ResultsWriter.claim(tmp_path, "r").run_id == "r"  # claims r.csv and r.samples.csv
     (tmp_path / "r-2.samples.csv").write_text("x")  # a stray samples file holds r-2 too

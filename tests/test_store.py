@@ -15,7 +15,7 @@ from kvbench.analysis.compare import compare
 from kvbench.errors import UserError
 from kvbench.report import page
 from kvbench.store import results
-from kvbench.store.record import COLUMNS
+from kvbench.store.schema import COLUMNS
 
 # `kvbench run suites/smoke.yaml` written by main at 58f4e51 (before the restructure), kept as
 # the migration fixture: today's reader must load it and join its cases with a new run.

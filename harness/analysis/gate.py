@@ -38,7 +38,6 @@ from kvbench.analysis.rules import Rules, check_rules
 from kvbench.errors import UserError
 from kvbench.files import not_regular, read_text
 from kvbench.store import git
-from kvbench.store.record import write_csv_atomic
 from kvbench.store.results import (
     MEASURED,
     ResultSet,
@@ -47,6 +46,7 @@ from kvbench.store.results import (
     load_dir,
     load_runs,
 )
+from kvbench.store.writer import write_csv_atomic
 
 # Runs the kvbench of the tree named by argv[1]: its harness/ as `kvbench` and its kernels/ as
 # `kvbench.kernels`, registered before anything imports them, so an installed (or editable)

@@ -6,7 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from kvbench.errors import UserError
-from kvbench.store.record import METRIC_STAGE
+from kvbench.store.schema import METRIC_STAGE
 
 TESTED = tuple(METRIC_STAGE)
 HIGHER_IS_BETTER = ("gbps", "pct_peak_bw", "tflops", "tokens_per_s", "cosine")

@@ -1,6 +1,6 @@
 """`kvbench report`: result CSVs -> one self-contained, offline HTML page.
 
-Inputs are result CSVs (harness/store/record.py's columns) or directories of them; raw-sample
+Inputs are result CSVs (harness/store/schema.py's columns) or directories of them; raw-sample
 files (`*.samples.csv`) are skipped and compare CSVs (`kvbench compare --format csv`: ratio,
 verdict, ...; docs/compare.md) found among the inputs are treated like `--compare FILE`.
 Which rows the figures use:
@@ -24,8 +24,8 @@ from kvbench.case import label_of
 from kvbench.errors import UserError
 from kvbench.files import check_output_file, write_atomic
 from kvbench.store.checks import dir_files
-from kvbench.store.record import COLUMNS
 from kvbench.store.results import is_results_csv, load_run, migrate, pick_rows, read_csv
+from kvbench.store.schema import COLUMNS
 
 
 def _csv_files(paths) -> list[Path]:

@@ -25,7 +25,7 @@ from kvbench.peers.registry import kernel_kind
 from kvbench.run import interrupt
 from kvbench.spec.cache_spec import format_of
 from kvbench.spec.suite import Settings
-from kvbench.store.record import Record, make_record
+from kvbench.store.schema import Record, make_record
 
 STAGE_WEIGHT = {"step": 1.0}  # relative share of the case's budget; others get OTHER_WEIGHT
 OTHER_WEIGHT = 0.25

@@ -27,7 +27,8 @@ from kvbench.axes import TABLE
 from kvbench.errors import UserError
 from kvbench.files import check_output_dir, read_text
 from kvbench.stats import summarize
-from kvbench.store.record import COLUMNS, SAMPLE_COLUMNS, make_record, write_csv_atomic
+from kvbench.store.schema import COLUMNS, SAMPLE_COLUMNS, make_record
+from kvbench.store.writer import write_csv_atomic
 
 CONTEXT_KEYS = ("device", "backend", "mlx_version", "kvbench_version")
 STAT_KEYS = ("median", "iqr", "mean", "stddev", "rounds")

@@ -22,8 +22,9 @@ import pandas as pd
 
 from kvbench.errors import UserError
 from kvbench.store.checks import dir_files
-from kvbench.store.record import COLUMNS, SAMPLE_COLUMNS, Record, write_csv_atomic
 from kvbench.store.results import load_run, pick_rows
+from kvbench.store.schema import COLUMNS, SAMPLE_COLUMNS, Record
+from kvbench.store.writer import write_csv_atomic
 
 MERGE_KEYS = ("case_id", "host")
 INT_COLUMNS = [f.name for f in dataclasses.fields(Record) if str(f.type).startswith("int")]

@@ -45,7 +45,7 @@ from kvbench.files import check_output_file
 from kvbench.store import git
 from kvbench.store.checks import check_against_samples, check_rows, dir_files, whole_lines
 from kvbench.store.migrate_v1 import with_v1_facts
-from kvbench.store.record import COLUMNS, METRIC_STAGE, Record
+from kvbench.store.schema import COLUMNS, METRIC_STAGE, Record
 from kvbench.store.status import MEASURED
 
 # Read as text: a 12-digit commit or case id made only of digits must not become a number.

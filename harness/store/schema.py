@@ -1,25 +1,15 @@
-"""Records: one row per case. The Record's fields are the CSV header, in order; its case block
-is the axis table (kvbench.axes), in the table's order.
-
-Results live in `<out>/<run_id>.csv` (one row per case) and `<out>/<run_id>.samples.csv` (every
-raw sample: case_id, stage, round, sample, ms). A run claims both names exclusively, then
-appends each finished case's samples and then its row (ResultsWriter), so an interrupted or
-killed run leaves complete, readable files holding every row measured so far, each with its
-samples (docs/reliability.md). This module imports neither mlx nor kernels/.
+"""The schema of a result row: the Record, whose fields are the CSV header in order (the head,
+the case block, the measured columns), and the raw-sample columns. The case block is the axis
+table (kvbench.axes), in the table's order. harness/store/writer.py writes rows of it; this
+module imports neither mlx nor kernels/.
 """
 
 from __future__ import annotations
 
-import csv
 import dataclasses
-import io
-import math
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from kvbench.axes import TABLE, Axis
-from kvbench.errors import UserError
-from kvbench.files import append_bytes, create_exclusive, write_atomic
 
 
 @dataclass(frozen=True)
@@ -285,87 +275,3 @@ def make_record(**values) -> Record:
     if unknown:
         raise TypeError(f"make_record: not Record columns: {', '.join(unknown)}")
     return Record(**values)
-
-
-def _cell(value) -> str:
-    if value is None or (isinstance(value, float) and math.isnan(value)):
-        return ""
-    if isinstance(value, float):
-        return repr(value)
-    return str(value)
-
-
-def csv_text(header, rows) -> str:
-    """CSV text of rows (sequences of cells; header None: rows only)."""
-    buf = io.StringIO()
-    w = csv.writer(buf)
-    if header is not None:
-        w.writerow(header)
-    w.writerows([_cell(v) for v in row] for row in rows)
-    return buf.getvalue()
-
-
-def write_csv_atomic(path: Path, header, rows) -> None:
-    """Write rows (sequences matching header) to path via a uniquely named temporary file and a
-    rename (harness/files.py: one-line error on failure, umask mode)."""
-    path = Path(path)
-    try:
-        path.parent.mkdir(parents=True, exist_ok=True)
-    except OSError as e:
-        raise UserError(f"{path.parent}: cannot create the directory: {e.strerror}") from None
-    write_atomic(path, csv_text(header, rows))
-
-
-class ResultsWriter:
-    """The files of one run: `claim` picks a run id no other run in the directory holds, by
-    creating both files exclusively; `add` appends a row's raw samples, then the row (a row on
-    disk always has its samples; a crash between the two leaves only unreferenced samples).
-    Each append is one write of whole lines, cut back if it fails (files.append_bytes), so the
-    files are readable at every moment and a run of n cases writes O(n) bytes, not O(n^2)."""
-
-    def __init__(self, out_dir: str | Path, run_id: str):
-        self.run_id = run_id
-        self.csv_path = Path(out_dir) / f"{run_id}.csv"
-        self.samples_path = Path(out_dir) / f"{run_id}.samples.csv"
-        self.records: list[Record] = []
-        self.n_samples = 0
-        self._created = False
-
-    def _create(self) -> bool:
-        """Create both files with their headers; False when either already exists."""
-        if not create_exclusive(self.csv_path, csv_text(COLUMNS, []).encode()):
-            return False
-        if not create_exclusive(self.samples_path, csv_text(SAMPLE_COLUMNS, []).encode()):
-            self.csv_path.unlink(missing_ok=True)  # a stray samples file holds this name
-            return False
-        self._created = True
-        return True
-
-    @classmethod
-    def claim(cls, out_dir: str | Path, base: str) -> ResultsWriter:
-        """A writer for run id base (or base-2, base-3, ...: the first free one in out_dir)."""
-        for n in range(1, 10_000):
-            w = cls(out_dir, base if n == 1 else f"{base}-{n}")
-            if w._create():
-                return w
-        raise UserError(f"{out_dir}: --out: no free run id for {base}")
-
-    def discard_if_empty(self) -> None:
-        """Remove the claimed files when no row was written (a run stopped before its first)."""
-        if self._created and not self.records:
-            self.csv_path.unlink(missing_ok=True)
-            self.samples_path.unlink(missing_ok=True)
-
-    def add(self, record: Record, samples: list[tuple] = ()) -> None:
-        self.add_many([(record, samples)])
-
-    def add_many(self, items: list[tuple[Record, list[tuple]]]) -> None:
-        """Append several rows at once: all their samples first, then the rows."""
-        if not self._created and not self._create():
-            raise UserError(f"{self.csv_path}: exists already; results are never overwritten")
-        samples = [s for _, ss in items for s in ss]
-        append_bytes(self.samples_path, csv_text(None, samples).encode())
-        self.n_samples += len(samples)
-        rows = [dataclasses.astuple(r) for r, _ in items]
-        append_bytes(self.csv_path, csv_text(None, rows).encode())
-        self.records += [r for r, _ in items]
