@@ -18,7 +18,8 @@ from kvbench.engines import peers as peers_engine
 from kvbench.kernels.attention.registry import reference
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import FORMATS, get_format
-from kvbench.peers.registry import PEERS, DecodeData, missing_reason
+from kvbench.peers.base import DecodeData
+from kvbench.peers.registry import PEERS, missing_reason
 from kvbench.run import session
 from kvbench.spec.suite import Settings, Suite, expand, load_suite
 

@@ -31,7 +31,8 @@ from kvbench.engines.parity import compare_outputs, parity_gate, recon_err
 from kvbench.kernels.attention.registry import reference
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
-from kvbench.peers.registry import PEERS, DecodeData, peer_unsupported_reason, version
+from kvbench.peers.base import DecodeData
+from kvbench.peers.registry import PEERS, peer_unsupported_reason, version
 from kvbench.spec.cache_spec import format_of
 
 
