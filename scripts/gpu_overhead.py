@@ -4,10 +4,14 @@ D=128, one sequence) and a 4K fp16 cache, the median time of eight calls (one pe
 graph, eval + synchronize, the harness's timer) divided by eight, for
   sdpa            MLX's fused scaled_dot_product_attention,
   cuda            kvbench's flash-decode kernel as the harness launches it,
-  cuda_fresh      the same with its small constant inputs built anew every call,
+  cuda_graph      the host time to build those eight calls' graph (no eval),
+  cuda_splitsN    the kernel with N splits forced (kernel-bound time moves with N, a fixed
+                  per-call cost does not),
   empty_kernel    a mx.fast.cuda_kernel that writes one float (the launch floor),
   encode_fp4/int4 quantizing one token's K into fp4 / int4 (the write stage's encode),
-and the float32 matmul's error against float64 (is float32 computed in TF32?). Prints JSON.
+the float32 matmul's error against float64 (is float32 computed in TF32?), and
+mx.quantized_matmul's error for scores q @ K^T with per-head (batched) packed keys, as kvbench's
+quantized_matmul kernel and mlx-lm call it, against one 2-D call per head. Prints JSON.
 """
 
 from __future__ import annotations
@@ -16,13 +20,13 @@ import json
 import math
 import statistics
 import sys
+import time
 from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-from kvbench.kernels.attention.gpu import kernels as gk  # noqa: E402
 from kvbench.kernels.attention.registry import KERNELS  # noqa: E402
 from kvbench.kernels.formats.registry import get_format  # noqa: E402
 from kvbench.timer import run_once, warm_up  # noqa: E402
@@ -45,13 +49,18 @@ def attention_variants() -> dict:
     cuda = KERNELS["cuda"].fn
     sdpa = mx.fast.scaled_dot_product_attention
 
-    def run_cuda(fresh: bool):
-        outs = []
-        for k, v in zip(ks, vs):
-            if fresh:
-                gk.const_input.cache_clear()
-            outs.append(cuda(q, {"data": k}, {"data": v}, fmt, scale=scale, tile_kv=32))
-        return outs
+    def run_cuda(n_splits=None):
+        return [
+            cuda(q, {"data": k}, {"data": v}, fmt, scale=scale, tile_kv=32, n_splits=n_splits)
+            for k, v in zip(ks, vs)
+        ]
+
+    def graph_us() -> float:
+        run_cuda()
+        t0 = time.perf_counter()
+        for _ in range(20):
+            run_cuda()
+        return (time.perf_counter() - t0) * 1e6 / (20 * LAYERS)
 
     empty = mx.fast.cuda_kernel(
         name="kvbench_empty", input_names=["x"], output_names=["y"],
@@ -66,10 +75,37 @@ def attention_variants() -> dict:
     ]  # fmt: skip
     return {
         "sdpa_us": per_call_us(lambda: [sdpa(q, k, v, scale=scale) for k, v in zip(ks, vs)]),
-        "cuda_us": per_call_us(lambda: run_cuda(False)),
-        "cuda_fresh_us": per_call_us(lambda: run_cuda(True)),
+        "cuda_us": per_call_us(run_cuda),
+        "cuda_graph_us": graph_us(),
+        **{f"cuda_splits{n}_us": per_call_us(lambda n=n: run_cuda(n)) for n in (1, 4, 16, 64)},
         "empty_kernel_us": per_call_us(run_empty),
     }
+
+
+def qmm_check() -> dict:
+    """Scores q @ K^T through mx.quantized_matmul with K packed per head ([B, Hkv, 1, Lk, ...]
+    broadcast over the G query heads of a group), against the same product per head with 2-D
+    packed K, and against the dequantized K in float32."""
+    out = {}
+    q = mx.random.normal((1, HKV, 4, 1, D)).astype(mx.float16)  # [B, Hkv, G, Lq, D]
+    k = mx.random.normal((1, HKV, CTX, D)).astype(mx.float16)
+    for mode, group in (("mxfp4", 32), ("affine", 64)):
+        packed = mx.quantize(k, group_size=group, bits=4, mode=mode)
+        w, s = packed[0], packed[1]
+        b = packed[2] if len(packed) > 2 else None
+        args = dict(group_size=group, bits=4, mode=mode)
+        ex = lambda a: None if a is None else mx.expand_dims(a, 2)  # noqa: E731
+        batched = mx.quantized_matmul(q, ex(w), ex(s), ex(b), transpose=True, **args)
+        per_head = mx.stack(
+            [mx.quantized_matmul(q[0, h], w[0, h], s[0, h], None if b is None else b[0, h],
+                                 transpose=True, **args) for h in range(HKV)]
+        )[None]  # fmt: skip
+        kd = mx.dequantize(w, s, b, **args).astype(mx.float32)  # [B, Hkv, Lk, D]
+        ref = np.array(q.astype(mx.float32) @ mx.expand_dims(kd, 2).swapaxes(-1, -2))
+        for name, got in (("batched", batched), ("per_head", per_head)):
+            err = np.linalg.norm(np.array(got.astype(mx.float32)) - ref) / np.linalg.norm(ref)
+            out[f"qmm_{mode}_{name}_rel_err"] = float(err)
+    return out
 
 
 def encode_variants() -> dict:
@@ -93,7 +129,11 @@ def tf32_check() -> dict:
 def main() -> int:
     result = {"device": mx.device_info().get("device_name", str(mx.default_device()))}
     result.update(tf32_check())
-    result.update(attention_variants())
+    for part in (qmm_check, attention_variants):
+        try:
+            result.update(part())
+        except Exception as e:  # noqa: BLE001  a device probe: report what failed, go on
+            result[part.__name__] = f"{type(e).__name__}: {e}"[:300]
     result.update(encode_variants())
     print(json.dumps(result, indent=2))
     return 0

@@ -22,7 +22,7 @@ sliced cache view is never copied. Decode only (one query per sequence).
 
 from __future__ import annotations
 
-from functools import cache, lru_cache
+from functools import cache
 from pathlib import Path
 
 import mlx.core as mx
@@ -133,27 +133,16 @@ def device_sized(data: mx.array) -> mx.array:
     return mx.pad(data, [(0, 0), (0, 0), (0, extra), (0, 0)])
 
 
-@lru_cache(maxsize=512)
-def const_input(values: tuple, dtype_name: str) -> mx.array:
-    """A small constant kernel input (launch params, the scale, the dummy scales), made and
-    evaluated once per value: a decode step then launches with inputs already on the device
-    instead of building and uploading three small arrays per layer (the GPU time of that is
-    measured by scripts/gpu_overhead.py)."""
-    arr = mx.array(list(values), dtype=getattr(mx, dtype_name))
-    mx.eval(arr)
-    return arr
-
-
 def launch_inputs(q, k: dict, v: dict, plan: launch.LaunchPlan, scale: float) -> list:
-    dummy = const_input((0.0,), "float16")  # dense caches have no scales
+    dummy = mx.zeros((1,), dtype=mx.float16)  # dense caches have no scales
     return [
         q,
         device_sized(k["data"]),
         device_sized(v["data"]),
         k.get("scales", dummy),
         v.get("scales", dummy),
-        const_input(tuple(plan.params), "int32"),
-        const_input((float(scale),), "float32"),
+        mx.array(plan.params, dtype=mx.int32),
+        mx.array([scale], dtype=mx.float32),
     ]
 
 
@@ -187,7 +176,7 @@ def flash_decode(backend: str, q, k, v, fmt, *, scale: float, tile_kv=None, **co
         output_dtypes=[mx.float32] * 3,
     )
     (out,) = compiled(backend, COMBINE)(
-        inputs=[*parts, const_input(tuple(plan.combine_params), "int32")],
+        inputs=[*parts, mx.array(plan.combine_params, dtype=mx.int32)],
         template=as_mx(plan.combine_template),
         grid=plan.combine_grid,
         threadgroup=plan.combine_threadgroup,
