@@ -4,10 +4,11 @@ A case axis is a knob a suite sets (model, context length, format, kernel, ...).
 knows about axes derives from TABLE: the Case's fields (kvbench.case), the Record's case block and
 so the CSV header (kvbench.store.schema), the value checks (kvbench.spec.validate resolves each
 `check` name, since the choices live in kernels/ registries), case labels (kvbench.case.label_of),
-the terminal summary's columns (kvbench.analysis.summary) and the report's series names
-(kvbench.report.common). Adding an axis is one entry here plus the engine code that reads it
-(docs/architecture.md). This module imports neither mlx nor kernels/: store/, analysis/ and
-report/ read it.
+the terminal summary's columns (kvbench.analysis.summary), the report's series names
+(kvbench.report.common) and which rows the findings compare (each axis's role: workload, cache
+choice or implementation detail; kvbench.analysis.findings.common). Adding an axis is one entry
+here plus the engine code that reads it (docs/architecture.md). This module imports neither mlx
+nor kernels/: store/, analysis/ and report/ read it.
 
 The table's order is the CSV column order of the case block and the order of label parts.
 Required axes have no default; `case_id` hashes the required axes and those set off their
@@ -18,6 +19,15 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
+
+# What an axis is to a comparison of rows (analysis/findings reads it): rows are compared only
+# within one workload, and two rows that differ in a cache choice or an implementation detail
+# are two configurations (never one configuration compared with itself).
+ROLES = {
+    "workload": "what is asked of the cache: the model's shape, context, sequences, data, task",
+    "choice": "how the cache stores K/V: format, group, layout, pages, rotation, sinks, ranks",
+    "detail": "how a stored cache is read or computed, the bytes unchanged: kernel, tile, ...",
+}
 
 
 class _Required:
@@ -42,6 +52,7 @@ class Axis:
     hide_default: bool = False  # summary drops the column when every row holds the default
     series: str = "{}"  # its part in a report series name, e.g. "ctx {}"
     derive: Callable[[Mapping], object] | None = None  # derived axes: value from the others
+    role: str = ""  # one of ROLES: what the axis is to a comparison of rows
 
     @property
     def required(self) -> bool:
@@ -60,120 +71,154 @@ def _gqa(values: Mapping) -> int:
 TABLE: tuple[Axis, ...] = (
     Axis("model", "str", check="model_name", label="{}", always=True, column="model",
          doc="model preset (shape of every layer), custom, or a real model: a GGUF file, an "
-             "mlx-lm directory or a Hugging Face repo id (model phases)"),
+             "mlx-lm directory or a Hugging Face repo id (model phases)", role="workload"),
     Axis("n_layers", "int", check="positive_int", series="layers {}",
-         doc="layers in the cache"),
-    Axis("n_q_heads", "int", check="positive_int", doc="query heads"),
-    Axis("n_kv_heads", "int", check="positive_int", doc="K/V heads"),
+         doc="layers in the cache", role="workload"),
+    Axis("n_q_heads", "int", check="positive_int", doc="query heads", role="workload"),
+    Axis("n_kv_heads", "int", check="positive_int", doc="K/V heads", role="workload"),
     Axis("gqa_ratio", "int", check="positive_int", column="gqa", series="GQA {}", derive=_gqa,
-         doc="derived: n_q_heads // n_kv_heads; a suite may give it instead of n_kv_heads"),
-    Axis("head_dim", "int", check="positive_int", series="D={}", doc="head dimension"),
+         doc="derived: n_q_heads // n_kv_heads; a suite may give it instead of n_kv_heads",
+         role="workload"),
+    Axis("head_dim", "int", check="positive_int", series="D={}", doc="head dimension",
+         role="workload"),
     Axis("phase", "str", "decode", "choice:phases", label="{}", always=True, column="phase",
-         doc="decode (one new token) or prefill (the whole context)"),
+         doc="decode (one new token) or prefill (the whole context)", role="workload"),
     Axis("context_len", "int", check="positive_int", label="ctx{}", always=True, column="ctx",
-         series="ctx {}", doc="tokens in the cache (each sequence)"),
+         series="ctx {}", doc="tokens in the cache (each sequence)", role="workload"),
     Axis("kv_dtype", "str", "fp16", "kv_format", label="{}", always=True, column="dtype",
-         doc="cache format (kernels/formats/registry.py)"),
+         doc="cache format (kernels/formats/registry.py)", role="choice"),
     Axis("kernel", "str", "sdpa", "choice:kernels", label="{}", always=True, column="kernel",
-         doc="attention kernel (kernels/attention/registry.py) or peer (harness/peers)"),
+         doc="attention kernel (kernels/attention/registry.py) or peer (harness/peers)",
+         role="detail"),
     Axis("n_seqs", "int", 1, "positive_int", label="seqs{}", column="seqs", series="seqs {}",
-         doc="sequences in the batch"),
+         doc="sequences in the batch", role="workload"),
     Axis("tile_kv", "int | None", None, "optional_positive_int", label="tile{}", column="tile",
-         series="tile {}", doc="KV tile of tiled kernels; empty: the kernel's default"),
+         series="tile {}", doc="KV tile of tiled kernels; empty: the kernel's default",
+         role="detail"),
     Axis("layout", "str", "per-stream", "choice:layouts", label="{}", column="layout",
-         hide_default=True, doc="per-stream buffers or one unified buffer (docs/streams.md)"),
+         hide_default=True, doc="per-stream buffers or one unified buffer (docs/streams.md)",
+         role="choice"),
     Axis("workload", "str", "none", "choice:workloads", label="{}", column="workload",
-         hide_default=True, doc="many-sequence workload: none, independent or shared-prefix"),
+         hide_default=True, doc="many-sequence workload: none, independent or shared-prefix",
+         role="workload"),
     Axis("prefix_frac", "float", 0.0, "fraction", label="prefix{:g}", column="prefix",
-         hide_default=True, doc="shared prefix = int(prefix_frac * context_len) tokens"),
+         hide_default=True, doc="shared prefix = int(prefix_frac * context_len) tokens",
+         role="workload"),
     Axis("decode_order", "str", "interleaved", "choice:decode_orders", label="{}",
-         column="order", hide_default=True, doc="interleaved or sequential decode of the seqs"),
+         column="order", hide_default=True, doc="interleaved or sequential decode of the seqs",
+         role="workload"),
     Axis("churn", "int", 0, "non_negative_int", label="churn{}", column="churn",
-         hide_default=True, doc="sequences that finish and are replaced before the timed step"),
+         hide_default=True, doc="sequences that finish and are replaced before the timed step",
+         role="workload"),
     Axis("group_size", "int | None", None, "optional_positive_int", label="g{}", column="G",
-         doc="quantization group size; empty: the format's default"),
+         doc="quantization group size; empty: the format's default", role="choice"),
     Axis("kv_data", "str", "gaussian", "choice:kv_data", label="{}", column="data",
-         hide_default=True, doc="K/V distribution (kernels/data.py)"),
-    Axis("seed", "int", 0, "non_negative_int", series="seed {}", doc="random seed of the K/V"),
+         hide_default=True, doc="K/V distribution (kernels/data.py)", role="workload"),
+    Axis("seed", "int", 0, "non_negative_int", series="seed {}", doc="random seed of the K/V",
+         role="workload"),
     Axis("kv_file", "str | None", None, "optional_string",
-         doc=".npz of captured K/V, only for kv_data=file (kernels/data.py)"),
+         doc=".npz of captured K/V, only for kv_data=file (kernels/data.py)", role="workload"),
     Axis("window", "int | None", None, "optional_positive_int", label="win{}", column="win",
-         doc="attention window: the last `window` positions (layout window); empty: all"),
+         doc="attention window: the last `window` positions (layout window); empty: all",
+         role="workload"),
     Axis("shards", "int", 1, "positive_int", label="{}-rank", column="shards", hide_default=True,
-         series="{} ranks", doc="ranks the cache is sharded over (docs/distributed.md)"),
+         series="{} ranks", doc="ranks the cache is sharded over (docs/distributed.md)",
+         role="choice"),
     Axis("shard_by", "str", "context", "choice:shard_by", label="by-{}", column="by",
-         hide_default=True, doc="split of the cache over the ranks: context (positions) or heads"),
+         hide_default=True, doc="split of the cache over the ranks: context (positions) or heads",
+         role="choice"),
     Axis("combine", "str", "gather", "choice:combines", label="{}", column="combine",
-         hide_default=True, doc="sharded combine: all_gather of partials, or all_sum (rescaled)"),
+         hide_default=True, doc="sharded combine: all_gather of partials, or all_sum (rescaled)",
+         role="detail"),
     # a real model's cache options (the model engine, docs/quality.md); kv_dtype is K's format
     Axis("v_dtype", "str | None", None, "optional_format", label="V{}", column="V",
-         hide_default=True, series="V {}", doc="V's format when it differs from K's (kv_dtype)"),
+         hide_default=True, series="V {}", doc="V's format when it differs from K's (kv_dtype)",
+         role="choice"),
     Axis("k_axis", "str", "token", "choice:k_axes", label="k{}", column="k-axis",
-         hide_default=True, doc="key scales per token (a row) or per channel (KIVI)"),
+         hide_default=True, doc="key scales per token (a row) or per channel (KIVI)",
+         role="choice"),
     Axis("sink_tokens", "int", 0, "non_negative_int", label="sink{}", column="sinks",
          hide_default=True, doc="the first positions always kept: a window's sinks, or kept "
-         "in fp16 by a real model's quantized cache"),
+         "in fp16 by a real model's quantized cache", role="choice"),
     Axis("recent_tokens", "int", 0, "non_negative_int", label="recent{}", column="recent",
-         hide_default=True, doc="the newest positions, kept in fp16 and flushed in groups"),
+         hide_default=True, doc="the newest positions, kept in fp16 and flushed in groups",
+         role="choice"),
     Axis("text", "str", "default", "nonempty_string", label="text:{}", series="text {}",
-         doc="quality phases: the text (a file path; default: docs/quality.md says which)"),
+         doc="quality phases: the text (a file path; default: docs/quality.md says which)",
+         role="workload"),
     Axis("chunks", "int", 1, "positive_int", label="chunks{}", series="{} chunks",
-         doc="quality phase: chunks of context_len tokens scored (as llama-perplexity)"),
+         doc="quality phase: chunks of context_len tokens scored (as llama-perplexity)",
+         role="workload"),
     Axis("page_size", "int | None", None, "page_size", label="page{}", column="page",
-         hide_default=True, doc="slots per page of layout paged (8-256; docs/layouts.md)"),
+         hide_default=True, doc="slots per page of layout paged (8-256; docs/layouts.md)",
+         role="choice"),
     Axis("page_read", "str", "gather", "choice:page_reads", label="{}", column="read",
-         hide_default=True, doc="paged: gather pages into a dense copy, or read via the table"),
+         hide_default=True, doc="paged: gather pages into a dense copy, or read via the table",
+         role="detail"),
     Axis("kv_edit", "str", "none", "choice:kv_edits", label="{}", column="edit",
-         hide_default=True, doc="unified: a timed shift, self-extend or defrag (docs/layouts.md)"),
+         hide_default=True, doc="unified: a timed shift, self-extend or defrag (docs/layouts.md)",
+         role="workload"),
     Axis("rope_theta", "float", 10000.0, "positive_number", series="theta {:g}",
-         doc="RoPE base of the keys a kv_edit re-rotates"),
+         doc="RoPE base of the keys a kv_edit re-rotates", role="workload"),
     # rotation before quantization (kernels/formats/rotation.py, docs/formats.md)
     Axis("rotate_k", "str", "none", "choice:rotations", label="rotK:{}", column="rotK",
          hide_default=True, series="rot K {}", doc="keys stored rotated (after RoPE): none "
-         "or hadamard (q rotated once per step)"),
+         "or hadamard (q rotated once per step)", role="choice"),
     Axis("rotate_v", "str", "none", "choice:rotations", label="rotV:{}", column="rotV",
          hide_default=True, series="rot V {}", doc="values stored rotated: none or hadamard "
-         "(the attention output rotated back once per step)"),
+         "(the attention output rotated back once per step)", role="choice"),
     Axis("rot_block_k", "int | None", None, "optional_positive_int", label="rotKb{}",
          column="rotK-b", hide_default=True, series="rot K block {}",
          doc="K's Hadamard block (a power of two from 8 to head_dim); empty: llama.cpp's rule, "
-             "the largest power of two dividing head_dim (a row records the block in effect)"),
+             "the largest power of two dividing head_dim (a row records the block in effect)",
+         role="choice"),
     Axis("rot_block_v", "int | None", None, "optional_positive_int", label="rotVb{}",
          column="rotV-b", hide_default=True, series="rot V block {}",
          doc="V's Hadamard block (a power of two from 8 to head_dim); empty: llama.cpp's rule, "
-             "64 (a row records the block in effect)"),
+             "64 (a row records the block in effect)", role="choice"),
     Axis("k_order", "str", "hf", "choice:k_orders", label="k:{}", column="k-order",
          hide_default=True, doc="a real model's key channel order in its cache: hf (half-split) "
-         "or gguf (interleaved, as llama.cpp stores keys)"),
+         "or gguf (interleaved, as llama.cpp stores keys)", role="detail"),
     Axis("q_quant", "str", "none", "choice:q_quants", label="q:{}", column="q-quant",
          hide_default=True, doc="a real model's queries rounded through q8_0 before the key dot "
-         "product, as llama.cpp's CPU flash attention does against a quantized K"),
+         "product, as llama.cpp's CPU flash attention does against a quantized K", role="detail"),
     Axis("fp8_scale", "str", "one", "fp8_scale", label="fp8s:{}", column="fp8-scale",
          hide_default=True, doc="fp8_e4m3 / fp8_e5m2's float32 scale: one (1.0), a positive "
-         "number, calibrated (vLLM's, per layer on the first prefill) or per_head"),
+         "number, calibrated (vLLM's, per layer on the first prefill) or per_head",
+         role="choice"),
     # the model's task phases (harness/engines/model_tasks.py, docs/quality.md)
     Axis("task", "str", "none", "choice:retrieval_tasks", label="{}", column="task",
-         hide_default=True, doc="phase retrieval: passkey, niah, multikey or vartrack"),
+         hide_default=True, doc="phase retrieval: passkey, niah, multikey or vartrack",
+         role="workload"),
     Axis("depth", "float", 0.5, "unit_interval", label="depth{:g}", column="depth",
          hide_default=True, series="depth {:g}",
-         doc="phase retrieval: the needle's place in the haystack (0 = start, 1 = end)"),
+         doc="phase retrieval: the needle's place in the haystack (0 = start, 1 = end)",
+         role="workload"),
     Axis("trials", "int", 1, "positive_int", label="trials{}", column="trials",
-         hide_default=True, doc="phase retrieval: prompts generated (trial i seeded seed + i)"),
+         hide_default=True, doc="phase retrieval: prompts generated (trial i seeded seed + i)",
+         role="workload"),
     Axis("gen_tokens", "int", 32, "positive_int", label="gen{}", column="gen",
-         hide_default=True, doc="phase generate: tokens generated greedily after the prompt"),
+         hide_default=True, doc="phase generate: tokens generated greedily after the prompt",
+         role="workload"),
     Axis("quantized_kv_start", "int", 0, "non_negative_int", label="qstart{}",
          column="qstart", hide_default=True,
-         doc="phase generate: fp16 cache until this many positions are held (mlx-lm's)"),
+         doc="phase generate: fp16 cache until this many positions are held (mlx-lm's)",
+         role="choice"),
     Axis("context_limit", "str", "trained", "choice:context_limits", label="ctx:{}",
          column="ctx-limit", hide_default=True,
          doc="a real model's context_len: within its trained length (trained), or past it "
-             "(beyond: asked for explicitly, and the row says so)"),
+             "(beyond: asked for explicitly, and the row says so)", role="workload"),
 )
 # fmt: on
 
 
 def names(table: tuple[Axis, ...] = TABLE) -> tuple[str, ...]:
     return tuple(a.name for a in table)
+
+
+def with_role(*roles: str, table: tuple[Axis, ...] = TABLE) -> tuple[str, ...]:
+    """The names of the axes whose role is one of `roles`, in the table's order."""
+    return tuple(a.name for a in table if a.role in roles)
 
 
 def fields_of(table: tuple[Axis, ...] = TABLE) -> tuple[Axis, ...]:

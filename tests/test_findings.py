@@ -221,3 +221,51 @@ def test_payoff_needs_three_contexts_and_the_same_workload():
     # fp16 measured only at GQA 4, int8 only at GQA 8: no line pairs across workloads
     other = _line("fp16", 1.0, 0.001, 4.0) + _line("int8", 1.5, 0.0005, 2.125, gqa_ratio=8)
     assert fd.payoff.find(frame(*other)) == []
+
+
+def test_rows_differing_only_in_a_rotation_are_two_configurations_not_one():
+    # issue #32: rows that differ only in rotate_k read "dequant_sdpa is fastest, 1 ms; 1.50x
+    # ahead of dequant_sdpa" when rotate_k was outside the hand list of choice axes
+    rows = [
+        row(1.0, kv_dtype="int4", kernel="dequant_sdpa", rotate_k="none"),
+        row(1.5, kv_dtype="int4", kernel="dequant_sdpa", rotate_k="hadamard"),
+        row(3.0, kv_dtype="fp16", kernel="sdpa", rotate_k="none"),
+    ]
+    (f,) = fd.fastest.find(frame(*rows))
+    assert f.supported
+    best, nxt = f.text.split(": ", 1)[1].split(" is fastest")[0], f.text.split(" ahead of ")[1]
+    assert best != nxt, f.text
+    assert best == "int4 dequant_sdpa rotK:none" and nxt == "int4 dequant_sdpa rotK:hadamard"
+    # alone, the two rotations are still two configurations of one workload
+    (f,) = fd.fastest.find(frame(*rows[:2]))
+    assert f.text.endswith("ahead of rotK:hadamard"), f.text
+
+
+def test_every_axis_of_the_table_has_a_role_the_findings_read():
+    from kvbench.axes import ROLES, TABLE
+
+    for axis in TABLE:
+        assert axis.role in ROLES, (axis.name, axis.role)
+    names = {a.name for a in TABLE}
+    config, workload = set(fd.common.CONFIG_AXES), set(fd.common.WORKLOAD_AXES)
+    assert config | workload == names and not config & workload
+    assert {"kv_dtype", "layout", "rotate_k", "kernel", "tile_kv"} <= config
+    assert {"context_len", "n_seqs", "model", "depth"} <= workload
+
+
+def test_formats_and_payoff_keep_a_rotated_format_apart_from_the_plain_one():
+    rows = [
+        row(2.0, kv_dtype="fp16", rotate_k="none"),
+        row(1.0, kv_dtype="int4", kernel="dequant_sdpa", rotate_k="none"),
+        row(3.0, kv_dtype="int4", kernel="dequant_sdpa", rotate_k="hadamard"),
+    ]
+    lines = sorted(f.text for f in fd.formats.find(frame(*rows)))
+    assert len(lines) == 2, lines
+    assert lines[0].startswith("int4 dequant_sdpa rotK:hadamard time / fp16's: ctx 1024 ×1.5")
+    assert lines[1].startswith("int4 dequant_sdpa rotK:none time / fp16's: ctx 1024 ×0.5")
+    ctxs = (256, 1024, 4096)
+    fits = [*_line("fp16", 1.0, 1e-3, 4.0, ctxs, rotate_k="none")]
+    fits += _line("int4", 2.0, 2e-4, 1.0, ctxs, rotate_k="none")
+    fits += _line("int4", 2.0, 9e-4, 1.0, ctxs, rotate_k="hadamard")
+    text = sorted(f.text for f in fd.payoff.find(frame(*fits)))
+    assert len(text) == 2 and "rot K hadamard" in text[0] and "rot K none" in text[1], text

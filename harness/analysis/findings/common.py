@@ -19,20 +19,21 @@ import pandas as pd
 
 from kvbench import stats
 from kvbench.analysis.rules import Rules
+from kvbench.axes import TABLE, with_role
 from kvbench.store.results import format_label, measured  # noqa: F401 (topics read it here)
 
 THRESHOLD = Rules().threshold
 MIN_SAMPLES = Rules().min_samples  # fewer raw samples on a side: no interval, no verdict
-# Axes that pick an implementation (what a user chooses); every other case axis is workload.
-CHOICE_AXES = ("kv_dtype", "group_size", "kernel", "tile_kv", "layout")
-WORKLOAD_AXES = (
-    "model", "n_layers", "n_q_heads", "n_kv_heads", "head_dim", "phase", "context_len",
-    "n_seqs", "workload", "prefix_frac", "decode_order", "churn", "kv_data", "seed", "kv_file",
-    "window",
-)  # fmt: skip
+# From the axis table's roles: rows are compared within one workload; the axes of a
+# configuration (cache choices and implementation details) tell the compared rows apart.
+CONFIG_AXES = with_role("choice", "detail")
+WORKLOAD_AXES = with_role("workload")
+NAMED = ("kv_dtype", "group_size", "kernel", "tile_kv", "layout")  # a baseline's label names
+# these always, the other configuration axes where they vary
 SHOWN = {"phase": "{}", "context_len": "ctx {}", "gqa_ratio": "GQA {}", "n_seqs": "seqs {}",
          "prefix_frac": "prefix {}", "kv_data": "{} data", "window": "window {}",
-         "model": "{}", "workload": "{}"}  # fmt: skip
+         "model": "{}", "workload": "{}"}  # fmt: skip; other axes: the table's series part
+_AXIS = {a.name: a for a in TABLE}
 
 
 @dataclass(frozen=True)
@@ -50,16 +51,26 @@ def _num(v) -> str:
 
 
 def config_of(r, axes) -> str:
-    """Short text of a row's choice axes (those in `axes` that are set)."""
+    """Short text of a row's configuration axes (those in `axes` that are set): the format with
+    its group, "tile 64", and each other axis as its case-label part (e.g. rotK:hadamard)."""
     parts = []
     for a in axes:
+        v = r.get(a)
         if a == "kv_dtype":
             parts.append(format_label(r))
-        elif a == "tile_kv" and pd.notna(r.get(a)):
-            parts.append(f"tile {int(r[a])}")
-        elif a not in ("group_size", "tile_kv") and pd.notna(r.get(a)):
-            parts.append(str(r[a]))
+        elif a == "group_size" or v is None or pd.isna(v) or v == "":
+            continue
+        elif a == "tile_kv":
+            parts.append(f"tile {int(v)}")
+        else:
+            parts.append(_part(a, v, _AXIS[a].label or f"{a} {{}}"))
     return " ".join(parts)
+
+
+def _part(axis: str, v, fmt: str) -> str:
+    if isinstance(v, float) and v.is_integer() and _AXIS[axis].is_int:
+        v = int(v)  # a CSV column with empty cells reads as float
+    return fmt.format(v)
 
 
 def ratio_ci(a, b) -> tuple[float, float, float]:
@@ -84,7 +95,14 @@ def varying(df: pd.DataFrame, axes) -> list[str]:
 
 
 def where(r, axes) -> str:
-    return " · ".join(SHOWN.get(a, "{}").format(_num(r[a])) for a in axes if pd.notna(r.get(a)))
+    """Short text of a row's workload (or other) axes: "decode · ctx 1024 · GQA 4"."""
+    return " · ".join(_shown(a, r[a]) for a in axes if pd.notna(r.get(a)))
+
+
+def _shown(a: str, v) -> str:
+    if a in SHOWN:
+        return SHOWN[a].format(_num(v))
+    return _part(a, v, _AXIS[a].series) if a in _AXIS else _num(v)
 
 
 def keyed(d: pd.DataFrame, axes) -> pd.DataFrame:
@@ -112,8 +130,9 @@ def tally(verdicts) -> str:
 
 
 def workload_axes(d: pd.DataFrame) -> list[str]:
-    axes = [a for a in WORKLOAD_AXES if a not in ("n_q_heads", "n_kv_heads")] + ["gqa_ratio"]
-    return varying(d, axes)
+    """The workload axes that vary in d (the head counts as gqa_ratio, named last)."""
+    heads = ("n_q_heads", "n_kv_heads", "gqa_ratio")
+    return varying(d, [a for a in WORKLOAD_AXES if a not in heads] + ["gqa_ratio"])
 
 
 def _against(d: pd.DataFrame, base: pd.DataFrame, by: str, keep: tuple) -> pd.DataFrame:
@@ -121,13 +140,15 @@ def _against(d: pd.DataFrame, base: pd.DataFrame, by: str, keep: tuple) -> pd.Da
     except `by` (and the axes in `keep` that the baseline may differ in); one baseline row per
     key: the fastest."""
     axes = [a for a in workload_axes(pd.concat([d, base])) if a not in keep]
-    axes += [a for a in varying(pd.concat([d, base]), CHOICE_AXES) if a not in (by, *keep)]
+    configs = varying(pd.concat([d, base]), CONFIG_AXES)
+    axes += [a for a in configs if a not in (by, *keep)]
     d, base = keyed(d, axes), keyed(base, axes)
     base = base.sort_values("median_ms").drop_duplicates("key")
     cols = ["key", "median_ms", "ci_low_ms", "ci_high_ms", "n_samples", "kv_bytes", "mem_b"]
     cols.append("kernel")
     cols.append("label_b")
-    base = base.assign(label_b=[config_of(r, CHOICE_AXES) for r in base.to_dict("records")])
+    named = [a for a in CONFIG_AXES if a in NAMED or a in configs]
+    base = base.assign(label_b=[config_of(r, named) for r in base.to_dict("records")])
     return d.merge(base[[c for c in cols if c in base]], on="key", suffixes=("", "_b"))
 
 

@@ -8,7 +8,7 @@ import math
 import pandas as pd
 
 from kvbench.analysis.findings.common import (
-    CHOICE_AXES,
+    CONFIG_AXES,
     Finding,
     config_of,
     interval,
@@ -26,7 +26,7 @@ TOPIC = "fastest"
 
 def find(cur: pd.DataFrame) -> list[Finding]:
     d = measured(cur)
-    choices = varying(d, CHOICE_AXES)
+    choices = varying(d, CONFIG_AXES)
     if d.empty or not choices or choices == ["layout"]:  # layout alone: the layouts topic
         return []
     group = ["phase", "context_len", *[a for a in workload_axes(d) if a != "context_len"]]
@@ -37,7 +37,7 @@ def find(cur: pd.DataFrame) -> list[Finding]:
         if len(g) < 2:
             continue
         g = g.sort_values("median_ms")
-        out.append(_lead(g.iloc[0], g.iloc[1], group, varying(g, CHOICE_AXES) or choices))
+        out.append(_lead(g.iloc[0], g.iloc[1], group, varying(g, CONFIG_AXES) or choices))
     return out
 
 

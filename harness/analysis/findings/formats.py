@@ -8,12 +8,17 @@ import math
 import pandas as pd
 
 from kvbench.analysis.findings.common import (
+    CONFIG_AXES,
+    NAMED,
     Finding,
     baseline,
+    config_of,
     is_peer,
+    keyed,
     measured,
     stated,
     tally,
+    varying,
 )
 
 TOPIC = "formats vs fp16"
@@ -30,7 +35,9 @@ def format_pairs(cur: pd.DataFrame) -> pd.DataFrame:
     base, rest = d[d["kv_dtype"] == "fp16"], d[d["kv_dtype"] != "fp16"]
     if base.empty or rest.empty:
         return d.iloc[0:0]
-    return baseline(rest, base, "kv_dtype", loose=("kernel", "group_size", "tile_kv"))
+    # unmatched rows retry against fp16 in any kernel, tile, rotation, ... (fp16 ran in fewer)
+    loose = tuple(a for a in CONFIG_AXES if a not in ("kv_dtype", "layout"))
+    return baseline(rest, base, "kv_dtype", loose=loose)
 
 
 def crossing(per_ctx: pd.Series) -> str:
@@ -52,8 +59,16 @@ def _ctx_verdict(g: pd.DataFrame) -> pd.Series:
 
 def find(cur: pd.DataFrame) -> list[Finding]:
     m = format_pairs(cur)
+    if m.empty:
+        return []
+    # one line per format and kernel, and per value of any other configuration axis that varies
+    # (a rotation, a V format, ...; tiles are pooled)
+    more = [a for a in varying(m, CONFIG_AXES) if a not in NAMED]
+    m = keyed(m, more)
     out = []
-    for (fmt, kernel), g in m.groupby(["fmt", "kernel"], sort=True):
+    for (fmt, kernel, _), g in m.groupby(["fmt", "kernel", "key"], sort=True):
+        if more:
+            kernel = f"{kernel} {config_of(g.iloc[0], more)}"
         mem = (g["kv_bytes"] / g["kv_bytes_b"]).median() if "kv_bytes_b" in g else math.nan
         cross = crossing(_ctx_verdict(g)) if g["context_len"].nunique() > 1 else ""
         by_ctx = g.groupby("context_len")["ratio"].median()  # over GQA, data, ...

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from kvbench.analysis.findings.common import (
-    CHOICE_AXES,
+    CONFIG_AXES,
     THRESHOLD,
     Finding,
     keyed,
@@ -24,7 +24,7 @@ def find(cur: pd.DataFrame) -> list[Finding]:
     d = d[d["tile_kv"].notna()] if "tile_kv" in d else d.iloc[0:0]
     if d.empty or d["tile_kv"].nunique() < 2:
         return []
-    axes = [a for a in workload_axes(d) + varying(d, CHOICE_AXES) if a != "tile_kv"]
+    axes = [a for a in workload_axes(d) + varying(d, CONFIG_AXES) if a != "tile_kv"]
     out = []
     for ctx, c in keyed(d, [a for a in axes if a != "context_len"]).groupby("context_len"):
         wins = []
