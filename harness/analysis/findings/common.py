@@ -30,9 +30,10 @@ CONFIG_AXES = with_role("choice", "detail")
 WORKLOAD_AXES = with_role("workload")
 NAMED = ("kv_dtype", "group_size", "kernel", "tile_kv", "layout")  # a baseline's label names
 # these always, the other configuration axes where they vary
+# a workload's words ("ctx 1024"); other axes: the table's series part
 SHOWN = {"phase": "{}", "context_len": "ctx {}", "gqa_ratio": "GQA {}", "n_seqs": "seqs {}",
          "prefix_frac": "prefix {}", "kv_data": "{} data", "window": "window {}",
-         "model": "{}", "workload": "{}"}  # fmt: skip; other axes: the table's series part
+         "model": "{}", "workload": "{}"}  # fmt: skip
 _AXIS = {a.name: a for a in TABLE}
 
 
