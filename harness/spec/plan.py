@@ -117,14 +117,20 @@ def _real_shape(model: str):
 
 
 def resolve_shape(model: str | None, n_layers, n_kv_heads, head_dim) -> KVShape:
-    """A preset's shape (or a real model's: a .gguf, an mlx-lm directory, a Hugging Face repo
-    id, read from its metadata), with any explicit field overriding it; all three needed
-    without one."""
+    """A preset's shape with any explicit field overriding it, or a real model's (a .gguf, an
+    mlx-lm directory, a Hugging Face repo id: its metadata's, no field may override it); all
+    three needed without a model."""
     base = {}
+    given = {"n_layers": n_layers, "n_kv_heads": n_kv_heads, "head_dim": head_dim}
     if model:
         p = PRESETS.get(model) or _real_shape(model)
         base = {"n_layers": p.n_layers, "n_kv_heads": p.n_kv_heads, "head_dim": p.head_dim}
-    given = {"n_layers": n_layers, "n_kv_heads": n_kv_heads, "head_dim": head_dim}
+        override = next((k for k, v in given.items() if v is not None), None)
+        if model not in PRESETS and override is not None:  # a real model's file (issue 35)
+            raise UserError(
+                f"--{override.replace('_', '-')}: {model}'s metadata sets its shape "
+                f"({override} {base[override]}); leave it out beside a model file"
+            )
     base.update({k: v for k, v in given.items() if v is not None})
     for key in given:
         if key not in base:

@@ -28,6 +28,7 @@ from kvbench.case import AXES, Case
 from kvbench.errors import SuiteError
 from kvbench.files import not_regular, read_text
 from kvbench.kernels.attention.registry import KERNELS
+from kvbench.kernels.model.fetch import MODELS
 from kvbench.spec.cache_spec import MODEL_PHASES, spec_of
 from kvbench.spec.presets import PRESETS
 from kvbench.spec.validate import (
@@ -327,11 +328,40 @@ def real_model_shape(path: str, model: str) -> dict:
             "head_dim": s.head_dim}  # fmt: skip
 
 
+SHAPE_AXES = ("n_layers", "n_q_heads", "n_kv_heads", "head_dim", "gqa_ratio")
+
+
+def _runs_real_model(model: str, phase) -> bool:
+    """The case runs a real model's weights: a file, directory or repo id in any phase, or a
+    registered model in a model phase. Its metadata decides its shape."""
+    if model == "custom":
+        return False
+    return model not in PRESETS or (phase in MODEL_PHASES and model in MODELS)
+
+
+def _refuse_shape_axes(path: str, model: str, combo: dict) -> None:
+    """A shape axis beside a real model would label the row with a shape that never ran (the
+    2-layer head_dim-128 row of a 30-layer head_dim-64 model, issue 35): refused."""
+    given = [a for a in SHAPE_AXES if a in combo]
+    if not given:
+        return
+    if model in PRESETS:  # a registered model: its preset is its metadata's shape, no fetch
+        real = {k: getattr(PRESETS[model], k) for k in SHAPE_AXES[:4]}
+    else:
+        real = real_model_shape(path, model)
+    real["gqa_ratio"] = real["n_q_heads"] // real["n_kv_heads"]
+    axis = given[0]
+    raise SuiteError(path, axis, f"{model}'s metadata sets its shape ({axis} {real[axis]}); "
+                     "leave the shape axes out beside a real model")  # fmt: skip
+
+
 def _shape(path: str, combo: dict) -> Case:
     """The Case of a combination, shape resolved; the combination checks are not run yet."""
     combo = dict(combo)
     model = combo.pop("model", "custom")
     shape = {}
+    if _runs_real_model(model, combo.get("phase")):
+        _refuse_shape_axes(path, model, combo)
     if model in PRESETS:
         preset = PRESETS[model]
         shape = {k: getattr(preset, k) for k in ("n_layers", "n_q_heads", "n_kv_heads", "head_dim")}
