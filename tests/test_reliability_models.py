@@ -56,3 +56,39 @@ def test_the_suite_cli_refuses_the_override_in_one_line(tmp_path, capsys, gguf):
 def test_plan_refuses_a_shape_beside_a_real_model(capsys, gguf):
     one_line_error(capsys, ["plan", "--model", gguf, "--head-dim", "48", "--context", "64"],
                    "--head-dim", "metadata")  # fmt: skip
+
+
+# ---- b: a cache setting that never takes effect is refused -----------------------------------
+
+GENERATE = {"phase": "generate", "context_len": 32, "gen_tokens": 4, "kv_dtype": "int4"}
+
+
+def test_a_quantized_kv_start_past_the_last_position_is_refused(gguf):
+    # used to: an int4 row equal to the fp16 row to the last digit, saying bits_per_elem 4.25
+    with pytest.raises(SuiteError, match="quantized_kv_start: 100000 .*never") as e:
+        resolve("s.yaml", {**GENERATE, "model": str(gguf), "quantized_kv_start": 100000})
+    assert "32 + 4 - 2 = 34" in str(e.value)
+    with pytest.raises(SuiteError, match="quantized_kv_start: 35 "):
+        resolve("s.yaml", {**GENERATE, "model": str(gguf), "quantized_kv_start": 35})
+    resolve("s.yaml", {**GENERATE, "model": str(gguf), "quantized_kv_start": 34})
+
+
+def test_the_last_start_accepted_still_switches_before_the_last_step(gguf):
+    """The bound is exact: at start = context_len + gen_tokens - 2 the spec's cache attends in
+    the last decode step; one more and it never would."""
+    from kvbench.kernels.model import generate
+    from kvbench.kernels.model.cache import CacheSpec
+    from kvbench.kernels.model.load import load_model
+
+    class Watched(generate.DeferredCache):
+        def attend(self, layer, *args):
+            if layer == 0:
+                self.seen.append(self.switched)
+            return super().attend(layer, *args)
+
+    model = load_model(gguf)
+    for start, late_steps in ((34, 1), (35, 0)):
+        cache = Watched(CacheSpec("int4"), model.config, 36, start=start)
+        cache.seen = []
+        generate.free_run(model, cache, list(range(1, 33)), 4)
+        assert sum(cache.seen[1:]) == late_steps  # seen[0]: the prefill; then one a step

@@ -311,6 +311,7 @@ def check_model(path: str, case: Case) -> None:
     else:
         check_default_text(path, case)
     check_context_limit(path, case)
+    check_generate(path, case)
     try:
         spec_of(case).formats()
     except ValueError as e:
@@ -321,6 +322,22 @@ def check_model(path: str, case: Case) -> None:
     if case.window is not None and not spec_of(case).plain:
         why = "a sliding window holds one plain format (no v_dtype, k_axis channel, recent_tokens)"
         raise SuiteError(path, "window", why)
+
+
+def check_generate(path: str, case: Case) -> None:
+    """quantized_kv_start takes effect only if the cache switches before the last decode step
+    attends: the prompt's context_len - 1 positions are prefilled, then each of the gen_tokens
+    steps attends and adds one, the switch checked after each; a start past
+    context_len + gen_tokens - 2 never switches (the row would be fp16's under the format's
+    name, issue 35)."""
+    if case.phase != "generate" or not case.quantized_kv_start:
+        return
+    last = case.context_len + case.gen_tokens - 2
+    if case.quantized_kv_start > last:
+        why = (f"{case.quantized_kv_start} is past the last position the cache attends with "
+               f"(context_len + gen_tokens - 2 = {case.context_len} + {case.gen_tokens} - 2 = "
+               f"{last}): the {case.kv_dtype} cache would never be used")  # fmt: skip
+        raise SuiteError(path, "quantized_kv_start", why)
 
 
 TEXT_LIMIT_BYTES = 256 * 2**20  # a text file kvbench tokenizes: far above any corpus it scores
