@@ -92,3 +92,101 @@ def test_the_last_start_accepted_still_switches_before_the_last_step(gguf):
         cache.seen = []
         generate.free_run(model, cache, list(range(1, 33)), 4)
         assert sum(cache.seen[1:]) == late_steps  # seen[0]: the prefill; then one a step
+
+
+# ---- c: non-finite figures are error rows; import checks what it writes; readers skip aloud -----
+
+
+def nan_model_dir(tmp_path):
+    """A tiny mlx-lm directory (its own tokenizer) with one NaN in a key projection: every
+    logit after the first layer is NaN, as a broken format or kernel would make them."""
+    import mlx.core as mx
+    from tiny_model import write_random_mlx_dir, write_tokenizer_json
+
+    d = write_tokenizer_json(write_random_mlx_dir(tmp_path / "nan", "llama"))
+    w = mx.load(str(d / "model.safetensors"))
+    key = "model.layers.0.self_attn.k_proj.weight"
+    w[key] = mx.where(mx.arange(w[key].size).reshape(w[key].shape) == 0, mx.nan, w[key])
+    mx.save_safetensors(str(d / "model.safetensors"), w)
+    return d
+
+
+def test_non_finite_logits_make_error_rows_not_ok_rows(tmp_path):
+    from kvbench.cli import main
+    from kvbench.store.results import read_rows
+
+    d = nan_model_dir(tmp_path)
+    suite = tmp_path / "s.yaml"
+    suite.write_text(
+        f"fixed: {{model: {d}, context_len: 32, kv_dtype: int8}}\n"
+        "zip: [{phase: [quality, generate], gen_tokens: [32, 2]}]\n"
+    )
+    # used to: ok rows with empty ppl and kl and top1_agree 1.0, exit 0
+    assert main(["run", str(suite), "--out", str(tmp_path / "out")]) == 0
+    rows = read_rows(next(p for p in (tmp_path / "out").glob("*.csv") if "samples" not in p.name))
+    assert list(rows["status"]) == ["error", "error"], rows[["status", "error"]]
+    for error in rows["error"]:
+        assert "non-finite logits" in error and "nan" in error, error
+
+
+def test_a_non_finite_figure_of_any_check_is_an_error(monkeypatch):
+    from kvbench.run import runner
+
+    assert runner.finite_figures({"kl_mean": 0.1, "n_scored": 3, "kl_pos1": None}) is not None
+    with pytest.raises(ValueError, match="kl_p99 is inf"):
+        runner.finite_figures({"kl_mean": 0.1, "kl_p99": float("inf")})
+    with pytest.raises(ValueError, match="sample 2 of stage step is nan"):
+        runner.finite_samples("step", [1.0, 2.0, float("nan")])
+
+
+def test_import_checks_the_samples_in_milliseconds(tmp_path, capsys):
+    import copy
+    import json
+
+    from test_fault_inputs import DOC
+
+    doc = copy.deepcopy(DOC)
+    doc["benchmarks"][0]["stats"]["data"][0] = 1e308  # seconds: finite; in ms: inf
+    path = tmp_path / "b.json"
+    path.write_text(json.dumps(doc))
+    one_line_error(capsys, ["import", path, "--out", tmp_path / "out"],
+                   "benchmarks[0].stats.data[0]", "ms")  # fmt: skip
+    assert not (tmp_path / "out").exists() or not list((tmp_path / "out").iterdir())
+
+
+def _edit(path, row: int, col: str, value: str) -> None:
+    lines = path.read_text().splitlines(keepends=True)
+    header = lines[0].rstrip("\n").split(",")
+    cells = lines[row].rstrip("\n").split(",")
+    cells[header.index(col)] = value
+    lines[row] = ",".join(cells) + "\n"
+    path.write_text("".join(lines))
+
+
+READERS = {
+    "compare": lambda d, out: ["compare", d, d],
+    "history": lambda d, out: ["history", d],
+    "report": lambda d, out: ["report", d, "-o", out / "r.html"],
+    "merge": lambda d, out: ["merge", d, "-o", out / "merged"],
+}
+
+
+@pytest.mark.parametrize("reader", READERS)
+def test_rows_without_a_case_id_or_a_known_status_are_skipped_aloud(tmp_path, capsys, reader):
+    from fake_runs import draw, write_run
+
+    from kvbench.cli import main
+
+    d = tmp_path / "d"
+    d.mkdir()
+    cases = {f"c{i}": draw(10, 1.0 + i, seed=i) for i in range(3)}
+    run = write_run(d, "r1", cases)
+    _edit(run, 1, "case_id", "")  # data row 1
+    _edit(run, 2, "status", "bogus")  # data row 2
+    # used to: both rows silently dropped (history) or miscounted (report), no word said
+    assert main([str(a) for a in READERS[reader](d, tmp_path)]) == 0
+    err = capsys.readouterr().err
+    warned = [line for line in err.splitlines() if str(run) in line]
+    assert len(warned) == 1 and warned[0].startswith("kvbench: warning: "), err
+    assert "skipped 2 rows" in warned[0] and "data row 1: no case_id" in warned[0]
+    assert "data row 2: status 'bogus'" in warned[0]

@@ -72,7 +72,25 @@ def timer_plans(stages, settings: Settings, round_no: int) -> dict[str, dict]:
     }
 
 
+def finite_figures(fields: dict) -> dict:
+    """A check's figures, every number finite: a NaN KL or an infinite perplexity is an error
+    row naming it, never an ok row with an empty cell (issue 35)."""
+    for key, value in fields.items():
+        if isinstance(value, (int, float)) and not math.isfinite(value):
+            raise ValueError(f"{key} is {value}: not a finite figure, so no row is written as ok")
+    return fields
+
+
+def finite_samples(stage: str, new: list[float]) -> list[float]:
+    """Timings finite and not negative (a job's samples come from other processes)."""
+    for i, ms in enumerate(new):
+        if not (math.isfinite(ms) and ms >= 0):
+            raise ValueError(f"sample {i} of stage {stage} is {ms} ms: not a time")
+    return new
+
+
 def add_samples(run: CaseRun, stage: str, round_no: int, new: list[float]) -> None:
+    new = finite_samples(stage, new)
     prior = run.samples.setdefault(stage, [])
     run.sample_rows += [
         (run.case.case_id, stage, round_no, len(prior) + i, ms) for i, ms in enumerate(new)
@@ -103,7 +121,7 @@ def measure_round(run: CaseRun, settings: Settings, round_no: int, say=None) -> 
     # the residency gate: the filled cache is resident before anything reads or writes it
     filled = residency.check(state.cache, state.baseline_bytes, "after the fill")
     if round_no == 0:
-        run.accuracy = state.check()
+        run.accuracy = finite_figures(state.check())
     # peak memory covers the timed stages (warm-up and samples) with the cache in place; the
     # build (prefill writes) and the float32 parity check are left out (engines may report the
     # build's own peak in extra, e.g. fill_peak_bytes)
@@ -147,7 +165,7 @@ def job_round(run: CaseRun, state: State, plans: dict, round_no: int) -> None:
         plan["prior_ms"] = run.samples.get(stage, [])
     result = state.job(plans, round_no == 0)
     if round_no == 0:
-        run.accuracy = result.accuracy
+        run.accuracy = finite_figures(result.accuracy)
     state.alloc_bytes = result.alloc_bytes
     state.extra.update(result.extra)
     run.reported, run.traffic = reported(run.case, state), state.traffic

@@ -12,7 +12,9 @@ samples). Each refusal names the file, the data row and the column.
 In a results directory, a `*.csv` that is not a run is skipped: a saved compare table without a
 word (kvbench wrote it), anything else (0 bytes, binary, not UTF-8, another CSV) with one warning
 line on stderr naming the file and why, the same in compare, history, gate, merge and report. A
-run file that is damaged is refused, never skipped: its rows would silently go missing.
+run file that is damaged is refused, never skipped: its rows would silently go missing. A row
+without a case_id or with a status no run writes cannot be placed: it is left out with one
+warning line naming the file and the data rows, by every reader alike.
 This module imports neither mlx nor kernels/.
 """
 
@@ -25,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from kvbench.errors import UserError
+from kvbench.store.status import STATUSES
 from kvbench.store.status import MEASURED
 
 RUN_COLUMNS = {"run_id", "case_id", "status"}
@@ -34,12 +37,13 @@ MEDIAN_RTOL = 1e-6  # CSV cells keep full float precision (repr): only an edit m
 _warned: set[str] = set()
 
 
-def warn_skipped(path: Path, reason: str) -> None:
-    """One warning line per skipped file per process (compare DIR DIR reads DIR twice)."""
+def warn_skipped(path: Path, reason: str, what: str = "skipped") -> None:
+    """One warning line per skipped file (or its skipped rows) per process (compare DIR DIR
+    reads DIR twice)."""
     if str(path) in _warned:
         return
     _warned.add(str(path))
-    print(f"kvbench: warning: {path}: skipped: {reason}", file=sys.stderr)
+    print(f"kvbench: warning: {path}: {what}: {reason}", file=sys.stderr)
 
 
 def header(path: Path) -> tuple[set | None, str | None]:
@@ -89,6 +93,24 @@ def whole_lines(path: Path) -> None:
         return  # the CSV reader names the error
     if last != b"\n":
         raise UserError(f"{path}: last row: cut short (no newline at the end); the file is damaged")
+
+
+def skip_bad_rows(rows: pd.DataFrame, path) -> pd.DataFrame:
+    """Rows every reader can place: a case_id and a known status. The others are left out with
+    one warning line naming the file and each data row (issue 35: they dropped out of history
+    silently and the report miscounted them)."""
+    case_id = rows["case_id"].astype(str).str.strip()
+    no_id = rows["case_id"].isna().to_numpy() | case_id.eq("").to_numpy()
+    unknown = ~rows["status"].isin(STATUSES).to_numpy()
+    bad = no_id | unknown
+    if not bad.any():
+        return rows
+    why = []
+    for i in bad.nonzero()[0]:
+        what = "no case_id" if no_id[i] else f"status {rows['status'].iloc[i]!r} (not one of "
+        why.append(f"data row {i + 1}: {what}" + ("" if no_id[i] else f"{', '.join(STATUSES)})"))
+    warn_skipped(path, "; ".join(why), f"skipped {len(why)} rows")
+    return rows[~bad]
 
 
 def _refuse(path, col: str, i: int, what: str, value) -> UserError:

@@ -30,6 +30,8 @@ from kvbench.stats import summarize
 from kvbench.store.schema import COLUMNS, SAMPLE_COLUMNS, make_record
 from kvbench.store.writer import write_csv_atomic
 
+MS_PER_S = 1e3  # pytest-benchmark's samples are seconds; kvbench writes milliseconds
+MAX_SAMPLE_MS = 1e12  # about 32 years: a sample beyond it is no time (its statistics overflow)
 CONTEXT_KEYS = ("device", "backend", "mlx_version", "kvbench_version")
 STAT_KEYS = ("median", "iqr", "mean", "stddev", "rounds")
 
@@ -89,6 +91,9 @@ def _check(path: Path, doc: dict) -> None:
         need(isinstance(data, list), f"{where}.stats.data", "not a list")
         for j, v in enumerate(data):
             timing(f"{where}.stats.data[{j}]", v)
+            ms = v * MS_PER_S  # checked in the unit written: 1e308 s is finite, in ms it is not
+            need(ms <= MAX_SAMPLE_MS, f"{where}.stats.data[{j}]",
+                 f"{v!r} s is {ms:g} ms: not a time (at most {MAX_SAMPLE_MS:g} ms)")  # fmt: skip
         case = (bench.get("extra_info") or {}).get("case")
         for axis, reason in _case_problems(case if isinstance(case, dict) else {}):
             need(False, f"{where}.extra_info.case.{axis}", reason)
@@ -153,7 +158,7 @@ def case_fields(bench: dict) -> dict:
 
 def timing(stats: dict) -> tuple[dict, list[float]]:
     """Row statistics and raw samples (ms) from a benchmark's stats (raw data checked present)."""
-    samples_ms = [float(s) * 1e3 for s in stats["data"]]  # pytest-benchmark: seconds per call
+    samples_ms = [float(s) * MS_PER_S for s in stats["data"]]  # pytest-benchmark: seconds per call
     return summarize(samples_ms), samples_ms
 
 

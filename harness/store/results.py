@@ -43,7 +43,13 @@ from kvbench.case import label_of
 from kvbench.errors import UserError
 from kvbench.files import check_output_file
 from kvbench.store import git
-from kvbench.store.checks import check_against_samples, check_rows, dir_files, whole_lines
+from kvbench.store.checks import (
+    check_against_samples,
+    check_rows,
+    dir_files,
+    skip_bad_rows,
+    whole_lines,
+)
 from kvbench.store.migrate_v1 import with_v1_facts
 from kvbench.store.schema import COLUMNS, METRIC_STAGE, Record
 from kvbench.store.status import MEASURED
@@ -225,7 +231,7 @@ def read_rows(path: str | Path) -> pd.DataFrame:
     missing = {"run_id", "case_id", "status"} - set(rows.columns)
     if missing:
         raise UserError(f"{path}: not a kvbench results CSV (no {', '.join(sorted(missing))})")
-    rows = numeric(rows.dropna(subset=["case_id"]).copy(), NUMERIC_COLUMNS, path)
+    rows = numeric(skip_bad_rows(rows, path).copy(), NUMERIC_COLUMNS, path)
     check_rows(rows, path)  # store/checks.py: timings that can be timings
     return migrate(rows, str(path))
 

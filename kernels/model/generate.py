@@ -24,7 +24,7 @@ import mlx.core as mx
 import numpy as np
 
 from kvbench.kernels.model.cache import make_cache
-from kvbench.kernels.model.run import decode_step, prefill
+from kvbench.kernels.model.run import check_finite, decode_step, prefill
 from kvbench.kernels.model.spec import CacheSpec
 
 FP16 = CacheSpec("fp16")
@@ -100,6 +100,7 @@ def free_run(model, cache, prompt: list[int], n_new: int, ubatch=None) -> tuple[
     for _ in range(n_new):
         lp = _log_softmax(decode_step(model, cache, token))
         mx.eval(lp, cache.arrays())
+        check_finite(lp, "greedy decoding", len(prompt) - 1 + len(out))
         token = int(mx.argmax(lp).item())
         out.append(token)
         lps.append(lp)
@@ -113,6 +114,7 @@ def teacher_forced(model, cache, prompt: list[int], ref: list[int], ubatch=None)
     for nxt in ref:
         lp = _log_softmax(decode_step(model, cache, token))
         mx.eval(lp, cache.arrays())
+        check_finite(lp, "teacher-forced decoding", len(prompt) - 1 + len(lps))
         lps.append(lp)
         token = nxt
     return lps

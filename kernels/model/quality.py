@@ -25,7 +25,7 @@ import numpy as np
 from kvbench.kernels.formats.fp8 import KINDS as FP8_KINDS
 from kvbench.kernels.model.cache import make_cache
 from kvbench.kernels.model.load import Model
-from kvbench.kernels.model.run import forward
+from kvbench.kernels.model.run import check_finite, forward
 from kvbench.kernels.model.spec import CacheSpec
 
 REFERENCE_SPEC = CacheSpec("fp32")
@@ -99,7 +99,11 @@ def targets_of(chunk: list[int]) -> list[int]:
 
 def reference_run(model: Model, token_chunks: list[list[int]], ubatch=None) -> list[mx.array]:
     """The float32-cache log-probabilities of every chunk (computed once, reused per format)."""
-    return [chunk_logprobs(model, c, REFERENCE_SPEC, "reference", ubatch) for c in token_chunks]
+    return [
+        check_finite(chunk_logprobs(model, c, REFERENCE_SPEC, "reference", ubatch),
+                     f"the float32 cache, chunk {i}", len(c) // 2)
+        for i, c in enumerate(token_chunks)
+    ]  # fmt: skip
 
 
 POS_BUCKETS = 4
@@ -156,8 +160,9 @@ def quality(
     (reference_run of the same chunks); with an FP8 format, kv_saturated: the K/V elements
     stored saturated over every chunk, layer and head."""
     stats, ref_nll, sat = [], [], []
-    for chunk, ref_lp in zip(token_chunks, ref):
+    for i, (chunk, ref_lp) in enumerate(zip(token_chunks, ref)):
         lp = chunk_logprobs(model, chunk, spec, kernel, ubatch, tile_kv, sat)
+        check_finite(lp, f"the {spec.label} cache, chunk {i}", len(chunk) // 2)
         tg = targets_of(chunk)
         stats.append(token_stats(ref_lp, lp, tg))
         ref_nll.append(token_stats(ref_lp, ref_lp, tg)["nll"])

@@ -27,6 +27,20 @@ def forward(model: Model, tokens: mx.array, cache: ModelCache, logits_from: int 
     return seam.forward(model, tokens, cache)
 
 
+def check_finite(logits: mx.array, what: str, first: int = 0) -> mx.array:
+    """logits [n, vocab] (or [vocab]) unchanged, or ValueError naming the first non-finite
+    value and where it is: a NaN model, format or kernel gives an error row, never KL and
+    perplexity computed over NaN (issue 35)."""
+    finite = mx.isfinite(logits).reshape(-1)
+    if bool(mx.all(finite).item()):
+        return logits
+    i = int(mx.argmin(finite.astype(mx.int32)).item())  # the first False
+    vocab = logits.shape[-1]
+    value = logits.reshape(-1)[i].item()
+    raise ValueError(f"non-finite logits with {what}: {value} at position {first + i // vocab}, "
+                     f"token {i % vocab}")  # fmt: skip
+
+
 # ---- decode at depth -----------------------------------------------------------------------
 
 
