@@ -27,8 +27,7 @@ import numpy as np
 import pandas as pd
 
 from kvbench.errors import UserError
-from kvbench.store.status import STATUSES
-from kvbench.store.status import MEASURED
+from kvbench.store.status import MEASURED, STATUSES
 
 RUN_COLUMNS = {"run_id", "case_id", "status"}
 COMPARE_COLUMNS = {"ratio", "verdict"}
