@@ -9,7 +9,6 @@ from __future__ import annotations
 import pandas as pd
 import pytest
 import report_browser
-from scipy.stats import binomtest
 
 from kvbench.analysis.findings import by_position, findings, generate, retrieval
 from kvbench.analysis.findings.tasks import config_label
@@ -166,12 +165,6 @@ def test_agreement_alone_can_separate():
     assert "int4 in 0/6 (0.00-0.39), fp16 in 3/6 (0.19-0.81)" in f.text
     assert "(intervals overlap: not separated)" in f.text and "int4 0/6, fp16 6/6 (apart)" in f.text
     assert f.supported
-
-
-def test_wilson_of_the_analysis_matches_scipy():
-    for k, n in [(0, 4), (12, 20), (20, 20), (7, 9)]:
-        ci = binomtest(k, n).proportion_ci(method="wilson")
-        assert wilson(k, n) == (pytest.approx(ci.low, abs=1e-9), pytest.approx(ci.high))
 
 
 def test_generate_and_position_findings():

@@ -24,6 +24,7 @@ from kvbench.engines.contract import State
 from kvbench.kernels.model import generate, quality, retrieval
 from kvbench.kernels.model.cache import make_cache
 from kvbench.spec.cache_spec import TASK_PHASES, format_of, spec_of
+from kvbench.stats import wilson
 
 UBATCH = 512  # prefill micro-batch of the task phases (as llama.cpp's default ubatch)
 
@@ -73,6 +74,9 @@ def retrieval_state(case: Case) -> State:
         got = answers(key, spec_of(case), case.kernel, case.tile_kv, case)
         truth = [p.answer for p in prompts_of(*key)]
         row = retrieval.summarize(case.task, got, list(ref), truth)
+        n = row["n_trials"]
+        row["accuracy_lo"], row["accuracy_hi"] = wilson(row["n_correct"], n)
+        row["ref_agree_lo"], row["ref_agree_hi"] = wilson(row["n_ref_agree"], n)
         row["prompt_tokens"] = max(len(p.tokens) for p in prompts_of(*key))
         return row
 
