@@ -1,11 +1,16 @@
 """The walls of the design (docs/architecture.md), proven by walking the packages:
 
+* the floors: every room of harness/ and kernels/ stands on a floor, in a column (FLOORS); a
+  module imports only its own room and rooms on lower floors of the columns its column may
+  reach (REACH), read statically from every module's import statements; each import that
+  still runs against the floors is listed with its reason (EXCEPTIONS); a scratch copy of the
+  tree with an upward import planted in every room shows that each is caught;
 * store/, analysis/ and report/ (and the root modules they use) import neither mlx nor
   kernels/ nor spec/, engines/ or run/: results are compared and plotted from files alone;
 * kernels/ never imports the instrument (any `kvbench.*` module outside kvbench.kernels);
 * `kvbench compare/history/report/import` run in a process where importing mlx raises.
-Each module is imported in a fresh interpreter with an import hook that records every module
-the import pulls in, so an indirect import through a helper module is caught too.
+The last three import each module in a fresh interpreter and record every module the import
+pulls in, so an indirect import through a helper module is caught too.
 """
 
 from __future__ import annotations
@@ -13,6 +18,7 @@ from __future__ import annotations
 import importlib
 import json
 import pkgutil
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -21,6 +27,7 @@ import kvbench
 import kvbench.kernels
 
 ROOT = Path(__file__).resolve().parents[1]
+IGNORE = shutil.ignore_patterns("__pycache__", "*.metal", "*.cu", "*.h", "*.inc")
 FILES_ONLY = ("kvbench.store", "kvbench.analysis", "kvbench.report")
 FORBIDDEN_FOR_FILES_ONLY = (
     "mlx", "kvbench.kernels", "kvbench.spec", "kvbench.engines", "kvbench.run",
@@ -113,41 +120,89 @@ def test_compare_history_report_import_run_without_mlx(tmp_path):
     assert r.returncode == 0, r.stderr
 
 
-# ---- the rooms (static: each module's own import statements, read from its source) ----------
-# package -> packages it must not import
-ROOM_RULES = {
-    "kvbench.kernels": ("kvbench.spec", "kvbench.engines", "kvbench.run", "kvbench.store",
-                        "kvbench.analysis", "kvbench.report", "kvbench.peers", "kvbench.cli"),
-    "kvbench.kernels.formats": ("kvbench.kernels.stores", "kvbench.kernels.attention",
-                                "kvbench.kernels.model"),
-    "kvbench.kernels.stores": ("kvbench.kernels.attention", "kvbench.kernels.model"),
-    "kvbench.spec": ("kvbench.run", "kvbench.engines", "kvbench.store"),
-    "kvbench.run": ("kvbench.analysis",),
-    "kvbench.store": ("kvbench.analysis",),
-    "kvbench.engines.sharded_rank": ("kvbench.run",),
+# ---- the floors (static: each module's own import statements, read from its source) --------
+# Every room of the tree stands on a floor and in a column. A module may import its own room,
+# and a room on a LOWER floor in a column its column may import; nothing on its own floor or
+# above. So each room can be read, tested and changed knowing only the rooms below it.
+#   package:  the kvbench package itself (version, schema version) and the BLAS it loads first
+#   kernels:  what is measured; imports nothing of the instrument
+#   base:     the instrument's root modules and the result files' schema (no mlx)
+#   measure:  what runs a case: may import kernels/
+#   reading:  what reads result files alone (no mlx, no kernels/, nothing of measure)
+#   top:      the command line, over everything
+FLOORS = {
+    # room: (floor, column)
+    "kvbench.blas": (0, "package"),
+    "kvbench": (1, "package"),
+    "kvbench.kernels": (0, "kernels"),
+    "kvbench.kernels.formats": (0, "kernels"),
+    "kvbench.kernels.stores": (1, "kernels"),
+    "kvbench.kernels.attention.gpu": (1, "kernels"),
+    "kvbench.kernels.attention": (2, "kernels"),
+    "kvbench.kernels.model": (3, "kernels"),
+    "kvbench.kernels.data": (4, "kernels"),
+    "kvbench.errors": (1, "base"),
+    "kvbench.axes": (1, "base"),
+    "kvbench.stats": (1, "base"),
+    "kvbench.files": (2, "base"),
+    "kvbench.case": (2, "base"),
+    "kvbench.store": (5, "base"),
+    "kvbench.timer": (3, "measure"),
+    "kvbench.peers": (3, "measure"),
+    "kvbench.spec": (5, "measure"),
+    "kvbench.engines": (6, "measure"),
+    "kvbench.run": (7, "measure"),
+    "kvbench.analysis": (6, "reading"),
+    "kvbench.report": (7, "reading"),
+    "kvbench.cli": (8, "top"),
+    "kvbench.__main__": (9, "top"),
 }  # fmt: skip
-# imports that still run the wrong way, each with its reason (importer, imported prefix)
-WRONG_WAY = {
+# column -> the columns its rooms may import (below their floor)
+REACH = {
+    "package": {"package"},
+    "kernels": {"kernels"},
+    "base": {"package", "base"},
+    "measure": {"package", "base", "kernels", "measure"},
+    "reading": {"package", "base", "reading"},
+    "top": {"package", "base", "kernels", "measure", "reading", "top"},
+}
+# imports that run against the floors, each with its reason (importer module, imported prefix)
+EXCEPTIONS = {
     ("kvbench.kernels.stores.paged", "kvbench.kernels.attention.tiled"):
         "page_read: table folds each page into the tiled kernel's running state (fold_tile), "
         "the same code the tiled kernel runs, rather than a copy of it",
 }  # fmt: skip
 
 
-def module_file(name: str) -> Path:
+def room_of(name: str) -> str | None:
+    """The room a module (or a name imported from one) belongs to: the longest FLOORS key it
+    lies under."""
+    found = [r for r in FLOORS if name == r or name.startswith(r + ".")]
+    return max(found, key=len) if found else None
+
+
+def allowed(importer: str, imported: str) -> bool:
+    a, b = room_of(importer), room_of(imported)
+    if a == b:
+        return True
+    (fa, ca), (fb, cb) = FLOORS[a], FLOORS[b]
+    return fb < fa and cb in REACH[ca]
+
+
+def module_file(name: str, root: Path = ROOT) -> Path:
     parts = name.split(".")
-    base = ROOT / "kernels" if parts[:2] == ["kvbench", "kernels"] else ROOT / "harness"
+    base = root / "kernels" if parts[:2] == ["kvbench", "kernels"] else root / "harness"
     rest = parts[2:] if parts[:2] == ["kvbench", "kernels"] else parts[1:]
     path = base.joinpath(*rest)
     return path / "__init__.py" if path.is_dir() else path.with_suffix(".py")
 
 
-def imports_of(name: str) -> set[str]:
+def imports_of(name: str, root: Path = ROOT) -> set[str]:
     """Modules named by the import statements of one module (absolute; kvbench has no
     relative imports)."""
     import ast
 
-    tree = ast.parse(module_file(name).read_text())
+    tree = ast.parse(module_file(name, root).read_text())
     found = set()
     for node in ast.walk(tree):
         if isinstance(node, ast.Import):
@@ -158,37 +213,110 @@ def imports_of(name: str) -> set[str]:
     return found
 
 
-def wrong_way(rules: dict = ROOM_RULES) -> list[tuple[str, str]]:
-    every = modules_of(kvbench) + modules_of(kvbench.kernels)
+def every_module() -> list[str]:
+    return modules_of(kvbench) + modules_of(kvbench.kernels)
+
+
+def against_the_floors(root: Path = ROOT) -> list[tuple[str, str]]:
+    """Every (module, import) of the tree at `root` that the floors do not allow."""
     bad = []
-    for mod in every:
-        for pkg, forbidden in rules.items():
-            if mod != pkg and not mod.startswith(pkg + "."):
-                continue
-            for imp in imports_of(mod):
-                if any(imp == f or imp.startswith(f + ".") for f in forbidden):
-                    bad.append((mod, imp))
+    for mod in every_module():
+        for imp in imports_of(mod, root):
+            if imp.startswith("kvbench") and room_of(imp) and not allowed(mod, imp):
+                bad.append((mod, imp))
     return sorted(bad)
 
 
 def _excused(mod: str, imp: str) -> bool:
-    return any(mod == m and (imp == i or imp.startswith(i + ".")) for m, i in WRONG_WAY)
+    return any(mod == m and (imp == i or imp.startswith(i + ".")) for m, i in EXCEPTIONS)
 
 
-def test_no_room_imports_the_wrong_way():
-    assert [b for b in wrong_way() if not _excused(*b)] == []
+def test_every_module_stands_on_a_floor():
+    # a new package or root module must be given its floor here, or this fails
+    assert [m for m in every_module() if room_of(m) is None] == []
+    assert set(FLOORS) <= {room_of(m) for m in every_module()} | {"kvbench.__main__"}
+
+
+def test_no_module_imports_against_the_floors():
+    assert [b for b in against_the_floors() if not _excused(*b)] == []
 
 
 def test_every_listed_exception_still_exists():
     # an exception whose import is gone must leave the list, so the list stays the truth
-    found = wrong_way()
-    for mod, imp in WRONG_WAY:
+    found = against_the_floors()
+    for mod, imp in EXCEPTIONS:
         assert any(m == mod and (i == imp or i.startswith(imp + ".")) for m, i in found), mod
 
 
-def test_the_room_check_would_see_a_wrong_import():
-    # run/ importing the model engine would be a wrong import under a rule forbidding engines
-    assert wrong_way({"kvbench.run": ("kvbench.engines",)}) != []
+def test_the_floors_keep_the_design_walls():
+    # the walls docs/architecture.md states, as consequences of the table
+    harness = [r for r, (_, c) in FLOORS.items() if c not in ("package", "kernels")]
+    for room in (r for r, (_, c) in FLOORS.items() if c == "kernels"):
+        assert not any(allowed(room + ".x", h + ".x") for h in harness), room
+    for reader in ("kvbench.store", "kvbench.analysis", "kvbench.report"):
+        for room in ("kvbench.kernels.formats", "kvbench.spec", "kvbench.engines", "kvbench.run",
+                     "kvbench.timer", "kvbench.peers"):  # fmt: skip
+            assert not allowed(reader + ".x", room + ".x"), (reader, room)
+    for upper, lower in (("kvbench.run", "kvbench.analysis"), ("kvbench.spec", "kvbench.store"),
+                         ("kvbench.engines", "kvbench.run"), ("kvbench.spec", "kvbench.engines"),
+                         ("kvbench.kernels.formats", "kvbench.kernels.stores"),
+                         ("kvbench.kernels.stores", "kvbench.kernels.model")):  # fmt: skip
+        assert not allowed(upper + ".x", lower + ".x"), (upper, lower)
+
+
+def test_the_architecture_doc_shows_the_floors():
+    """docs/architecture.md's floor table is FLOORS, cell by cell."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    lines = text[text.index("| floor | package |") :].splitlines()
+    columns = [c.strip() for c in lines[0].strip("|").split("|")][1:]
+    shown = {}
+    for line in lines[2:]:
+        if not line.strip().startswith("|"):
+            break
+        floor, *cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        for column, cell in zip(columns, cells):
+            for name in filter(None, (n.strip() for n in cell.split(","))):
+                name = name.replace("`", "").replace(" (package)", "").rstrip("/")
+                name = name.removesuffix(".py").replace("/", ".")
+                prefix = "kvbench.kernels." if column == "kernels" else "kvbench."
+                room = name if name.startswith("kvbench") else prefix + name
+                shown[room] = (int(floor), column)
+    assert shown == FLOORS
+
+
+def _planted(room: str) -> list[str]:
+    """Rooms an import from `room` must never reach: the nearest room above it in its own
+    column and in any column, and one room of each column it may not import."""
+    floor, column = FLOORS[room]
+    above = sorted((f, c != column, r) for r, (f, c) in FLOORS.items() if f > floor)
+    targets = list(dict.fromkeys(r for _, _, r in above[:1] + [a for a in above if not a[1]][:1]))
+    for r, (_, c) in FLOORS.items():
+        if c not in REACH[column] and c not in {FLOORS[t][1] for t in targets}:
+            targets.append(r)
+    return targets
+
+
+def test_a_planted_upward_import_is_caught_in_every_room(tmp_path):
+    """A scratch copy of the tree with, in every room, imports of rooms it must not reach
+    (the three the issue found the old pair list missed among them): each is reported."""
+    shutil.copytree(ROOT / "harness", tmp_path / "harness", ignore=IGNORE)
+    shutil.copytree(ROOT / "kernels", tmp_path / "kernels", ignore=IGNORE)
+    planted = {}
+    for room in FLOORS:
+        if room == "kvbench.__main__":
+            continue  # the top floor: nothing is above it
+        host = next(m for m in every_module() if room_of(m) == room)
+        planted[room] = (host, _planted(room))
+    planted["kvbench.engines"][1].append("kvbench.run.session")
+    planted["kvbench.kernels.attention"][1].append("kvbench.kernels.model.cache")
+    planted["kvbench.analysis"][1].append("kvbench.report.page")
+    for host, targets in planted.values():
+        with module_file(host, tmp_path).open("a") as f:
+            f.write("".join(f"\nimport {t}  # planted\n" for t in targets))
+    found = set(against_the_floors(tmp_path))
+    missed = [(h, t) for h, ts in planted.values() for t in ts if (h, t) not in found]
+    assert missed == []
+    assert len(planted) == len(FLOORS) - 1 and all(ts for _, ts in planted.values())
 
 
 def test_the_rooms_exist_with_a_docstring():
