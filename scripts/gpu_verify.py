@@ -1,5 +1,6 @@
 """`make gpu-verify`: verify kvbench's GPU paths on a Linux machine with an NVIDIA GPU, or a Mac
-with Apple silicon, in one command within 10 minutes. NOT YET RUN ON A GPU.
+with Apple silicon, in one command within 10 minutes. Ran on an NVIDIA H200 (docs/kernels.md);
+not yet on a Mac.
 
 Steps, each timed and logged to OUT/gpu-verify-<stamp>.log, with a summary in
 OUT/gpu-verify-<stamp>.json:

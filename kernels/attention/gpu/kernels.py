@@ -1,6 +1,7 @@
 """The custom flash-decode kernels: Metal (mx.fast.metal_kernel) and CUDA (mx.fast.cuda_kernel).
 
-NOT YET RUN ON HARDWARE: no Apple GPU or NVIDIA GPU was available when they were written. The
+The CUDA kernel ran on an NVIDIA H200 (2026-11-26, docs/kernels.md: parity at every tested format
+and shape, slow); the Metal kernel has never run on hardware. The
 algorithm is verified on CPU by a numpy emulation of the same lane layout, splits and reduction
 order (kernels/attention/gpu/emulate.py) and by the shared source itself compiled with g++ and run
 on CPU
