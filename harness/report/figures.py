@@ -309,10 +309,11 @@ def all_figures(cur, history, compare_rows, order) -> list[Figure]:
     """Every figure the data supports, in page order (the questions first)."""
     from kvbench.report.ratios import formats, layouts, quality, roofline
     from kvbench.report.tasks import generate, quality_context, retrieval
+    from kvbench.report.tradeoff import tradeoff
     from kvbench.report.views import compare, history_fig, peers, residency, tiles
 
     figs = [latency(cur), formats(cur), layouts(cur), tiles(cur), peers(cur), quality(cur)]
-    figs += [quality_context(cur), retrieval(cur), generate(cur)]
+    figs += [tradeoff(cur), quality_context(cur), retrieval(cur), generate(cur)]
     figs += [accuracy(cur), memory(cur), residency(cur), bandwidth(cur), roofline(cur)]
     figs += [history_fig(history, order), compare(compare_rows)]
     return [f for f in figs if f is not None]

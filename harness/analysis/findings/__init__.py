@@ -25,12 +25,13 @@ from kvbench.analysis.findings import (
     quality,
     retrieval,
     tiles,
+    tradeoff,
 )
 from kvbench.analysis.findings.common import Finding
 
 # in the order the report lists them
-MODULES = (fastest, formats, payoff, layouts, tiles, peers, quality, accuracy, retrieval,
-           generate, by_position, memory)  # fmt: skip
+MODULES = (fastest, formats, payoff, layouts, tiles, peers, quality, tradeoff, accuracy,
+           retrieval, generate, by_position, memory)  # fmt: skip
 TOPICS = {m.TOPIC: m.find for m in MODULES}
 
 __all__ = ["TOPICS", "Finding", "findings"]

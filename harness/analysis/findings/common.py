@@ -194,8 +194,8 @@ def source_of(row: dict) -> str:
 
 def cache_config(row: dict) -> str:
     """A quality row's cache configuration: the format, and V's format, per-channel keys,
-    fp16 sinks and residual window when set (the model engine's options), and a sliding
-    attention window with its sinks."""
+    fp16 sinks and residual window when set (the model engine's options), a sliding
+    attention window with its sinks, and the rotation before quantization."""
     parts = [format_label(row)]
     extra = (("v_dtype", "V {}"), ("k_axis", "{} keys"), ("sink_tokens", "{} sinks"),
              ("recent_tokens", "fp16 residual {}"))  # fmt: skip
@@ -211,4 +211,14 @@ def cache_config(row: dict) -> str:
     if windowed:
         sinks = int(row.get("sink_tokens") or 0)
         parts.append(f"sliding window {int(w)}" + (f" + {sinks} sinks" if sinks else ""))
-    return ", ".join(parts)
+    return ", ".join(parts + _rotation(row))
+
+
+def _rotation(row: dict) -> list[str]:
+    """Rotation before quantization, when set: "hadamard K/V", or each side on its own."""
+    rk, rv = (
+        row.get(c) if isinstance(row.get(c), str) else "none" for c in ("rotate_k", "rotate_v")
+    )
+    if rk == rv:
+        return [] if rk == "none" else [f"{rk} K/V"]
+    return [f"{r} {side}" for r, side in ((rk, "K"), (rv, "V")) if r != "none"]

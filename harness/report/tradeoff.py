@@ -1,0 +1,106 @@
+"""The trade-off in one view (analysis/findings/tradeoff.py): per (model, context), KL and, where
+retrieval rows exist, the share of answers found, against stored bits per element, every cache
+configuration of the run a point, the Pareto frontier a dotted line with its points labelled;
+per model, the time per decode step of each format's fastest kernel against the same bits
+(plotly only)."""
+
+from __future__ import annotations
+
+import pandas as pd
+from plotly.subplots import make_subplots
+
+from kvbench.analysis.findings.tasks import ctx_text
+from kvbench.analysis.findings.tradeoff import table as tradeoff_table
+from kvbench.report.common import Figure, style, table
+from kvbench.report.styles import format_color, grid, panel_pos
+
+Y_TITLE = {"KL": "KL (nats), lower is better", "retrieval": "answers found (share)"}
+NAMES = {
+    "model": "model",
+    "context_len": "context",
+    "metric": "metric",
+    "config": "cache",
+    "bits": "bits/elem",
+    "value": "KL or share found",
+    "n": "tokens or trials",
+    "frontier": "on frontier",
+    "kernel": "fastest decode kernel",
+    "step_ms": "ms per decode step",
+    "timed_at": "timed at",
+}
+
+
+def _panels(d: pd.DataFrame) -> list[tuple]:
+    """(model, context, metric) panels, then one decode-time panel per model that has times."""
+    out = list(dict.fromkeys(zip(d["model"], d["context_len"], d["metric"])))
+    timed = d.dropna(subset=["step_ms"]) if "step_ms" in d else d[:0]
+    return out + [(m, None, "time") for m in dict.fromkeys(timed["model"])]
+
+
+def _title(panel: tuple) -> str:
+    model, ctx, metric = panel
+    if metric == "time":
+        return f"{model}: time per decode step (fastest kernel)"
+    what = "KL" if metric == "KL" else "retrieval"
+    return f"{model} · ctx {ctx_text(ctx)}: {what} vs bits"
+
+
+def _add_points(fig, p: pd.DataFrame, y: str, pos: dict, shown: set) -> None:
+    for r in p.itertuples():
+        fig.add_scatter(
+            x=[r.bits],
+            y=[getattr(r, y)],
+            mode="markers+text" if getattr(r, "frontier", False) else "markers",
+            text=[r.config],
+            textposition="top center",
+            textfont={"size": 10},
+            name=r.config,
+            legendgroup=r.config,
+            showlegend=r.config not in shown,
+            marker={"color": format_color(r.kv_dtype), "size": 10,
+                    "line": {"width": 1, "color": "#222"}},
+            hovertemplate=f"{r.config}<br>%{{x:.4g}} bits<br>%{{y:.4g}}<extra></extra>",
+            **pos,
+        )  # fmt: skip
+        shown.add(r.config)
+
+
+def tradeoff(cur: pd.DataFrame) -> Figure | None:
+    d = tradeoff_table(cur)
+    if d.empty:
+        return None
+    panels = _panels(d)
+    nrow, ncol = grid(len(panels), 2)
+    fig = make_subplots(nrow, ncol, subplot_titles=[_title(p) for p in panels],
+                        horizontal_spacing=0.1,
+                        vertical_spacing=min(0.14, 0.5 / max(nrow - 1, 1)))  # fmt: skip
+    fig.update_annotations(font_size=12)
+    shown: set = set()
+    for i, (model, ctx, metric) in enumerate(panels):
+        pos = panel_pos(i, ncol)
+        if metric == "time":
+            p = d[d["model"] == model].dropna(subset=["step_ms"]).drop_duplicates("fmt")
+            _add_points(fig, p.assign(frontier=True, config=p["fmt"]), "step_ms", pos, shown)
+            fig.update_yaxes(type="log", title_text="ms per decode step", **pos)
+        else:
+            sel = (d["model"] == model) & (d["context_len"] == ctx) & (d["metric"] == metric)
+            p = d[sel]
+            _add_points(fig, p, "value", pos, shown)
+            front = p[p["frontier"]].sort_values("bits")
+            fig.add_scatter(x=front["bits"], y=front["value"], mode="lines", showlegend=False,
+                            line={"color": "#444", "dash": "dot"}, hoverinfo="skip",
+                            **pos)  # fmt: skip
+            fig.update_yaxes(type="log" if metric == "KL" else "linear",
+                             title_text=Y_TITLE[metric], **pos)  # fmt: skip
+        fig.update_xaxes(title_text="stored bits per K/V element", **pos)
+    note = (
+        "Each cache configuration of the run is a point: its median KL divergence of next-token "
+        "distributions against a float32 cache (or the share of retrieval answers found) "
+        "against its stored bits per element, scales and norms included. Dotted, with "
+        "labels: the Pareto frontier (no other point has fewer-or-equal bits and a better "
+        "figure). Last panels: each format's fastest kernel's median time per decode step in "
+        "the run's timed decode rows ('timed at' in the table); a format without such rows "
+        "has no time. The findings name the configurations never on a frontier."
+    )
+    title = "The trade-off: what each bit buys (KL, retrieval and decode time vs bits)"
+    return Figure("tradeoff", title, style(fig, 160 + 360 * nrow), table(d, NAMES), note)
