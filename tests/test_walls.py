@@ -319,6 +319,61 @@ def test_a_planted_upward_import_is_caught_in_every_room(tmp_path):
     assert len(planted) == len(FLOORS) - 1 and all(ts for _, ts in planted.values())
 
 
+# Inside the model room, the modules stand on floors in the order data flows (docs/architecture.md):
+# the model file, the text and what a cache holds; the caches and the seam; the model; running
+# it; what reads it; capture. The same rule: a module imports only modules on lower floors.
+MODEL_FLOORS = {
+    "fetch": 0, "text": 0, "tokenizer": 0, "spec": 0, "protocol": 0,
+    "cache": 1, "seam": 1,
+    "load": 2,
+    "run": 3, "source": 3,
+    "quality": 4, "retrieval": 4, "generate": 4,
+    "capture": 5,
+}  # fmt: skip
+MODEL = "kvbench.kernels.model"
+
+
+def against_the_model_floors(root: Path = ROOT) -> list[tuple[str, str]]:
+    bad = []
+    for mod in modules_of(importlib.import_module(MODEL))[1:]:
+        here = MODEL_FLOORS[mod.rsplit(".", 1)[1]]
+        for imp in imports_of(mod, root):
+            if not imp.startswith(MODEL + "."):
+                continue
+            name = imp[len(MODEL) + 1 :].split(".")[0]
+            if name in MODEL_FLOORS and MODEL_FLOORS[name] >= here and imp != mod:
+                bad.append((mod, imp))
+    return sorted(bad)
+
+
+def test_every_model_module_stands_on_a_floor():
+    names = {m.rsplit(".", 1)[1] for m in modules_of(importlib.import_module(MODEL))[1:]}
+    assert names == set(MODEL_FLOORS)
+
+
+def test_the_model_room_imports_in_the_order_data_flows():
+    assert against_the_model_floors() == []
+
+
+def test_a_planted_upward_import_is_caught_in_every_model_module(tmp_path):
+    shutil.copytree(ROOT / "kernels", tmp_path / "kernels", ignore=IGNORE)
+    (tmp_path / "harness").mkdir()
+    top = max(MODEL_FLOORS.values())
+    planted = []
+    for name, floor in MODEL_FLOORS.items():
+        if floor == top:
+            continue  # nothing stands above the top floor
+        up = min(f for f in MODEL_FLOORS.values() if f > floor)  # the nearest floor above
+        target = next(n for n, f in MODEL_FLOORS.items() if f == up)
+        host = f"{MODEL}.{name}"
+        with module_file(host, tmp_path).open("a") as f:
+            f.write(f"\nfrom {MODEL}.{target} import x  # planted\n")
+        planted.append((host, f"{MODEL}.{target}"))
+    found = set(against_the_model_floors(tmp_path))
+    assert [p for p in planted if p not in found] == []
+    assert len(planted) == sum(f < top for f in MODEL_FLOORS.values())
+
+
 def test_the_rooms_exist_with_a_docstring():
     for room in ("formats", "stores", "attention", "attention.gpu", "model"):
         mod = importlib.import_module(f"kvbench.kernels.{room}")
