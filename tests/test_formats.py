@@ -15,6 +15,7 @@ DATA_BITS |= {name: 4 for name in ("fp4", "int4", "mxfp4", "nvfp4", "affine4")}
 DATA_BITS |= {"affine2": 2, "affine3": 3}
 DATA_BITS |= {"q4_0": 4, "q4_1": 4, "q5_0": 5, "q5_1": 5, "q8_0": 8}  # ggml's blocks
 DATA_BITS |= {f"tq{b}_{v}": b for b in (2, 3, 4) for v in ("mse", "prod")}  # TurboQuant
+DATA_BITS |= {"q8_0_avx2": 8, "iq4_nl": 4}  # ggml: q8_0 as x86 writes it; non-linear 4-bit
 DATA_BITS |= {"fp8_e4m3": 8, "fp8_e5m2": 8}  # one byte, the scale per tensor
 
 

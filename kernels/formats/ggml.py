@@ -1,4 +1,5 @@
-"""ggml's KV-cache block formats, bit for bit: q4_0, q4_1, q5_0, q5_1, q8_0.
+"""ggml's KV-cache block formats, bit for bit: q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, and q8_0 as
+llama.cpp's x86 CPU build writes it (q8_0_avx2).
 
 As ggml defines them (ggml/src/ggml-quants.c `quantize_row_*_ref`, the layouts in
 ggml-common.h), every block is 32 values of one row, in float32 arithmetic:
@@ -13,6 +14,16 @@ ggml-common.h), every block is 32 values of one row, in float32 arithmetic:
         Block: d fp16, min fp16, 4 bytes of fifth bits, 16 bytes of nibbles: 24 bytes.
   q8_0  d = absmax / 127, q = roundf(x/d) (half away from zero), value = q * d.
         Block: d fp16, 32 int8: 34 bytes.
+  q8_0_avx2  q8_0's block as ggml-cpu's AVX/AVX2 `quantize_row_q8_0` (the `from_float` llama.cpp's
+        KV-cache writes call on x86) fills it: q = round half to even (x * (127 / absmax)), not
+        roundf(x * (1 / d)): a tie, or a last-bit difference of the two inverses, moves a code.
+  iq4_nl  the non-linear 4-bit type (`quantize_row_iq4_nl_ref`, which ggml-cpu's from_float
+        calls too): codes index IQ4_NL_VALUES; with m the signed extreme, l = the nearest value
+        to x * (1 / (m / -127)) (ggml's best_index_int8: a tie goes up), then
+        d = sum(w q x) / sum(w q q) with w = x^2 (least squares; float32 sums in index order),
+        value = IQ4_NL_VALUES[l] * d. A block with absmax < 1e-15 stores d = 0 and, as ggml,
+        the codes of the row's previous block (its first block: 0; ggml leaves whatever its
+        stack held). Block: d fp16, 16 bytes of nibbles: 18 bytes.
 
 "x/d" is x * (1/d) with 1/d computed in float32 from the float32 d (not the stored fp16 d);
 d = 0 gives 1/d = 0. Nibbles: byte j (0..15) of a block holds element j in its low nibble and
@@ -46,7 +57,11 @@ KINDS = {
     "q5_0": (5, False, 16, -16.0),
     "q5_1": (5, True, 0, 31.0),
     "q8_0": (8, False, 0, 127.0),
+    "q8_0_avx2": (8, False, 0, 127.0),
+    "iq4_nl": (4, False, 0, -127.0),  # d's first guess: m / -127 (then least squares)
 }
+IQ4_NL_VALUES = (-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113)
+GROUP_MAX_EPS = 1e-15  # ggml-quants.c: a block below it is all zero
 BIT_SHIFTS = mx.arange(32, dtype=mx.uint32)
 
 
@@ -95,6 +110,44 @@ def unpack_high_bits(high: mx.array) -> mx.array:
     by = high.reshape(*high.shape[:-1], -1, 4).astype(mx.uint32)
     word = by[..., 0] | by[..., 1] << 8 | by[..., 2] << 16 | by[..., 3] << 24
     return (((word[..., None] >> BIT_SHIFTS) & 1) << 4).astype(mx.uint8)
+
+
+def best_index(al: mx.array) -> mx.array:
+    """ggml's best_index_int8 over IQ4_NL_VALUES, elementwise: 0 at or below the first value, 15
+    at or above the last; else the nearer of the two values around al, a tie to the upper."""
+    vals = mx.array(IQ4_NL_VALUES, dtype=mx.float32)
+    mu = sum((al >= v).astype(mx.int32) for v in IQ4_NL_VALUES[1:]) + 1  # val[mu-1] <= al <
+    mu = mx.clip(mu, 1, 15)
+    down = (al - vals[mu - 1]) < (vals[mu] - al)  # float32 differences, as the C
+    idx = mx.where(down, mu - 1, mu)
+    return mx.where(al <= IQ4_NL_VALUES[0], 0, mx.where(al >= IQ4_NL_VALUES[-1], 15, idx))
+
+
+def ordered_sum(t: mx.array) -> mx.array:
+    """t [..., n] summed over the last axis in index order, in t's dtype (as a C loop; a
+    pairwise sum rounds differently)."""
+    total = t[..., 0]
+    for j in range(1, t.shape[-1]):
+        total = total + t[..., j]
+    return total
+
+
+def iq4_nl_blocks(xb: mx.array) -> tuple[mx.array, mx.array]:
+    """quantize_row_iq4_nl_ref on blocks xb [..., nb, 32] float32: (d [..., nb, 1] float32,
+    codes [..., nb, 32] uint8)."""
+    m = signed_extreme(xb)  # [..., nb, 1]
+    zero = mx.abs(m) < GROUP_MAX_EPS
+    d0 = m / IQ4_NL_VALUES[0]
+    l = best_index(xb * _inverse(mx.where(zero, 0, d0)))  # noqa: E741
+    q = mx.array(IQ4_NL_VALUES, dtype=mx.float32)[l]
+    wq = (xb * xb) * q  # weight x^2, as ((w * q) * x) and ((w * q) * q)
+    sqx, sq2 = ordered_sum(wq * xb)[..., None], ordered_sum(wq * q)[..., None]
+    d = mx.where(zero | (sq2 <= 0), 0.0, sqx / mx.where(sq2 > 0, sq2, 1.0))
+    codes = l.astype(mx.uint8)
+    for b in range(codes.shape[-2]):  # a zero block keeps the previous block's codes (ggml's L)
+        prev = codes[..., b - 1, :] if b else mx.zeros_like(codes[..., 0, :])
+        codes[..., b, :] = mx.where(zero[..., b, :], prev, codes[..., b, :])
+    return d, codes
 
 
 @dataclass(frozen=True)
@@ -158,10 +211,17 @@ class GgmlBlock(Format):
         bits, has_min, _, div = KINDS[self.name]
         xb = x.astype(mx.float32).reshape(*lead, d // QK, QK)  # [..., nb, 32]
         out: Stored = {}
-        if self.name == "q8_0":
-            dd = mx.max(mx.abs(xb), axis=-1, keepdims=True) / div
-            q = roundf(xb * _inverse(dd)).astype(mx.int8)
-            out["data"] = q.reshape(*lead, d)
+        if bits == 8:
+            amax = mx.max(mx.abs(xb), axis=-1, keepdims=True)
+            dd = amax / div
+            if self.name == "q8_0_avx2":  # 127 / amax, _mm256_round_ps: half to even
+                q = mx.round(xb * mx.where(amax != 0, div / mx.where(amax != 0, amax, 1), 0))
+            else:
+                q = roundf(xb * _inverse(dd))
+            out["data"] = q.astype(mx.int8).reshape(*lead, d)
+        elif self.name == "iq4_nl":
+            dd, q = iq4_nl_blocks(xb)
+            out["data"] = pack_low_nibbles(q)
         else:
             top = 2**bits - 1
             if has_min:
@@ -181,11 +241,14 @@ class GgmlBlock(Format):
         return out
 
     def codes(self, stored: Stored) -> mx.array:
-        """Integer code values [..., nb, 32] (offset removed for the symmetric kinds), int32."""
-        if self.name == "q8_0":
+        """Integer code values [..., nb, 32] (offset removed for the symmetric kinds; iq4_nl's
+        codebook values), int32."""
+        if self.data_bits == 8:
             data = stored["data"]
             return data.reshape(*data.shape[:-1], -1, QK).astype(mx.int32)
         q = unpack_low_nibbles(stored["data"])
+        if self.name == "iq4_nl":
+            return mx.array(IQ4_NL_VALUES, dtype=mx.int32)[q]
         if self.data_bits == 5:
             q = q | unpack_high_bits(stored["high"])
         return q.astype(mx.int32) - KINDS[self.name][2]

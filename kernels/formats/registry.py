@@ -75,6 +75,8 @@ FORMATS = {
     "q5_0": ggml.ggml_format("q5_0"),
     "q5_1": ggml.ggml_format("q5_1"),
     "q8_0": ggml.ggml_format("q8_0"),
+    "q8_0_avx2": ggml.ggml_format("q8_0_avx2"),  # q8_0 as llama.cpp's x86 KV writes round it
+    "iq4_nl": ggml.ggml_format("iq4_nl"),
     # TurboQuant (kernels/formats/turbo.py): Lloyd-Max codes of a rotated row, its fp16 norm
     **{name: turbo.turbo(name) for name in turbo.NAMES},
     "fp8_e4m3": fp8.fp8_format("fp8_e4m3"),  # vLLM's FP8 KV cache (kernels/formats/fp8.py)
