@@ -41,6 +41,7 @@ def cache(tmp_path, monkeypatch):
         ("affine4", 32, "q4_1"),
         ("q5_1", None, "q5_1"),  # llama.cpp's own names pass through
         ("iq4_nl", None, "iq4_nl"),
+        ("q8_0_avx2", None, "q8_0"),  # the bytes llama.cpp's x86 KV writes hold
         ("int4", 64, None),  # llama.cpp's blocks are 32 values
         ("int8", None, None),  # per-row scales: no llama.cpp type
         ("fp4", 32, None),

@@ -41,6 +41,9 @@ KV_TYPES = {
     ("int8", 32): "q8_0",
     ("int4", 32): "q4_0",
     ("affine4", 32): "q4_1",
+    # what llama.cpp's q8_0 cache holds on x86: ggml-cpu's AVX2 from_float rounds ties to even
+    # (kernels/formats/ggml.py); kvbench's q8_0 is ggml's reference quantizer
+    ("q8_0_avx2", None): "q8_0",
 }
 BLOCK_32 = {"int8": "q8_0", "int4": "q4_0", "affine4": "q4_1"}  # for the reason text
 DENSE_TYPES = ("f32", "f16", "bf16")
