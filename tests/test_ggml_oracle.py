@@ -129,8 +129,10 @@ def test_bytes_equal_ggml(oracle, name, mode, data):
         pytest.skip("SmolLM2 not fetched (kvbench model fetch)")
     x = DATA[data]()
     want = ggml_bytes(oracle, name, mode, x)
-    got = kvbench_bytes(KVBENCH.get((name, mode), name), x)
-    assert got.shape == want.shape
+    kv_name = KVBENCH.get((name, mode), name)
+    got = kvbench_bytes(kv_name, x)
+    assert got.shape == want.shape  # ggml_row_size of every row
+    assert get_format(kv_name).nbytes(want.shape[0], x.shape[-1]) == want.size
     undefined = undefined_codes(name, x)
     if undefined.size:
         got, want = np.where(undefined, 0, got), np.where(undefined, 0, want)
