@@ -31,6 +31,9 @@ MEASURED_SHOW = {
     "n_correct": "correct",  # retrieval: of `trials`
     "ref_agree": "= f32",  # retrieval: answers equal to the float32 cache's
     "kv_recon_err": "kv_err",
+    "wall_s": "wall s",  # model phases: what the row's evidence cost (kernels/model/meter.py)
+    "prefill_tokens_per_s": "prefill tok/s",
+    "decode_tokens_per_s": "decode tok/s",
 }
 
 

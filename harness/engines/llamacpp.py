@@ -168,6 +168,17 @@ def base_logits(gguf: Path, text: str, ctx: int, chunks: int) -> tuple[Path, dic
     return base, ref
 
 
+def cost_fields(res: dict) -> dict:
+    """The row's cost columns from a llama-perplexity result: the process's wall seconds and
+    its own prefill / decode timings (llamacpp.perf_info), with tokens per second."""
+    out = {"wall_s": res["wall_s"]}
+    for kind in ("prefill", "decode"):
+        n, s = res.get(f"{kind}_tokens"), res.get(f"{kind}_s")
+        out |= {f"{kind}_tokens": n, f"{kind}_s": s if n else None}
+        out[f"{kind}_tokens_per_s"] = n / s if n and s else None
+    return out
+
+
 def quality_job(case: Case, gguf: Path):
     type_k, type_v = types_of(case)
 
@@ -189,6 +200,7 @@ def quality_job(case: Case, gguf: Path):
             # llama-perplexity starts every chunk with BOS where the GGUF's vocabulary adds one
             "chunk_bos": model_engine.chunk_bos(case.model) is not None,
         }  # fmt: skip
+        accuracy |= cost_fields(got) | {"ref_wall_s": ref["wall_s"]}
         return JobResult({}, accuracy, extra={"peer_kv_types": f"{type_k}/{type_v}"})
 
     return job

@@ -12,7 +12,9 @@ cache stored in the case's format through kvbench's own formats and kernels
   the row's chunk_bos; the second half of each chunk is scored); the model runs over each chunk
   with the cache in the case's format and with a float32 cache; the row gets ppl, ppl_ref,
   delta_ppl, kl_mean, kl_p99 (KL divergence of the next-token distributions, nats) and
-  top1_agree. Nothing is timed (n_samples 0): the quality phase measures quality only.
+  top1_agree. No stage is sampled (n_samples 0); the row states what its evidence cost:
+  wall_s, prefill tokens / seconds / tokens per second, and ref_wall_s, the float32
+  reference's (kernels/model/meter.py).
 * kv_bytes: the exact bytes of the cache after context_len tokens (kernels/model/spec.py kv_bytes:
   data, scales, biases, fp16 sinks and residual window); alloc_bytes: what the store holds.
 The model, the tokenized text and the float32 reference of each (model, text, context, chunks)
@@ -30,7 +32,7 @@ from kvbench.case import Case
 from kvbench.engines.contract import State, memory_baseline
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.model import cache as kv_store
-from kvbench.kernels.model import quality
+from kvbench.kernels.model import meter, quality
 from kvbench.kernels.model import spec as kv_spec
 from kvbench.kernels.model.load import load_model
 from kvbench.kernels.model.run import decode_step, prefill
@@ -89,10 +91,13 @@ def chunks_of(name: str, text: str, context_len: int, n_chunks: int) -> list[lis
 
 @lru_cache(maxsize=8)
 def reference_of(name: str, text: str, context_len: int, n_chunks: int):
-    """The chunks and their float32-cache log-probabilities (once per process)."""
+    """The chunks, their float32-cache log-probabilities and the wall seconds these took (once
+    per process)."""
     model, _ = model_of(name)
     chunks = chunks_of(name, text, context_len, n_chunks)
-    return chunks, quality.reference_run(model, chunks)
+    with meter.metered() as m:
+        ref = quality.reference_run(model, chunks)
+    return chunks, ref, m.wall_s
 
 
 def decode_state(case: Case) -> State:
@@ -183,11 +188,14 @@ def held_positions(case: Case) -> int:
 
 def quality_state(case: Case) -> State:
     model = windowed(model_of(case.model)[0], case)
-    chunks, ref = reference_of(case.model, case.text, case.context_len, case.chunks)
 
     def check() -> dict:
-        row = quality.quality(model, chunks, spec_of(case), ref, case.kernel, None, case.tile_kv)
-        return {**row, "chunk_bos": chunk_bos(case.model) is not None}
+        chunks, ref, ref_s = reference_of(case.model, case.text, case.context_len, case.chunks)
+        with meter.metered() as m:
+            row = quality.quality(model, chunks, spec_of(case), ref, case.kernel, None,
+                                  case.tile_kv)  # fmt: skip
+        bos = chunk_bos(case.model) is not None
+        return {**row, **m.fields(), "ref_wall_s": ref_s, "chunk_bos": bos}
 
     return State(
         {}, check, traffic=(0, 0), kv_bytes=kv_bytes(case), bits_per_elem=bits_per_elem(case)

@@ -1,6 +1,8 @@
 """The model's task phases: retrieval and generate (kernels/model/retrieval.py, generate.py),
-on the model and cache of the model engine (harness/engines/model.py). Nothing is timed: the
-row holds what check() returns, as for the quality phase.
+on the model and cache of the model engine (harness/engines/model.py). No stage is sampled:
+the row holds what check() returns, as for the quality phase, with what its evidence cost
+(wall_s, prefill and decode tokens and seconds, the float32 reference's ref_wall_s:
+kernels/model/meter.py).
 
 * phase retrieval: `trials` prompts of task `task` (passkey, niah, multikey, vartrack) of at
   most context_len tokens with the needle at `depth` of the haystack (trial i seeded by
@@ -21,7 +23,7 @@ from functools import lru_cache
 from kvbench.case import Case
 from kvbench.engines import model as base
 from kvbench.engines.contract import State
-from kvbench.kernels.model import generate, quality, retrieval
+from kvbench.kernels.model import generate, meter, quality, retrieval
 from kvbench.kernels.model.cache import make_cache
 from kvbench.spec.cache_spec import TASK_PHASES, format_of, spec_of
 from kvbench.stats import wilson
@@ -62,23 +64,26 @@ def answers(key: tuple, spec, kernel: str, tile_kv, case=None) -> list[str | Non
 
 
 @lru_cache(maxsize=16)
-def reference_answers(*key) -> tuple:
-    """The float32 cache's answers (once per process)."""
-    return tuple(answers(key, quality.REFERENCE_SPEC, "reference", None))
+def reference_answers(*key) -> tuple[tuple, float]:
+    """The float32 cache's answers and the wall seconds they took (once per process)."""
+    with meter.metered() as m:
+        got = tuple(answers(key, quality.REFERENCE_SPEC, "reference", None))
+    return got, m.wall_s
 
 
 def retrieval_state(case: Case) -> State:
     def check() -> dict:
         key = (case.model, case.task, case.context_len, case.depth, case.trials, case.seed)
-        ref = reference_answers(*key)
-        got = answers(key, spec_of(case), case.kernel, case.tile_kv, case)
+        ref, ref_s = reference_answers(*key)
+        with meter.metered() as m:
+            got = answers(key, spec_of(case), case.kernel, case.tile_kv, case)
         truth = [p.answer for p in prompts_of(*key)]
         row = retrieval.summarize(case.task, got, list(ref), truth)
         n = row["n_trials"]
         row["accuracy_lo"], row["accuracy_hi"] = wilson(row["n_correct"], n)
         row["ref_agree_lo"], row["ref_agree_hi"] = wilson(row["n_ref_agree"], n)
         row["prompt_tokens"] = max(len(p.tokens) for p in prompts_of(*key))
-        return row
+        return {**row, **m.fields(), "ref_wall_s": ref_s}
 
     return State({}, check, traffic=(0, 0), kv_bytes=base.kv_bytes(case),
                  bits_per_elem=base.bits_per_elem(case))  # fmt: skip
@@ -86,21 +91,26 @@ def retrieval_state(case: Case) -> State:
 
 @lru_cache(maxsize=8)
 def generate_reference(name: str, text: str, context_len: int, n_chunks: int, n_new: int):
+    """The chunks, the float32 cache's continuations and the wall seconds these took."""
     model, _ = base.model_of(name)
     chunks = base.chunks_of(name, text, context_len, n_chunks)
-    return chunks, [generate.reference(model, c, n_new, UBATCH) for c in chunks]
+    with meter.metered() as m:
+        refs = [generate.reference(model, c, n_new, UBATCH) for c in chunks]
+    return chunks, refs, m.wall_s
 
 
 def generate_state(case: Case) -> State:
     def check() -> dict:
         model = base.windowed(base.model_of(case.model)[0], case)
-        chunks, refs = generate_reference(case.model, case.text, case.context_len, case.chunks,
-                                          case.gen_tokens)  # fmt: skip
-        row = generate.generate_error(
-            model, chunks, refs, spec_of(case), case.gen_tokens, case.kernel, case.tile_kv,
-            case.quantized_kv_start, UBATCH,
-        )  # fmt: skip
-        return {**row, "chunk_bos": base.chunk_bos(case.model) is not None}
+        chunks, refs, ref_s = generate_reference(case.model, case.text, case.context_len,
+                                                 case.chunks, case.gen_tokens)  # fmt: skip
+        with meter.metered() as m:
+            row = generate.generate_error(
+                model, chunks, refs, spec_of(case), case.gen_tokens, case.kernel, case.tile_kv,
+                case.quantized_kv_start, UBATCH,
+            )  # fmt: skip
+        bos = base.chunk_bos(case.model) is not None
+        return {**row, **m.fields(), "ref_wall_s": ref_s, "chunk_bos": bos}
 
     return State({}, check, traffic=(0, 0), kv_bytes=base.kv_bytes(case),
                  bits_per_elem=base.bits_per_elem(case))  # fmt: skip

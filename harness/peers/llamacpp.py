@@ -24,6 +24,7 @@ import json
 import os
 import re
 import subprocess
+import time
 from pathlib import Path
 
 from kvbench.peers.llamacpp_build import build_dir, cache_root, missing_tools, read_stamp
@@ -329,15 +330,33 @@ def run_perplexity(
     binary = llamacpp_bin("llama-perplexity")
     if binary is None:
         raise LlamaCppError(missing_reason("llama-perplexity"))
+    t0 = time.perf_counter()
     stdout, stderr = run_tool(perplexity_command(binary, model, **kwargs), timeout_s, env)
+    wall_s = time.perf_counter() - t0  # the whole process: model load and tokenizing too
     text = stdout + "\n" + stderr
     if save_to is not None:
         Path(save_to).write_text(text)
     res = parse_kl(text) if kwargs.get("kl") else parse_perplexity(text)
+    res.update(perf_info(text), wall_s=wall_s)
     # b11434 logs the cache's types only when verbose: else record the types it was given
     res.setdefault("type_k", kwargs.get("type_k", "f16"))
     res.setdefault("type_v", kwargs.get("type_v", "f16"))
     return res
+
+
+# llama_perf_context_print (src/llama-context.cpp, b11434): batches of more than one token count
+# as prompt eval, single-token batches as eval
+PERF_RE = re.compile(rf"llama_perf_context_print: +(prompt eval|eval) time = +{NUM} ms / +(\d+) ")
+
+
+def perf_info(text: str) -> dict:
+    """prefill_s / prefill_tokens (its prompt eval) and decode_s / decode_tokens (its eval) from
+    llama.cpp's closing timings; {} when it printed none."""
+    out = {}
+    for m in PERF_RE.finditer(text):
+        kind = "prefill" if m.group(1) == "prompt eval" else "decode"
+        out[f"{kind}_s"], out[f"{kind}_tokens"] = float(m.group(2)) / 1e3, int(m.group(3))
+    return out
 
 
 # ---- llama.cpp's memory figures -----------------------------------------------------------------

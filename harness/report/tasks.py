@@ -18,6 +18,20 @@ from kvbench.analysis.findings.tasks import task_rows
 from kvbench.report.common import Figure, pareto, style, table
 from kvbench.report.styles import format_color, grid, panel_pos, subplots
 
+# what a row's evidence cost (kernels/model/meter.py), shown in each figure's table
+COST = {
+    "wall_s": "wall s",
+    "ref_wall_s": "f32 ref s",
+    "prefill_tokens_per_s": "prefill tok/s",
+    "decode_tokens_per_s": "decode tok/s",
+}
+
+
+def cost_columns(d: pd.DataFrame) -> list[str]:
+    """The cost columns some row of d holds (older results have none)."""
+    return [c for c in COST if c in d and d[c].notna().any()]
+
+
 SYMBOLS = ("circle", "diamond", "square", "triangle-up", "x", "cross")
 
 
@@ -40,6 +54,7 @@ def quality_context(cur: pd.DataFrame) -> Figure | None:
     keys = ["model", "context_len", "config", "kv_dtype"]
     cols = ["bits_per_elem", "kl_mean", "n_scored"]
     cols += [c for c in (f"kl_pos{i}" for i in range(1, 5)) if c in d]
+    cols += cost_columns(d)
     g = d.groupby(keys, sort=False)[cols].median().reset_index()
     panels = list(dict.fromkeys(zip(g["model"], g["context_len"])))
     has_pos = "kl_pos1" in g and g["kl_pos1"].notna().any()
@@ -126,6 +141,7 @@ def quality_context(cur: pd.DataFrame) -> Figure | None:
         "kl_pos2": "KL q2",
         "kl_pos3": "KL q3",
         "kl_pos4": "KL q4",
+        **COST,
     }
     title = "Quality against bits per element, per model and context, and by position"
     return Figure("qualityctx", title, style(fig, 140 + 340 * nrow), table(g, names), note)
@@ -137,8 +153,10 @@ def retrieval(cur: pd.DataFrame) -> Figure | None:
     if d.empty:
         return None
     keys = ["model", "task", "config"]
-    g = d.groupby([*keys, "depth", "context_len"], sort=False)[["n_correct", "n_trials"]].sum()
-    g = g.reset_index()
+    by = d.groupby([*keys, "depth", "context_len"], sort=False)
+    g = by[["n_correct", "n_trials"]].sum()
+    cost = cost_columns(d)
+    g = g.join(by[cost].median()).reset_index() if cost else g.reset_index()
     panels = list(dict.fromkeys(zip(g["model"], g["task"], g["config"])))
     nrow, ncol = grid(len(panels), 3)
     fig = make_subplots(
@@ -191,6 +209,7 @@ def retrieval(cur: pd.DataFrame) -> Figure | None:
         "depth": "depth",
         "n_correct": "correct",
         "n_trials": "trials",
+        **COST,
     }
     return Figure(
         "retrieval",
@@ -236,6 +255,7 @@ def generate(cur: pd.DataFrame) -> Figure | None:
         "gen_agree": "agreement",
         "gen_tokens_scored": "positions",
         "quantized_kv_start": "qstart",
+        **{c: COST[c] for c in cost_columns(d)},
     }
     nrow = grid(len(titles), 2)[0]
     return Figure(

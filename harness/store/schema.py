@@ -201,6 +201,18 @@ class _Measured:
     gen_kl_mean: float | None = None  # teacher-forced KL along the reference continuation
     gen_kl_max: float | None = None
     gen_tokens_scored: int | None = None  # positions the KL rests on
+    # what a model phase's evidence cost (quality, retrieval, generate: kernels/model/meter.py;
+    # llama.cpp's quality rows: its log): the row's own passes, its float32 reference apart
+    wall_s: float | None = None  # wall seconds of the row's passes and scoring
+    prefill_tokens: int | None = None  # tokens through the model in batches (micro-batches)
+    prefill_s: float | None = None  # seconds of those passes (graph, eval)
+    prefill_tokens_per_s: float | None = None
+    decode_tokens: int | None = None  # tokens through the model one at a time
+    decode_s: float | None = None
+    decode_tokens_per_s: float | None = None
+    # wall seconds of the float32 reference (llama.cpp: the base pass) these figures are
+    # against; computed once per process and shared by every row of the same chunks/prompts
+    ref_wall_s: float | None = None
     # context
     commit: str | None = None
     dirty: bool | None = None
