@@ -41,6 +41,16 @@ def test_the_model_phases_go_to_the_model_engine():
     assert engine_for(case()).build is not engine.build
 
 
+def test_a_quality_row_states_what_its_evidence_cost(tiny):
+    """Every token of every chunk goes through the model once in micro-batches (prefill), none
+    one at a time; the float32 reference's own wall time beside it."""
+    row = engine.build(case(phase="quality", kv_dtype="int8", chunks=3)).check()
+    assert row["prefill_tokens"] == 3 * 32 and row["decode_tokens"] == 0
+    assert row["decode_s"] is None and row["decode_tokens_per_s"] is None
+    assert 0 < row["prefill_s"] <= row["wall_s"] and row["ref_wall_s"] > 0
+    assert row["prefill_tokens_per_s"] == pytest.approx(96 / row["prefill_s"])
+
+
 def test_quality_of_fp16_is_near_zero_and_of_int4_is_not(tiny):
     fp16 = engine.build(case(phase="quality", kv_dtype="fp16")).check()
     int4 = engine.build(case(phase="quality", kv_dtype="int4")).check()

@@ -79,6 +79,21 @@ def test_retrieval_row_of_the_float32_cache_agrees_with_itself(tiny):
     assert row["accuracy_lo"] <= row["accuracy"] <= row["accuracy_hi"]
 
 
+def test_task_rows_state_what_their_evidence_cost(tiny):
+    """retrieval: each prompt but its last token in micro-batches, then one token at a time
+    (at most gen_tokens per trial); generate: each chunk but its last token twice (the free
+    run and the teacher-forced run), then gen_tokens decode steps each."""
+    c = case(phase="retrieval", task="passkey", trials=2, depth=0.5)
+    row = engine.build(c).check()
+    prompts = engine.prompts_of(c.model, c.task, c.context_len, c.depth, c.trials, c.seed)
+    assert row["prefill_tokens"] == sum(len(p.tokens) - 1 for p in prompts)
+    assert 2 <= row["decode_tokens"] <= sum(p.gen_tokens for p in prompts)
+    assert 0 < row["prefill_s"] + row["decode_s"] <= row["wall_s"] and row["ref_wall_s"] > 0
+    gen = engine.build(case(phase="generate", context_len=48, gen_tokens=8, chunks=2)).check()
+    assert gen["prefill_tokens"] == 2 * 2 * 47 and gen["decode_tokens"] == 2 * 2 * 8
+    assert gen["decode_tokens_per_s"] == pytest.approx(32 / gen["decode_s"])
+
+
 def test_retrieval_rows_of_two_formats_share_prompts_and_reference(tiny):
     engine.build(case(phase="retrieval", task="niah", trials=2, kv_dtype="fp32")).check()
     row = engine.build(case(phase="retrieval", task="niah", trials=2, kv_dtype="int4")).check()

@@ -212,3 +212,22 @@ def test_the_task_figures_render_in_headless_chromium(tmp_path):
     text = out.read_text()
     assert "passkey at 8K" in text and "Retrieval: depth x context" in text
     assert any(f.topic == "retrieval" for f in findings(pd.read_csv(csv)))
+
+
+def test_task_tables_show_what_the_evidence_cost_and_older_rows_show_nothing():
+    """Rows with cost columns: their figures in the tables (each retrieval cell its own: depth
+    0.1 took 10 s, depth 0.9 30 s); rows without them (older results): no cost column."""
+    ret = retrieval_rows()
+    for i, r in enumerate(ret):
+        r.update(wall_s=10.0 + 20 * (i % 2), decode_tokens_per_s=5.0, ref_wall_s=40.0)
+    qual = quality_rows()
+    for r in qual:
+        r.update(wall_s=3.0, prefill_tokens_per_s=700.0)
+    cells = tasks.retrieval(pd.DataFrame(ret)).table.set_index(["cache", "context", "depth"])
+    assert cells.loc[("int4", 8192, 0.1), "wall s"] == 10.0
+    assert cells.loc[("int4", 8192, 0.9), "wall s"] == 30.0
+    assert cells.loc[("int4", 8192, 0.9), "f32 ref s"] == 40.0
+    q = tasks.quality_context(pd.DataFrame(qual)).table
+    assert set(q["prefill tok/s"]) == {700.0} and "decode tok/s" not in q
+    old = tasks.quality_context(pd.DataFrame(quality_rows())).table
+    assert not {"wall s", "prefill tok/s"} & set(old)

@@ -24,7 +24,7 @@ import mlx.core as mx
 import numpy as np
 
 from kvbench.kernels.model.cache import make_cache
-from kvbench.kernels.model.run import check_finite, decode_step, prefill
+from kvbench.kernels.model.run import check_finite, decode, prefill
 from kvbench.kernels.model.spec import CacheSpec
 
 FP16 = CacheSpec("fp16")
@@ -98,8 +98,8 @@ def free_run(model, cache, prompt: list[int], n_new: int, ubatch=None) -> tuple[
     prefill(model, cache, prompt[:-1], ubatch)
     token, out, lps = prompt[-1], [], []
     for _ in range(n_new):
-        lp = _log_softmax(decode_step(model, cache, token))
-        mx.eval(lp, cache.arrays())
+        lp = _log_softmax(decode(model, cache, token))
+        mx.eval(lp)
         check_finite(lp, "greedy decoding", len(prompt) - 1 + len(out))
         token = int(mx.argmax(lp).item())
         out.append(token)
@@ -112,8 +112,8 @@ def teacher_forced(model, cache, prompt: list[int], ref: list[int], ubatch=None)
     prefill(model, cache, prompt[:-1], ubatch)
     token, lps = prompt[-1], []
     for nxt in ref:
-        lp = _log_softmax(decode_step(model, cache, token))
-        mx.eval(lp, cache.arrays())
+        lp = _log_softmax(decode(model, cache, token))
+        mx.eval(lp)
         check_finite(lp, "teacher-forced decoding", len(prompt) - 1 + len(lps))
         lps.append(lp)
         token = nxt

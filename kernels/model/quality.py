@@ -23,6 +23,7 @@ import mlx.core as mx
 import numpy as np
 
 from kvbench.kernels.formats.fp8 import KINDS as FP8_KINDS
+from kvbench.kernels.model import meter
 from kvbench.kernels.model.cache import make_cache
 from kvbench.kernels.model.load import Model
 from kvbench.kernels.model.run import check_finite, forward
@@ -71,12 +72,12 @@ def chunk_logprobs(
     for s in range(0, n, step):
         piece = mx.array([chunk[s : s + step]])
         start = max(first - s, 0)  # logits only where they are scored
-        if start < piece.shape[1]:
-            logits = forward(model, piece, cache, logits_from=start)[0]
-            out.append(logits)
-        else:
-            forward(model, piece, cache, logits_from=piece.shape[1])
-        mx.eval(out, cache.arrays())
+        with meter.timed("prefill", piece.shape[1]):
+            if start < piece.shape[1]:
+                out.append(forward(model, piece, cache, logits_from=start)[0])
+            else:
+                forward(model, piece, cache, logits_from=piece.shape[1])
+            mx.eval(out, cache.arrays())
     if saturated is not None:
         saturated.append(cache.saturated())
     logits = mx.concatenate(out, axis=0)[: n - 1 - first]  # the last position has no target

@@ -306,12 +306,12 @@ def greedy_answer(model, cache, tokenizer, prompt: Prompt, task: str, ubatch: in
     answer is complete), with `cache` (empty, capacity >= len(prompt.tokens) + gen_tokens)."""
     import mlx.core as mx
 
-    from kvbench.kernels.model.run import check_finite, decode_step, prefill
+    from kvbench.kernels.model.run import check_finite, decode, prefill
 
     prefill(model, cache, prompt.tokens[:-1], ubatch)
     token, out = prompt.tokens[-1], []
     for _ in range(prompt.gen_tokens):
-        logits = check_finite(decode_step(model, cache, token), "greedy decoding",
+        logits = check_finite(decode(model, cache, token), "greedy decoding",
                               len(prompt.tokens) - 1 + len(out))  # fmt: skip
         token = int(mx.argmax(logits).item())
         out.append(token)

@@ -1,14 +1,16 @@
 """Running the model over a kvbench cache: a forward pass, prefill, a decode step, greedy.
 
 Every reader of the model (quality, retrieval, generate, capture, the engines) runs it through
-these; kernels/model/seam.py is where the cache's kernel enters the mlx-lm model.
+these; kernels/model/seam.py is where the cache's kernel enters the mlx-lm model. prefill and
+decode credit each evaluated pass to the open meters (kernels/model/meter.py: what a phase's
+evidence cost); decode_step stays lazy for the callers that time it themselves.
 """
 
 from __future__ import annotations
 
 import mlx.core as mx
 
-from kvbench.kernels.model import seam
+from kvbench.kernels.model import meter, seam
 from kvbench.kernels.model.load import Model
 from kvbench.kernels.model.protocol import ModelCache, StoredCache
 
@@ -49,8 +51,9 @@ def prefill(model: Model, cache: StoredCache, tokens: list[int], ubatch: int | N
     step = ubatch or len(tokens)
     for s in range(0, len(tokens), step):
         piece = mx.array([tokens[s : s + step]])
-        forward(model, piece, cache, logits_from=piece.shape[1])
-        mx.eval(cache.arrays())
+        with meter.timed("prefill", piece.shape[1]):
+            forward(model, piece, cache, logits_from=piece.shape[1])
+            mx.eval(cache.arrays())
 
 
 def decode_step(model: Model, cache: ModelCache, token: int) -> mx.array:
@@ -59,11 +62,21 @@ def decode_step(model: Model, cache: ModelCache, token: int) -> mx.array:
     return forward(model, mx.array([[token]]), cache)[0, -1]
 
 
-def greedy(model: Model, cache: ModelCache, prompt: list[int], n_new: int) -> list[int]:
+def decode(model: Model, cache: StoredCache, token: int) -> mx.array:
+    """decode_step, evaluated (logits and the cache's writes) and credited to the open meters."""
+    with meter.timed("decode", 1):
+        logits = decode_step(model, cache, token)
+        mx.eval(logits, cache.arrays())
+    return logits
+
+
+def greedy(model: Model, cache: StoredCache, prompt: list[int], n_new: int) -> list[int]:
     """Greedy continuation of `prompt` (n_new tokens)."""
-    logits = forward(model, mx.array([prompt]), cache, logits_from=len(prompt) - 1)[0, -1]
+    with meter.timed("prefill", len(prompt)):
+        logits = forward(model, mx.array([prompt]), cache, logits_from=len(prompt) - 1)[0, -1]
+        mx.eval(logits, cache.arrays())
     out = []
     for _ in range(n_new):
         out.append(int(mx.argmax(logits).item()))
-        logits = decode_step(model, cache, out[-1])
+        logits = decode(model, cache, out[-1])
     return out
