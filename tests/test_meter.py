@@ -1,5 +1,5 @@
 """What a model phase's evidence cost (kernels/model/meter.py), llama.cpp's own timings
-(peers/llamacpp.py perf_info) and the row columns they fill (store/record.py)."""
+(peers/llamacpp.py perf_info) and the row columns they fill (store/schema.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from kvbench.engines.llamacpp import cost_fields
 from kvbench.kernels.model import meter
 from kvbench.peers.llamacpp import perf_info
-from kvbench.store.record import COLUMNS
+from kvbench.store.schema import COLUMNS
 
 
 def test_a_pass_is_credited_to_every_open_meter_and_no_closed_one():

@@ -6,7 +6,7 @@ The run loop (prefill micro-batches, decode steps) reports every evaluated forwa
 that builds its graph to the end of the `mx.eval` that computes it (MLX is lazy: the work
 happens in the eval, which returns when it is done), with time.perf_counter. A meter's wall
 time runs from entering `metered` to leaving it, so it also holds what no pass holds (scoring,
-tokenizing, building caches). The row fields (`fields`) are Record columns (store/record.py).
+tokenizing, building caches). The row fields (`fields`) are Record columns (store/schema.py).
 """
 
 from __future__ import annotations
