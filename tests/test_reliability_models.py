@@ -190,3 +190,60 @@ def test_rows_without_a_case_id_or_a_known_status_are_skipped_aloud(tmp_path, ca
     assert len(warned) == 1 and warned[0].startswith("kvbench: warning: "), err
     assert "skipped 2 rows" in warned[0] and "data row 1: no case_id" in warned[0]
     assert "data row 2: status 'bogus'" in warned[0]
+
+
+# ---- d: what a model phase allocates goes through the memory guard; counts are bounded --------
+
+BOUNDS = {"trials": 1_000_000_000, "gen_tokens": 1_000_000_000, "chunks": 1_000_000_000}
+
+
+@pytest.mark.parametrize("axis", BOUNDS)
+def test_counts_a_run_multiplies_have_an_upper_bound(axis):
+    # used to: trials 1e9 built 1e9 prompts before the first answer; gen_tokens 1e9 segfaulted
+    with pytest.raises(SuiteError, match=f"{axis}: must be a positive integer of at most"):
+        from kvbench.spec.validate import check_axis
+
+        check_axis("s.yaml", axis, axis, BOUNDS[axis])
+
+
+def test_a_model_phase_plans_its_reference_cache_and_its_whole_capacity(gguf):
+    from kvbench.run import memory
+
+    case = resolve("s.yaml", {**GENERATE, "kv_dtype": "fp16", "model": str(gguf)})
+    plan = memory.case_plan(case)
+    # 36 positions (32 + 4 generated) x 2 layers x (K, V) x 2 heads x 64, by hand:
+    assert plan["cache"] == 36 * 2 * 2 * 2 * 64 * 2  # fp16: 36,864 B
+    assert plan["reference"] == 36 * 2 * 2 * 2 * 64 * 4  # the float32 reference cache
+    assert plan["scores"] == 4 * 36 * 36 * 4 * 2  # 4 q heads x 36 queries x 36 keys, fp32, x2
+    assert plan["logits"] == 1 * 4 * 300 * 4 * 2  # 1 chunk x 4 steps x 300 vocab, ref + own
+    assert plan["total"] == sum(v for k, v in plan.items() if k != "total")
+    why = memory.refusal(case, (100_000, "a test's figure"))
+    assert why.startswith(f"needs ~{plan['total']:,} B (cache 36,864 + reference 73,728")
+    assert memory.refusal(case, (10**9, "a test's figure")) is None
+
+
+def test_a_generate_case_too_big_for_memory_is_a_skipped_row(tmp_path, monkeypatch, gguf):
+    from kvbench.cli import main
+    from kvbench.run import memory
+    from kvbench.store.results import read_rows
+
+    # used to: gen_tokens 1e9 segfaulted in prefill (the float32 reference of 1e9 positions)
+    monkeypatch.setattr(memory, "available_bytes", lambda: (50_000_000, "a test's figure"))
+    suite = tmp_path / "s.yaml"
+    suite.write_text(f"fixed: {{model: {gguf}, phase: generate, context_len: 32, "
+                     "gen_tokens: 65536, context_limit: beyond}\n")  # fmt: skip
+    assert main(["run", str(suite), "--out", str(tmp_path / "out")]) == 0
+    rows = read_rows(next(p for p in (tmp_path / "out").glob("*.csv") if "samples" not in p.name))
+    assert list(rows["status"]) == ["skipped"]
+    assert "reference" in rows["error"][0] and "50,000,000 B available" in rows["error"][0]
+
+
+def test_the_dry_run_counts_the_forward_passes_of_the_model_phases(tmp_path, capsys, gguf):
+    from kvbench.cli import main
+
+    suite = tmp_path / "s.yaml"
+    suite.write_text(f"fixed: {{model: {gguf}, phase: generate, context_len: 32, chunks: 2, "
+                     "gen_tokens: 10}\n")  # fmt: skip
+    assert main(["run", str(suite), "--dry-run"]) == 0
+    # 2 chunks x 2 runs (free, teacher-forced) x (1 prefill piece + 10 steps) = 44
+    assert "at least 44 forward passes of the model" in capsys.readouterr().out

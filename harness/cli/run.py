@@ -43,6 +43,14 @@ def run(args) -> int:
             return e.exit_code
 
 
+def model_passes(cases) -> int:
+    """Forward passes of the model the task and quality cases run at least (spec/model_plan.py)."""
+    from kvbench.spec.model_plan import forward_passes
+
+    phases = ("quality", "retrieval", "generate")
+    return sum(forward_passes(c) for c in cases if c.phase in phases)
+
+
 def _run(args) -> int:
     from kvbench.run.context import set_device
     from kvbench.run.session import run_suite
@@ -66,6 +74,12 @@ def _run(args) -> int:
             "budget_s); a case whose steps are slow overruns its budget: `kvbench run` measures "
             "the read bandwidth and warns, before measuring, of each case that will)"
         )
+        passes = model_passes(cases)
+        if passes:
+            print(
+                f"the model phases run at least {passes:,} forward passes of the model "
+                "(prefill pieces and decode steps; the float32 references come on top)"
+            )
         return 0
     if not cases:
         raise UserError(f"{args.suite}: --filter: no case matches")

@@ -26,9 +26,10 @@ from kvbench.engines.contract import State
 from kvbench.kernels.model import generate, meter, quality, retrieval
 from kvbench.kernels.model.cache import make_cache
 from kvbench.spec.cache_spec import TASK_PHASES, format_of, spec_of
+from kvbench.spec.model_plan import PREFILL_UBATCH
 from kvbench.stats import wilson
 
-UBATCH = 512  # prefill micro-batch of the task phases (as llama.cpp's default ubatch)
+UBATCH = PREFILL_UBATCH  # prefill micro-batch of the task phases (llama.cpp's default ubatch)
 
 
 def claims(case: Case) -> bool:

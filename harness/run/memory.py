@@ -17,6 +17,8 @@ Available memory: on a GPU backend MLX's device_info (Metal: max_recommended_wor
 CUDA: free memory when reported), on the CPU backend the kernel's MemAvailable
 (/proc/meminfo). When neither is known the guard stays open and says so nowhere: no figure is
 invented. `kvbench plan` prints the same planned bytes against the same available memory.
+A model-phase case plans its own parts (harness/spec/model_plan.py): the cache at its whole
+capacity (generate: context_len + gen_tokens), the float32 reference, scores and kept logits.
 """
 
 from __future__ import annotations
@@ -27,13 +29,21 @@ import mlx.core as mx
 
 from kvbench.case import Case
 from kvbench.spec import plan
-from kvbench.spec.cache_spec import format_of
+from kvbench.spec.cache_spec import MODEL_PHASES, format_of
+from kvbench.spec.model_plan import model_plan
 
+PART_NAMES = {"source": "source K/V"}  # a planned part's name in a refusal, where not its key
 DEVICE_KEYS = ("max_recommended_working_set_size", "free_memory", "memory_size", "total_memory")
 MEMINFO = Path("/proc/meminfo")
 
 
 def case_plan(case: Case) -> dict[str, int]:
+    """The planned bytes of a case: a model phase's (spec/model_plan.py: its cache at its whole
+    capacity, the float32 reference, scores, logits kept), else the synthetic engines'."""
+    if case.phase in MODEL_PHASES:
+        from kvbench.kernels.model.source import model_shape
+
+        return model_plan(case, model_shape(case.model).vocab)
     return plan.case_plan(case, format_of(case))
 
 
@@ -71,8 +81,8 @@ def refusal_for_plan(plan: dict, available: tuple[int, str] | None) -> str | Non
     limit, source = available
     if plan["total"] <= limit:
         return None
+    parts = " + ".join(f"{PART_NAMES.get(k, k)} {v:,}" for k, v in plan.items() if k != "total")
     return (
-        f"needs ~{plan['total']:,} B (cache {plan['cache']:,} + source K/V {plan['source']:,} "
-        f"+ transient {plan['transient']:,}), more than the {limit:,} B available "
+        f"needs ~{plan['total']:,} B ({parts}), more than the {limit:,} B available "
         f"({source}); see `kvbench plan`"
     )

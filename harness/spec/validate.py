@@ -165,9 +165,23 @@ NAMED_CHECKS = {
 }
 
 
+def at_most(limit: int) -> callable:
+    """A positive integer up to limit: a count a run multiplies (trials, generated tokens,
+    chunks) past it never finishes (issue 35: trials 1e9 built 1e9 prompts first)."""
+
+    def check(v) -> str | None:
+        ok = is_int(v) and 0 < v <= limit
+        return None if ok else f"must be a positive integer of at most {limit:,}, got {v!r}"
+
+    return check
+
+
 def resolve_check(name: str) -> callable:
-    """The check function an axis names: a NAMED_CHECKS key, or "choice:" + a CHOICES key."""
+    """The check function an axis names: a NAMED_CHECKS key, "choice:" + a CHOICES key, or
+    "at_most:" + a limit."""
     kind, _, arg = name.partition(":")
+    if kind == "at_most":
+        return at_most(int(arg))
     return one_of(CHOICES[arg]) if kind == "choice" else NAMED_CHECKS[name]
 
 
@@ -371,8 +385,10 @@ def check_context_limit(path: str, case: Case) -> None:
         trained = model_shape(case.model).trained_context
     except ModelError as e:
         raise SuiteError(path, "model", str(e)) from None
-    if trained and case.context_len > trained and case.context_limit != "beyond":
-        why = (f"{case.context_len} is past {case.model}'s trained length {trained}; "
+    positions = case.context_len + (case.gen_tokens if case.phase == "generate" else 0)
+    if trained and positions > trained and case.context_limit != "beyond":
+        held = "" if positions == case.context_len else f" + gen_tokens = {positions:,}"
+        why = (f"{case.context_len}{held} is past {case.model}'s trained length {trained}; "
                "set context_limit: beyond to run it anyway (the row says so)")  # fmt: skip
         raise SuiteError(path, "context_len", why)
 

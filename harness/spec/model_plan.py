@@ -1,0 +1,68 @@
+"""What a model-phase case allocates, planned from its shape before anything is allocated (the
+memory guard, harness/run/memory.py, skips a case whose plan exceeds the memory available), and
+the forward passes of the model it runs at least (the dry run says them).
+
+Issue 35: `gen_tokens: 1e9` sized the float32 reference cache at context_len + 1e9 positions and
+MLX's CPU backend segfaulted when the allocation failed. The parts, in bytes:
+  * cache: the case's cache (kernels/model/spec.py kv_bytes: data, scales, fp16 sinks and
+    residual) at its capacity: context_len positions, + gen_tokens for phase generate;
+  * reference: the float32 cache of the same capacity (quality, retrieval, generate compare
+    against it; model_decode has none);
+  * scores: attention scores and probabilities (float32) of the longest forward pass: a whole
+    chunk at once for quality, PREFILL_UBATCH positions at a time for the task phases (and the
+    prefill of model_decode), over every query head;
+  * logits: float32 log-probabilities kept for the comparison: quality keeps the reference's
+    scored half of every chunk and one chunk of its own; generate keeps the reference's
+    gen_tokens steps of every chunk and one run of its own.
+The model's weights are loaded once per process and are not part of a case's plan.
+"""
+
+from __future__ import annotations
+
+import math
+
+from kvbench.case import Case
+from kvbench.kernels.model.spec import kv_bytes
+from kvbench.spec.cache_spec import spec_of
+
+PREFILL_UBATCH = 512  # the prefill micro-batch of the task phases (harness/engines/model_tasks.py)
+F32 = 4
+
+
+def capacity(case: Case) -> int:
+    """Positions the case's caches hold at most."""
+    return case.context_len + (case.gen_tokens if case.phase == "generate" else 0)
+
+
+def model_plan(case: Case, vocab: int) -> dict[str, int]:
+    """The parts of a model-phase case's planned bytes (module docstring) and their total."""
+    n = capacity(case)
+    layers, heads, dim = case.n_layers, case.n_kv_heads, case.head_dim
+    reference = 0 if case.phase == "model_decode" else 2 * layers * n * heads * dim * F32
+    query = n if case.phase == "quality" else min(PREFILL_UBATCH, n)
+    logits = 0
+    if case.phase == "quality":
+        logits = (case.chunks + 1) * (case.context_len // 2) * vocab * F32
+    elif case.phase == "generate":
+        logits = (case.chunks + 1) * case.gen_tokens * vocab * F32
+    parts = {
+        "cache": kv_bytes(spec_of(case), n, layers, heads, dim),
+        "reference": reference,
+        "scores": 2 * case.n_q_heads * query * n * F32,
+        "logits": logits,
+    }
+    return {**parts, "total": sum(parts.values())}
+
+
+def forward_passes(case: Case) -> int:
+    """The forward passes of the model the case runs at least (each prefill piece and each
+    decode step is one; the float32 references, shared by the cases of a run, come on top;
+    model_decode's timed steps are counted by its samples)."""
+    pieces = math.ceil((case.context_len - 1) / PREFILL_UBATCH)
+    if case.phase == "quality":
+        return case.chunks
+    if case.phase == "generate":  # a free run and a teacher-forced run of every chunk
+        return case.chunks * 2 * (pieces + case.gen_tokens)
+    if case.phase == "retrieval":  # every trial's prompt and at least one answer token
+        return case.trials * (pieces + 1)
+    return pieces
