@@ -321,3 +321,29 @@ def test_quality_rows_carry_kv_saturated(tmp_path, scale):
     # leave 2.2x and 4.5x headroom for later tokens; per_head's max/448 leaves none, so a
     # later token past the first ones' max saturates
     assert (r["kv_saturated"] > 0) == (scale in (0.001, "per_head")), r["kv_saturated"]
+
+
+@pytest.mark.parametrize(
+    "axes, rows",
+    [  # rows per layer (positions x KV heads) each layout holds: by hand
+        ({"layout": "unified", "n_seqs": 3, "workload": "shared-prefix", "prefix_frac": 1 / 3},
+         (3 + 3 * 6) * 2),  # a 3-token prefix once, then 6 tokens per sequence
+        ({"layout": "paged", "n_seqs": 3, "workload": "shared-prefix", "prefix_frac": 1 / 3,
+          "page_size": 8}, None),
+        ({"layout": "window", "window": 4}, None),
+    ],
+)  # fmt: skip
+def test_layout_rows_count_the_per_tensor_scales(axes, rows):
+    """Every engine's kv_bytes holds the FP8 scales: 4 bytes per layer for K and for V on top
+    of one byte per element, so fp8 bytes = fp16 bytes / 2 + 16 here (2 layers)."""
+    import dataclasses
+
+    from kvbench import engines
+    from kvbench.case import Case
+
+    c = Case("tiny", 2, 8, 2, 64, 9, kv_dtype="fp8_e4m3", kernel="tiled", **axes)
+    half = dataclasses.replace(c, kv_dtype="fp16")
+    got, dense = (engines.engine_for(x).build(x).kv_bytes for x in (c, half))
+    assert got == dense // 2 + 2 * 2 * 4
+    if rows is not None:
+        assert got == 2 * 2 * (rows * 64 + 4)

@@ -28,7 +28,7 @@ import numpy as np
 
 from kvbench.case import Case
 from kvbench.engines import cache as cache_engine
-from kvbench.engines import streams
+from kvbench.engines import metrics, streams
 from kvbench.engines.contract import State, memory_baseline
 from kvbench.engines.parity import compare_outputs, parity_gate
 from kvbench.kernels.attention.registry import KERNELS, reference
@@ -168,7 +168,7 @@ def build(case: Case) -> State:
         {"step": run.edit, "attend": attend},
         check,
         traffic=traffic(case, run),
-        kv_bytes=2 * case.n_layers * fmt.nbytes(lay.cells_used * case.n_kv_heads, case.head_dim),
+        kv_bytes=metrics.cache_bytes(case, fmt, lay.cells_used * case.n_kv_heads),
         alloc_bytes=run.alloc_bytes,
         baseline_bytes=run.baseline,
         cache=run.store.arrays,

@@ -57,8 +57,14 @@ def kv_bytes(case: Case, fmt) -> int:
     """Exact bytes of the full cache (all layers, K and V) at the case's context length (a
     windowed cache holds only its window), each layer's per-tensor scales (FP8) included."""
     held = attended(case) if case.phase == "decode" else case.context_len
-    rows = fmt.nbytes(case.n_seqs * case.n_kv_heads * held, case.head_dim)
-    return 2 * case.n_layers * (rows + fmt.tensor_bytes(case.n_kv_heads))
+    return cache_bytes(case, fmt, case.n_seqs * case.n_kv_heads * held)
+
+
+def cache_bytes(case: Case, fmt, rows: int) -> int:
+    """Exact bytes of K and V over every layer holding `rows` rows each (one row: one position
+    of one KV head), with each layer's per-tensor scales (FP8)."""
+    per_layer = fmt.nbytes(rows, case.head_dim) + fmt.tensor_bytes(case.n_kv_heads)
+    return 2 * case.n_layers * per_layer
 
 
 ONE_TOKEN = ("decode", "model_decode")  # phases whose timed call produces one token a sequence

@@ -31,7 +31,7 @@ import mlx.core as mx
 
 from kvbench.case import Case
 from kvbench.engines import cache as cache_engine
-from kvbench.engines import streams
+from kvbench.engines import metrics, streams
 from kvbench.engines.contract import State, memory_baseline
 from kvbench.engines.parity import compare_outputs, parity_gate
 from kvbench.kernels.attention.registry import KERNELS
@@ -143,7 +143,7 @@ def counts(case: Case, run: Run) -> dict:
     lay, fmt, page = run.layout, run.fmt, case.page_size
 
     def nbytes(slots: int) -> int:
-        return 2 * case.n_layers * fmt.nbytes(slots * case.n_kv_heads, case.head_dim)
+        return metrics.cache_bytes(case, fmt, slots * case.n_kv_heads)
 
     touched = sum(len(c.seqs) * c.n_blocks * page for c in run.calls)
     needed = sum(len(t) for t in run.rp.seq_tokens)

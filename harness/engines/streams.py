@@ -31,6 +31,7 @@ import mlx.core as mx
 
 from kvbench.case import Case
 from kvbench.engines import cache as cache_engine
+from kvbench.engines import metrics
 from kvbench.engines.contract import State, memory_baseline
 from kvbench.engines.parity import compare_outputs, parity_gate
 from kvbench.kernels.attention.gpu.launch import Problem
@@ -187,7 +188,7 @@ def counts(case: Case, run: Run) -> dict:
     lay, fmt = run.layout, run.fmt
 
     def nbytes(cells: int) -> int:
-        return 2 * case.n_layers * fmt.nbytes(cells * case.n_kv_heads, case.head_dim)
+        return metrics.cache_bytes(case, fmt, cells * case.n_kv_heads)
 
     touched = sum(c.n_kv * sum(len(g[1]) for g in c.groups) for c in run.calls)
     needed = sum(len(t) for t in run.rp.seq_tokens)

@@ -29,6 +29,7 @@ import numpy as np
 
 from kvbench.case import Case
 from kvbench.engines import cache as cache_engine
+from kvbench.engines import metrics
 from kvbench.engines.contract import State, memory_baseline
 from kvbench.engines.parity import compare_outputs, parity_gate, recon_err
 from kvbench.kernels.attention.registry import KERNELS, reference
@@ -77,7 +78,7 @@ def visible_kv(k32, v32, ring: Ring, q: int) -> tuple[mx.array, mx.array]:
 
 def counts(case: Case, ring: Ring, fmt) -> dict:
     def nbytes(cells: int) -> int:
-        return 2 * case.n_layers * fmt.nbytes(cells * case.n_seqs * case.n_kv_heads, case.head_dim)
+        return metrics.cache_bytes(case, fmt, cells * case.n_seqs * case.n_kv_heads)
 
     needed = len(ring.visible(case.context_len - 1))
     return {
