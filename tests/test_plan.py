@@ -36,6 +36,26 @@ def test_plan_splits_data_scales_biases():
     assert plan.scales == "group 64"
 
 
+@pytest.mark.parametrize(
+    "name, data, scales, biases",
+    [
+        ("q4_1", 64, 2 * 4, 2 * 4),  # 4 blocks of 32: fp16 d (scale) and fp16 m (min) each
+        ("q5_0", 64 + 16, 2 * 4, 0),  # the fifth bits are code data: 4 bytes per block
+        ("tq3_prod", 32 + 16, 2 + 2, 0),  # 2-bit codes + QJL signs; norm and residual norm
+        ("tq4_mse", 64, 2, 0),
+    ],
+)
+def test_plan_counts_every_stored_array(name, data, scales, biases):
+    """Bytes per row of D = 128 by hand, split by role; the layer total is every stored array
+    (q4_1's mins and q5's fifth bits were once left out of it)."""
+    plan = make_plan(resolve_shape("llama-3-8b", None, None, None), name, None, 1, 8192)
+    rows = 8 * 8192  # kv heads x positions, one layer
+    assert plan.layer == {"k_data": rows * data, "v_data": rows * data,
+                          "scales": 2 * rows * scales, "biases": 2 * rows * biases,
+                          "total": 2 * rows * (data + scales + biases)}  # fmt: skip
+    assert plan.bytes_per_token * 8192 == plan.model_bytes["total"]
+
+
 def test_text_output(capsys):
     assert main(["plan", "--model", "llama-3-8b", "--context", "8192"]) == 0
     out = capsys.readouterr().out

@@ -151,9 +151,18 @@ def _format(kv_dtype: str, group_size: int | None, head_dim: int):
     return fmt
 
 
+# what each stored array is in the plan's split; any other name is code data (ggml's q5 fifth
+# bits `high`, TurboQuant's `codes` and QJL `signs`)
+PART_ROLE = {"scales": "scales", "norms": "scales", "rnorms": "scales", "biases": "biases",
+             "mins": "biases"}  # fmt: skip
+
+
 def row_parts(fmt, head_dim: int) -> dict:
-    """Bytes of one row (one position x one head) by stored array: data, scales, biases."""
-    parts = {name: a.nbytes for name, a in fmt.alloc((1, 1, 1, head_dim)).items()}  # lazy
+    """Bytes of one row (one position x one head) by role: data, scales, biases (every stored
+    array counted once: their sum is the format's nbytes)."""
+    parts = {"data": 0, "scales": 0, "biases": 0}
+    for name, a in fmt.alloc((1, 1, 1, head_dim)).items():  # lazy: nothing is allocated
+        parts[PART_ROLE.get(name, "data")] += a.nbytes
     assert sum(parts.values()) == fmt.nbytes(1, head_dim), "alloc disagrees with nbytes"
     return parts
 
