@@ -247,3 +247,16 @@ def test_suite_refuses_what_turbo_cannot_use(write_suite, fixed, line):
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().count("\n") == 0
     assert r.stderr.startswith(f"kvbench: {path}: {line}"), r.stderr
+
+
+def test_peer_script_without_the_package_says_so_in_one_line():
+    """scripts/turbo_peer.py needs mlx-turboquant, which kvbench does not install."""
+    import importlib.util
+    from pathlib import Path
+
+    if importlib.util.find_spec("mlx_turboquant") is not None:
+        pytest.skip("mlx-turboquant is installed here")
+    script = Path(__file__).resolve().parent.parent / "scripts" / "turbo_peer.py"
+    r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=300)
+    assert r.returncode == 2 and r.stderr.strip().count("\n") == 0
+    assert "pip install --no-deps mlx-turboquant==0.0.2" in r.stderr
