@@ -21,6 +21,7 @@ from __future__ import annotations
 import ctypes
 import os
 import platform
+import stat
 import sys
 from pathlib import Path
 
@@ -77,6 +78,11 @@ def _load(path: Path) -> tuple[ctypes.CDLL | None, str]:
     if path.name.startswith("libmkl_rt"):
         # MKL's default threading layer needs Intel's OpenMP; GNU's libgomp ships with gcc
         os.environ.setdefault("MKL_THREADING_LAYER", "GNU")
+    if path.exists() and not path.is_file():  # a bare name is dlopen's to look up
+        # dlopen of a named pipe blocks for ever (even `kvbench --help`); this module imports
+        # nothing of kvbench (the paired workers load it from any tree)
+        kind = "a named pipe" if stat.S_ISFIFO(os.stat(path).st_mode) else "not a regular file"
+        return None, f"{kind}, not a shared library"
     try:
         lib = ctypes.CDLL(str(path), mode=ctypes.RTLD_GLOBAL)
     except OSError as e:

@@ -66,7 +66,11 @@ def read_text(
     path: str | Path, key: str = "-", limit_bytes: int = MAX_TEXT_BYTES, error=_user_error
 ) -> str:
     """The text of a UTF-8 file of at most limit_bytes; error(path, key, reason) otherwise (a
-    UserError by default; the suite loader passes SuiteError)."""
+    UserError by default; the suite loader passes SuiteError). A named pipe or a device is
+    refused before it is opened (opening a pipe blocks until a writer comes)."""
+    why = not_regular(path)
+    if why is not None and not why.startswith("cannot"):
+        raise error(path, key, f"{why}, not a file kvbench reads")
     try:
         with open(path, "rb") as f:
             data = f.read(limit_bytes + 1)
@@ -91,6 +95,9 @@ def check_output_file(path: str | Path) -> Path:
     path = Path(path)
     if path.is_dir():
         raise UserError(f"{path}: -o: is a directory; give a file name")
+    why = not_regular(path) if path.exists() else None
+    if why is not None:  # a named pipe would block the write until a reader comes
+        raise UserError(f"{path}: -o: {why}, not a file to write")
     check_output_dir(path.parent if str(path.parent) else Path("."), 0, key="-o")
     return path
 

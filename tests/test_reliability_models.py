@@ -247,3 +247,62 @@ def test_the_dry_run_counts_the_forward_passes_of_the_model_phases(tmp_path, cap
     assert main(["run", str(suite), "--dry-run"]) == 0
     # 2 chunks x 2 runs (free, teacher-forced) x (1 prefill piece + 10 steps) = 44
     assert "at least 44 forward passes of the model" in capsys.readouterr().out
+
+
+# ---- e: a named pipe is refused wherever kvbench opens a path, before it is opened -------------
+
+
+def _kvbench(args, env=None, timeout=120):
+    import os
+    import subprocess
+    import sys
+
+    cmd = [sys.executable, "-m", "kvbench", *map(str, args)]
+    return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})  # fmt: skip
+
+
+def _fifo(path):
+    import os
+
+    os.mkfifo(path)
+    return path
+
+
+def test_named_pipes_as_inputs_are_refused_not_waited_on(tmp_path):
+    from fake_runs import draw, write_run
+
+    pipe = _fifo(tmp_path / "pipe.gguf")
+    model_dir = tmp_path / "dir"
+    model_dir.mkdir()
+    _fifo(model_dir / "config.json")
+    runs = tmp_path / "runs"
+    runs.mkdir()
+    write_run(runs, "r1", {"c1": draw(10, 1.0, seed=1)})
+    _fifo(runs / "r2.csv")
+    suite = tmp_path / "s.yaml"
+    suite.write_text(f"fixed: {{model: {pipe}, phase: quality, context_len: 32}}\n")
+    suite2 = tmp_path / "s2.yaml"
+    suite2.write_text(f"fixed: {{model: {model_dir}, phase: quality, context_len: 32}}\n")
+    json_pipe = _fifo(tmp_path / "b.json")
+    refused = {  # used to: each of these blocked for ever on open()
+        "plan --model": (["plan", "--model", pipe, "--context", "64"], f"{pipe}: a named pipe"),
+        "run model:": (["run", suite, "--dry-run"], f"{pipe}: a named pipe"),
+        "config.json": (["run", suite2, "--dry-run"], "config.json: a named pipe"),
+        "compare FILE": (["compare", runs / "r2.csv", runs / "r1.csv"], "r2.csv: a named pipe"),
+        "import": (["import", json_pipe, "--out", tmp_path / "o"], "b.json: -: a named pipe"),
+    }
+    for name, (argv, needle) in refused.items():
+        done = _kvbench(argv, timeout=60)
+        assert done.returncode == 2 and "Traceback" not in done.stderr, (name, done.stderr)
+        assert needle in done.stderr.strip().splitlines()[-1], (name, done.stderr)
+    done = _kvbench(["history", runs], timeout=60)  # in a directory: skipped with a word
+    assert done.returncode == 0 and "r2.csv: skipped: a named pipe" in done.stderr, done.stderr
+
+
+def test_a_named_pipe_as_kvbench_blas_does_not_hang_help(tmp_path):
+    pipe = _fifo(tmp_path / "libblas.so")
+    done = _kvbench(["--help"], env={"KVBENCH_BLAS": str(pipe)}, timeout=60)
+    assert done.returncode == 0 and "usage" in done.stdout, done.stderr
+    done = _kvbench(["env"], env={"KVBENCH_BLAS": str(pipe)}, timeout=60)
+    assert done.returncode == 2 and "KVBENCH_BLAS" in done.stderr and "named pipe" in done.stderr

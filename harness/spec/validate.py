@@ -228,6 +228,9 @@ def check_case(path: str, case: Case) -> None:
     if case.kv_data == "file":
         if not case.kv_file:
             raise SuiteError(path, "kv_file", "kv_data=file needs kv_file (an .npz path)")
+        why = not_regular(case.kv_file)
+        if why is not None and not why.startswith("cannot"):  # np.load of a pipe blocks
+            raise SuiteError(path, "kv_file", f"{case.kv_file}: {why}, not an .npz file")
         shape = (case.n_seqs, case.n_kv_heads, case.context_len, case.head_dim)
         try:
             load_kv_file(case.kv_file, shape)

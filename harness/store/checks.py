@@ -27,6 +27,7 @@ import numpy as np
 import pandas as pd
 
 from kvbench.errors import UserError
+from kvbench.files import not_regular
 from kvbench.store.status import MEASURED, STATUSES
 
 RUN_COLUMNS = {"run_id", "case_id", "status"}
@@ -47,6 +48,9 @@ def warn_skipped(path: Path, reason: str, what: str = "skipped") -> None:
 
 def header(path: Path) -> tuple[set | None, str | None]:
     """(the CSV's columns, None), or (None, why it is not a readable CSV)."""
+    why = not_regular(path)
+    if why is not None:  # a named pipe would block the read for ever
+        return None, why
     try:
         if path.stat().st_size == 0:
             return None, "an empty file (0 bytes)"

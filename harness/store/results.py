@@ -41,7 +41,7 @@ import pandas as pd
 from kvbench import SCHEMA_VERSION, stats
 from kvbench.case import label_of
 from kvbench.errors import UserError
-from kvbench.files import check_output_file
+from kvbench.files import check_output_file, not_regular
 from kvbench.store import git
 from kvbench.store.checks import (
     check_against_samples,
@@ -198,6 +198,9 @@ def pick_rows(
 
 
 def read_csv(path: Path) -> pd.DataFrame:
+    why = not_regular(path)
+    if why is not None and not why.startswith("cannot"):  # a named pipe blocks open() for ever
+        raise UserError(f"{path}: {why}, not a results file")
     try:
         df = pd.read_csv(path, dtype=TEXT_COLUMNS)
     except (OSError, pd.errors.ParserError, pd.errors.EmptyDataError, UnicodeDecodeError) as e:
@@ -361,6 +364,8 @@ def load(
     """A result set from a results CSV, a results directory or a git ref (see the docstring);
     pool=True pools every run of a case instead of picking the latest."""
     path = Path(spec)
+    if path.exists() and not path.is_dir() and not path.is_file():
+        raise UserError(f"{path}: {not_regular(path)}, not a results CSV or directory")
     if path.is_dir():
         rs = load_dir(path)
     elif path.is_file():

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 import inspect
 import json
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -298,6 +300,32 @@ def load_gguf(path: str | Path) -> Model:
     return Model(net, shape_of(cfg, net), cfg, md, str(path))
 
 
+NOT_REGULAR = {stat.S_ISFIFO: "a named pipe", stat.S_ISCHR: "a device", stat.S_ISBLK: "a device",
+               stat.S_ISSOCK: "a socket", stat.S_ISDIR: "a directory"}  # fmt: skip
+MODEL_FILES = ("*.json", "*.safetensors", "tokenizer.model", "*.tiktoken", "*.txt")
+
+
+def check_regular(path: Path) -> None:
+    """ModelError naming path when it is not a regular file: opening a named pipe blocks for
+    ever, a device never ends (issue 35: `model: pipe.gguf` hung plan and run)."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError as e:
+        raise ModelError(f"{path}: cannot read: {e.strerror or e}") from None
+    if not stat.S_ISREG(mode):
+        why = next((k for test, k in NOT_REGULAR.items() if test(mode)), "not a regular file")
+        raise ModelError(f"{path}: {why}, not a model file")
+
+
+def check_model_path(path: Path) -> None:
+    """A GGUF file, or a directory whose files kvbench or mlx-lm read, all regular files."""
+    if not path.is_dir():
+        return check_regular(path)
+    for pattern in MODEL_FILES:
+        for f in sorted(path.glob(pattern)):
+            check_regular(f)
+
+
 def struct_error():
     import struct
 
@@ -309,6 +337,7 @@ def load_model(path: str | Path) -> Model:
     path = Path(path)
     if not path.exists():
         raise ModelError(f"{path}: no such file or directory")
+    check_model_path(path)
     if path.is_dir():
         return load_mlx_dir(path)
     if path.suffix != ".gguf":

@@ -18,6 +18,7 @@ from kvbench.kernels.model.fetch import MODELS, ModelFetchError, require_model
 from kvbench.kernels.model.load import (
     ModelError,
     Shape,
+    check_model_path,
     gguf_config,
     gguf_metadata,
     read_config,
@@ -40,6 +41,7 @@ def model_file(name: str) -> Path:
             raise ModelError(str(e)) from None
     path = Path(name).expanduser()
     if path.exists():
+        check_model_path(path)  # a named pipe would block the first read for ever
         if path.is_dir() and not (path / "config.json").is_file():
             raise ModelError(f"{name}: a model directory needs config.json (none there)")
         if path.is_file() and path.suffix != ".gguf":
