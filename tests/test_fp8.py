@@ -257,50 +257,83 @@ def test_fp8_scale_number_from_a_suite(tmp_path):
 # ---- a real model's cache (kernels/model/cache.py) ------------------------------------------
 
 
-def test_model_cache_calibrates_each_layer_k_and_v_on_the_first_prefill():
+def _scales_and_keys(cache, layer: int):
+    """((K scale, V scale), stored K bytes [1, H, L, D]) of one layer of a model cache."""
     from kvbench.kernels.model.cache import MixedCache
+
+    if isinstance(cache, MixedCache):
+        k, v = cache.k[layer], cache.v[layer]
+        return (k.fmt.scale, v.fmt.scale), k.body["data"]
+    kf, vf = cache.formats.layers[layer]
+    return (kf.scale, vf.scale), cache.kv.keys[layer]["data"]
+
+
+@pytest.mark.parametrize("cls", ["PlainCache", "MixedCache"])
+def test_model_cache_calibrates_each_layer_k_and_v_on_the_first_prefill(cls):
+    """Plain (the kernel reads the stored bytes at scale 1, the scales folded into q and the
+    output) and mixed (dequantized per stream) caches store the same bytes from the same
+    per-layer K and V scales, and attend alike."""
+    from kvbench.kernels.model import cache as C
     from kvbench.kernels.model.spec import CacheSpec, kv_bytes
 
     spec = CacheSpec("fp8_e4m3", fp8_scale="calibrated")
-    assert not spec.plain  # K and V, layer by layer, get their own scale
-    cache = MixedCache(spec, 2, 3, 64, 40, "reference")
+    assert spec.plain
+    cache = getattr(C, cls)(spec, 2, 3, 64, 40, "reference")
     rng = np.random.default_rng(3)
-    pre = {}
+    pre, outs = {}, []
     for layer in range(2):
         q, k, v = (rng.standard_normal((1, h, 20, 64)).astype(np.float32) for h in (9, 3, 3))
         k, v = k * (layer + 1), v * 3
         pre[layer] = (k, v)
-        cache.attend(layer, mx.array(q), mx.array(k), mx.array(v), scale=0.125)
+        outs.append(cache.attend(layer, mx.array(q), mx.array(k), mx.array(v), scale=0.125))
     cache.advance(20)
     for layer, (k, v) in pre.items():
-        sk, sv = cache.k[layer].fmt.scale, cache.v[layer].fmt.scale
+        (sk, sv), body = _scales_and_keys(cache, layer)
         assert sk == (float(np.abs(k).max() / np.float32(200)),)
         assert sv == (float(np.abs(v).max() / np.float32(100)),)
-        body = np.array(cache.k[layer].body["data"][:, :, :20])
         want = brute_force_codes((k / np.float32(sk[0])).ravel(), "fp8_e4m3")
-        np.testing.assert_array_equal(body.ravel(), want)
+        np.testing.assert_array_equal(np.array(body[:, :, :20]).ravel(), want)
     assert cache.saturated() == 0
-    # a later token past 448 * k_scale is stored as 448 * k_scale and counted; the scale stays
+    # a later token past 464 * k_scale is stored as 448 * k_scale and counted; the scale stays
     big = np.zeros((1, 3, 1, 64), dtype=np.float32)
     big[0, 0, 0, :5] = 1000.0 * sk[0]
     q1 = mx.zeros((1, 9, 1, 64))
     cache.attend(1, q1, mx.array(big), mx.zeros((1, 3, 1, 64)), scale=0.125)
-    assert cache.saturated() == 5 and cache.k[1].fmt.scale == sk
+    assert cache.saturated() == 5 and _scales_and_keys(cache, 1)[0][0] == sk
     assert kv_bytes(spec, 21, 2, 3, 64) == 2 * (2 * 21 * 3 * 64 + 4 + 4)
     per_head = CacheSpec("fp8_e5m2", fp8_scale="per_head")
     assert kv_bytes(per_head, 21, 2, 3, 64) == 2 * (2 * 21 * 3 * 64 + 2 * 4 * 3)
 
 
-def test_model_cache_per_head_scales():
-    from kvbench.kernels.model.cache import MixedCache
+def test_plain_and_mixed_fp8_caches_attend_alike():
+    """Folding the scales into q and the output equals decoding value * scale (float32)."""
+    from kvbench.kernels.model.cache import MixedCache, PlainCache
     from kvbench.kernels.model.spec import CacheSpec
 
-    cache = MixedCache(CacheSpec("fp8_e4m3", fp8_scale="per_head"), 1, 3, 64, 20, "reference")
+    rng = np.random.default_rng(6)
+    for scale in ("calibrated", "per_head", 0.05):
+        spec = CacheSpec("fp8_e4m3", fp8_scale=scale)
+        caches = [cls(spec, 1, 3, 64, 40, "reference") for cls in (PlainCache, MixedCache)]
+        for n in (20, 1, 3):  # a prefill, then decode steps
+            q, k, v = (rng.standard_normal((1, h, n, 64)).astype(np.float32) for h in (9, 3, 3))
+            k *= np.array([1, 5, 20], dtype=np.float32)[None, :, None, None]
+            a, b = (c.attend(0, mx.array(q), mx.array(k), mx.array(v), 0.125) for c in caches)
+            np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-4, atol=1e-5)
+            for c in caches:
+                c.advance(n)
+        assert caches[0].saturated() == caches[1].saturated()
+
+
+def test_model_cache_per_head_scales():
+    from kvbench.kernels.model.cache import PlainCache
+    from kvbench.kernels.model.spec import CacheSpec
+
+    cache = PlainCache(CacheSpec("fp8_e4m3", fp8_scale="per_head"), 1, 3, 64, 20, "reference")
     k = np.random.default_rng(4).standard_normal((1, 3, 10, 64)).astype(np.float32)
     k *= np.array([1, 10, 100], dtype=np.float32)[None, :, None, None]
     cache.attend(0, mx.zeros((1, 3, 10, 64)), mx.array(k), mx.array(k), scale=0.125)
     want = tuple(float(s) for s in np.abs(k).max(axis=(0, 2, 3)) / np.float32(448))
-    assert cache.k[0].fmt.scale == cache.v[0].fmt.scale == want
+    assert _scales_and_keys(cache, 0)[0] == (want, want)
 
 
 @pytest.mark.parametrize("scale", ["one", "calibrated", "per_head", 0.001])
@@ -347,3 +380,23 @@ def test_layout_rows_count_the_per_tensor_scales(axes, rows):
     assert got == dense // 2 + 2 * 2 * 4
     if rows is not None:
         assert got == 2 * 2 * (rows * 64 + 4)
+
+
+def test_sliding_window_layers_calibrate_too():
+    """A sliding-window layer (Gemma's) stores a calibrated FP8 spec with its own K and V
+    scales and attends as the same cache without a window would over the visible cells."""
+    from kvbench.kernels.model.cache import PlainCache, WindowCache
+    from kvbench.kernels.model.spec import CacheSpec
+
+    spec = CacheSpec("fp8_e4m3", fp8_scale="calibrated")
+    win = WindowCache(spec, 2, 64, 64, 0, 24, "reference")  # a window wider than the run
+    full = PlainCache(spec, 1, 2, 64, 64, "reference")
+    rng = np.random.default_rng(8)
+    for n in (24, 1, 1):
+        q, k, v = (rng.standard_normal((1, h, n, 64)).astype(np.float32) for h in (4, 2, 2))
+        a, b = (c.attend(0, mx.array(q), mx.array(k), mx.array(v), 0.125) for c in (win, full))
+        np.testing.assert_allclose(np.array(a), np.array(b), rtol=1e-4, atol=1e-5)
+        win.advance(n)
+        full.advance(n)
+    assert win.formats.layers[0] == full.formats.layers[0]
+    assert win.formats.layers[0][0].scale != (1.0,)

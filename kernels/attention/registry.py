@@ -151,6 +151,25 @@ KERNELS = {
 }
 
 
+def kv_scaled(fn: Callable, k_scale: tuple = (1.0,), v_scale: tuple = (1.0,)) -> Callable:
+    """Kernel `fn` over a cache whose rows are read at scale 1 but stand for value * scale (FP8
+    with a per-tensor or per-KV-head scale, kernels/formats/fp8.py): q * k_scale in, the
+    output * v_scale out (each query head by its KV head's scale), since q.(s k) = (s q).k and
+    sum p (s v) = s sum p v; the stored rows never touched, as FP8 attention kernels fold it."""
+    if k_scale == v_scale == (1.0,):
+        return fn
+
+    def per_q_head(s: tuple, q: mx.array) -> mx.array:
+        g = q.shape[1] // len(s) if len(s) > 1 else 1  # query heads per KV head
+        return mx.repeat(mx.array(s, dtype=mx.float32), g).reshape(1, -1, 1, 1)  # [1, Hq, 1, 1]
+
+    def run(q, k, v, fmt, **kw) -> mx.array:
+        out = fn((q * per_q_head(k_scale, q)).astype(q.dtype), k, v, fmt, **kw)
+        return (out * per_q_head(v_scale, q)).astype(out.dtype)
+
+    return run
+
+
 def rotated(
     fn: Callable,
     rotate_k: str = "none",

@@ -167,6 +167,11 @@ class Fp8(Format):
         s = mx.array(self.scale, dtype=mx.float32)
         return s.reshape(1, -1, *([1] * (ndim - 2))) if len(self.scale) > 1 else s[0]
 
+    def tensor_scale(self) -> tuple[float, ...]:
+        if self.pending:
+            raise ValueError(f"{self.name}: fp8_scale {self.scale_mode} not calibrated yet")
+        return self.scale
+
     def alloc(self, shape: tuple[int, ...]) -> Stored:
         return {"data": mx.zeros(shape, dtype=mx.uint8)}
 

@@ -54,6 +54,12 @@ class Format(Protocol):
         (role "k") or V ("v"): FP8's calibrated / per_head scales. Every other format: itself."""
         return self
 
+    def tensor_scale(self) -> tuple[float, ...]:
+        """The factor every decoded value of a tensor carries, one or one per KV head (FP8's
+        scale): a kernel may read the rows at scale 1 and fold it into q and the output
+        (kernels/attention/registry.py kv_scaled). (1.0,) for every other format."""
+        return (1.0,)
+
     def saturated(self, x: mx.array) -> mx.array | None:
         """How many elements of rows x the format stores as its largest value instead of
         their own (FP8 saturates: an int32 scalar); None where nothing saturates."""

@@ -14,7 +14,8 @@ from __future__ import annotations
 
 import mlx.core as mx
 
-from kvbench.kernels.attention.registry import KERNELS, rotated, unsupported_reason
+from kvbench.kernels.attention.registry import KERNELS, kv_scaled, rotated, unsupported_reason
+from kvbench.kernels.formats.protocol import Stored
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.formats.rotation import rotate
 from kvbench.kernels.model.protocol import RewindableCache
@@ -26,15 +27,25 @@ from kvbench.kernels.stores.window import Ring
 
 
 def attend_kernel(
-    kernel: str, q, k, v, fmt, scale: float, tile_kv, rot=("none", "none"), mask=None
+    kernel: str,
+    q,
+    k,
+    v,
+    fmt,
+    scale: float,
+    tile_kv,
+    rot=("none", "none"),
+    mask=None,
+    kv_scale=((1.0,), (1.0,)),
 ) -> mx.array:
     """Run KERNELS[kernel] over stored k, v; `mask` the cells each query sees (a boolean
     array), None: causal when several queries are new. `rot`: the (K, V) rotations the cache
-    stores rows in (q rotated in, the output rotated back out)."""
+    stores rows in (q rotated in, the output rotated back out); `kv_scale`: K's and V's
+    per-tensor scales when fmt reads the rows at scale 1 (FP8: folded into q and the output)."""
     if mask is None:
         mask = "causal" if q.shape[2] > 1 else None
     dtype = mx.float32 if kernel == "reference" else fmt.compute_dtype
-    fn = rotated(KERNELS[kernel].fn, *rot)
+    fn = rotated(kv_scaled(KERNELS[kernel].fn, *kv_scale), *rot)
     out = fn(q.astype(dtype), k, v, fmt, mask=mask, scale=scale, tile_kv=tile_kv)
     return out.astype(mx.float32)
 
@@ -47,27 +58,59 @@ def check_kernel(kernel: str, fmt, backend: str = "cpu") -> None:
         raise ValueError(f"kernel {kernel}: {reason}")
 
 
+class LayerFormats:
+    """Each layer's K and V formats, fixed at the layer's first write: an FP8 format whose scale
+    is calibrated gets K's and V's from that write (vLLM's calculate_kv_scales, per layer);
+    every other format is the spec's for every layer. The store reads the rows with `read`
+    (FP8 at scale 1) and the kernel folds each layer's scales in (kv_scaled)."""
+
+    def __init__(self, spec, n_layers: int):
+        self.fmt = spec.formats()[0]
+        self.read = get_format(spec.k_dtype, spec.k_group)  # FP8: scale 1; others: fmt itself
+        self.layers: list[tuple | None] = [None] * n_layers
+        self.n_saturated = mx.array(0, dtype=mx.int32)  # FP8: elements stored saturated
+
+    def encode(self, layer: int, k: mx.array, v: mx.array) -> tuple[Stored, Stored]:
+        if self.layers[layer] is None:
+            self.layers[layer] = (self.fmt.calibrate(k, "k"), self.fmt.calibrate(v, "v"))
+        kf, vf = self.layers[layer]
+        sat = [f.saturated(x) for f, x in ((kf, k), (vf, v))]
+        if sat[0] is not None:
+            self.n_saturated = self.n_saturated + sat[0] + sat[1]
+        return kf.encode(k), vf.encode(v)
+
+    def scales(self, layer: int) -> tuple:
+        """(K's, V's) tensor scales of `layer`, as kv_scaled takes them."""
+        kf, vf = self.layers[layer]
+        return kf.tensor_scale(), vf.tensor_scale()
+
+    def saturated(self) -> int:
+        return int(self.n_saturated.item())
+
+
 class PlainCache:
     """One format for K and V, per-token scales: kernels/stores/cache.py's KVCache, kernel on it."""
 
     def __init__(self, spec, n_layers, n_kv_heads, head_dim, capacity, kernel, tile_kv=None):
-        self.fmt = spec.formats()[0]
+        self.formats = LayerFormats(spec, n_layers)
+        self.fmt = self.formats.read
         check_kernel(kernel, self.fmt)
         self.kv = KVCache(self.fmt, n_layers, 1, n_kv_heads, capacity, head_dim)
         self.kernel, self.tile_kv, self.offset = kernel, tile_kv, 0
         self.rot, self.spec = (spec.rotate_k, spec.rotate_v), spec
-        self.n_saturated = mx.array(0, dtype=mx.int32)  # FP8: elements stored saturated
 
     def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
         # rows stored rotated; the kernel gets q rotated and its output is rotated back
         q, k = self.spec.keys_in_order(q, k)
         n = k.shape[2]
         rk, rv = self.rot
-        k, v = rotate(k, rk), rotate(v, rv)
-        self.n_saturated = count_saturated(self.fmt, self.n_saturated, k, v)
-        self.kv.write(layer, k, v, self.offset)
+        parts = self.formats.encode(layer, rotate(k, rk), rotate(v, rv))
+        self.kv.put_encoded(layer, self.kv.positions(self.offset, n), *parts)
         ks, vs = self.kv.view(layer, self.offset + n)
-        return attend_kernel(self.kernel, q, ks, vs, self.fmt, scale, self.tile_kv, self.rot)
+        sc = self.formats.scales(layer)
+        return attend_kernel(
+            self.kernel, q, ks, vs, self.fmt, scale, self.tile_kv, self.rot, None, sc
+        )
 
     def advance(self, n: int) -> None:
         self.offset += n
@@ -92,14 +135,7 @@ class PlainCache:
 
     def saturated(self) -> int:
         """K/V elements written so far that an FP8 format stored saturated (0 for others)."""
-        return int(self.n_saturated.item())
-
-
-def count_saturated(fmt, total: mx.array, k: mx.array, v: mx.array) -> mx.array:
-    """total plus the elements of k and v that `fmt` stores saturated (lazy; unchanged for a
-    format that does not saturate)."""
-    sat = [fmt.saturated(x) for x in (k, v)]
-    return total if sat[0] is None else total + sat[0] + sat[1]
+        return self.formats.saturated()
 
 
 class Stream:
@@ -245,25 +281,27 @@ class WindowCache:
     def __init__(self, spec, n_kv_heads, head_dim, window, sinks, max_step, kernel, tile_kv=None):
         if not spec.plain:
             raise ValueError(f"a sliding-window layer holds one plain format; {spec.label} is not")
-        self.fmt = spec.formats()[0]
+        self.formats = LayerFormats(spec, 1)
+        self.fmt = self.formats.read
         check_kernel(kernel, self.fmt)
         self.ring = Ring(window, sinks, max_step)
         self.kv = KVStore(self.fmt, 1, 1, n_kv_heads, self.ring.size, head_dim)
         self.kernel, self.tile_kv, self.offset = kernel, tile_kv, 0
         self.rot, self.spec = (spec.rotate_k, spec.rotate_v), spec
-        self.n_saturated = mx.array(0, dtype=mx.int32)  # FP8: elements stored saturated
 
     def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
         q, k = self.spec.keys_in_order(q, k)  # as PlainCache: stored order and rotation
         n = k.shape[2]
         rk, rv = self.rot
         cells = self.ring.write(n)
-        k, v = rotate(k, rk), rotate(v, rv)
-        self.n_saturated = count_saturated(self.fmt, self.n_saturated, k, v)
-        self.kv.put(0, (ALL, ALL, mx.array(cells)), k, v)
+        parts = self.formats.encode(0, rotate(k, rk), rotate(v, rv))
+        self.kv.put_encoded(0, (ALL, ALL, mx.array(cells)), *parts)
         mask = mx.array(self.ring.mask(range(self.offset, self.offset + n)))
         ks, vs = self.kv.view(0, self.ring.size)
-        return attend_kernel(self.kernel, q, ks, vs, self.fmt, scale, self.tile_kv, self.rot, mask)
+        sc = self.formats.scales(0)
+        return attend_kernel(
+            self.kernel, q, ks, vs, self.fmt, scale, self.tile_kv, self.rot, mask, sc
+        )
 
     def advance(self, n: int) -> None:
         self.offset += n
@@ -282,7 +320,7 @@ class WindowCache:
         return sum(a.nbytes for a in self.kv.arrays()) * self.ring.held() // self.ring.size
 
     def saturated(self) -> int:
-        return int(self.n_saturated.item())
+        return self.formats.saturated()
 
 
 class LayeredCache:

@@ -69,10 +69,7 @@ class CacheSpec:
     @property
     def plain(self) -> bool:
         same = self.v_name == self.k_dtype and self.v_grp == self.k_group
-        # a calibrated FP8 scale differs between K and V and between layers: per-stream formats
-        calibrated = self.fp8_scale in ("calibrated", "per_head")
-        plain = self.k_axis == "token" and not self.sink_tokens + self.recent_tokens
-        return same and plain and not calibrated
+        return same and self.k_axis == "token" and not self.sink_tokens + self.recent_tokens
 
     @property
     def label(self) -> str:

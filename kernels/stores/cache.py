@@ -54,6 +54,11 @@ class KVStore:
         """Store k, v at `index` (buffers, heads, positions) of `layer`, encoding on write."""
         self._put_parts(layer, index, self.fmt.encode(k), self.fmt.encode(v))
 
+    def put_encoded(self, layer: int, index: tuple, k_parts: Stored, v_parts: Stored) -> None:
+        """Store already encoded K and V parts at `index` of `layer` (each encoded its own way:
+        a calibrated FP8 K and V have different scales)."""
+        self._put_parts(layer, index, k_parts, v_parts)
+
     def _put_parts(self, layer: int, index: tuple, k_parts: Stored, v_parts: Stored) -> None:
         for store, parts in ((self.keys[layer], k_parts), (self.values[layer], v_parts)):
             for name, part in parts.items():
