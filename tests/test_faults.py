@@ -266,12 +266,17 @@ def test_a_case_too_big_for_memory_is_a_skipped_row_with_the_figures(tmp_path, w
 
 
 def test_planned_bytes_against_a_hand_count():
+    from kvbench.kernels.formats.registry import get_format
+    from kvbench.kernels.stores.footprint import LayoutArgs
     from kvbench.run import memory
-    from kvbench.spec.plan import planned_bytes
+    from kvbench.spec import resolved
 
     # fp16, 1 seq, 2 kv heads, 8 q heads, ctx 16, D 64, 2 layers, decode
     layer = 1 * 2 * 16 * 64
-    plan = planned_bytes(2 * 2 * layer * 2, layer, 2, 1 * 8 * 16 * 64, 1 * 8 * 1 * 16)
+    fp16 = get_format("fp16")
+    dims = {"n_seqs": 1, "context_len": 16, "n_layers": 2, "n_q_heads": 8, "n_kv_heads": 2}
+    res = resolved.of_shape(fp16, fp16, "per-stream", LayoutArgs(), head_dim=64, **dims)
+    plan = res.planned
     assert plan == {
         "cache": 16384,
         "source": 2 * layer * 6,

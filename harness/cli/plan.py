@@ -14,6 +14,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
     plan.add_argument("--n-layers", type=int, help="layers (overrides the preset)")
     plan.add_argument("--n-kv-heads", type=int, help="KV heads (overrides the preset)")
     plan.add_argument("--head-dim", type=int, help="head dimension (overrides the preset)")
+    plan.add_argument(
+        "--n-q-heads", type=int, help="query heads (the guard's transients; default: GQA 1)"
+    )
     plan.add_argument("--context", type=int, help="context length in tokens")
     plan.add_argument("--kv-dtype", default="fp16", help="cache format (default fp16)")
     plan.add_argument("--group-size", type=int, help="scale group size (default: per row/mode)")
@@ -37,7 +40,7 @@ def run(args) -> int:
     from kvbench.run.memory import available_bytes
     from kvbench.spec.plan import LayoutArgs, make_plan, parse_size, render, resolve_shape, to_json
 
-    shape = resolve_shape(args.model, args.n_layers, args.n_kv_heads, args.head_dim)
+    shape = resolve_shape(args.model, args.n_layers, args.n_kv_heads, args.head_dim, args.n_q_heads)
     budget = parse_size(args.budget) if args.budget is not None else None
     la = LayoutArgs(args.page_size, args.window, args.sinks, args.prefix)
     plan = make_plan(

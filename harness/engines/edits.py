@@ -168,7 +168,7 @@ def build(case: Case) -> State:
         {"step": run.edit, "attend": attend},
         check,
         traffic=traffic(case, run),
-        kv_bytes=metrics.cache_bytes(case, fmt, lay.cells_used * case.n_kv_heads),
+        kv_bytes=metrics.cache_bytes_of(case, fmt, lay.cells_used),
         alloc_bytes=run.alloc_bytes,
         baseline_bytes=run.baseline,
         cache=run.store.arrays,

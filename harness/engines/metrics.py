@@ -15,6 +15,7 @@ sinks (a sliding-window cache) reads and attends over min(W + S, L) positions in
 from __future__ import annotations
 
 from kvbench.case import Case
+from kvbench.kernels.stores import footprint
 
 
 def attended(case: Case) -> int:
@@ -57,14 +58,14 @@ def kv_bytes(case: Case, fmt) -> int:
     """Exact bytes of the full cache (all layers, K and V) at the case's context length (a
     windowed cache holds only its window), each layer's per-tensor scales (FP8) included."""
     held = attended(case) if case.phase == "decode" else case.context_len
-    return cache_bytes(case, fmt, case.n_seqs * case.n_kv_heads * held)
+    return cache_bytes_of(case, fmt, case.n_seqs * held)
 
 
-def cache_bytes(case: Case, fmt, rows: int) -> int:
-    """Exact bytes of K and V over every layer holding `rows` rows each (one row: one position
-    of one KV head), with each layer's per-tensor scales (FP8)."""
-    per_layer = fmt.nbytes(rows, case.head_dim) + fmt.tensor_bytes(case.n_kv_heads)
-    return 2 * case.n_layers * per_layer
+def cache_bytes_of(case: Case, fmt, cells: int) -> int:
+    """Exact bytes of `cells` positions (sequences x positions) of the case's cache, all layers,
+    K and V, per-tensor scales included (kernels/stores/footprint.py kv_bytes: the formula)."""
+    return footprint.kv_bytes(fmt, cells, n_layers=case.n_layers, n_kv_heads=case.n_kv_heads,
+                              head_dim=case.head_dim)  # fmt: skip
 
 
 ONE_TOKEN = ("decode", "model_decode")  # phases whose timed call produces one token a sequence

@@ -143,7 +143,7 @@ def counts(case: Case, run: Run) -> dict:
     lay, fmt, page = run.layout, run.fmt, case.page_size
 
     def nbytes(slots: int) -> int:
-        return metrics.cache_bytes(case, fmt, slots * case.n_kv_heads)
+        return metrics.cache_bytes_of(case, fmt, slots)
 
     touched = sum(len(c.seqs) * c.n_blocks * page for c in run.calls)
     needed = sum(len(t) for t in run.rp.seq_tokens)

@@ -47,6 +47,7 @@ from kvbench.engines import metrics
 from kvbench.engines.contract import JobResult, State
 from kvbench.engines.parity import ParityError
 from kvbench.kernels.attention.sharded import sent_bytes, split_bounds
+from kvbench.kernels.stores.footprint import row_bytes
 from kvbench.spec.cache_spec import format_of
 
 STAGES = ("step", "write", "attend", "comm")
@@ -97,11 +98,12 @@ def skip_reason(case: Case, backend: str) -> str | None:
 
 def rank_bytes(case: Case, fmt) -> int:
     """K/V format bytes the fullest rank holds, all layers."""
+    cells, heads = case.n_seqs * case.context_len, case.n_kv_heads
     if case.shard_by == "context":
-        rows = case.n_seqs * case.n_kv_heads * split_bounds(case.context_len, case.shards)[0][1]
+        cells = case.n_seqs * split_bounds(case.context_len, case.shards)[0][1]
     else:
-        rows = case.n_seqs * split_bounds(case.n_kv_heads, case.shards)[0][1] * case.context_len
-    return 2 * case.n_layers * fmt.nbytes(rows, case.head_dim)
+        heads = split_bounds(case.n_kv_heads, case.shards)[0][1]
+    return row_bytes(fmt, cells, n_layers=case.n_layers, n_kv_heads=heads, head_dim=case.head_dim)
 
 
 def step_sent_bytes(case: Case) -> int:

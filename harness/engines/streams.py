@@ -188,7 +188,7 @@ def counts(case: Case, run: Run) -> dict:
     lay, fmt = run.layout, run.fmt
 
     def nbytes(cells: int) -> int:
-        return metrics.cache_bytes(case, fmt, cells * case.n_kv_heads)
+        return metrics.cache_bytes_of(case, fmt, cells)
 
     touched = sum(c.n_kv * sum(len(g[1]) for g in c.groups) for c in run.calls)
     needed = sum(len(t) for t in run.rp.seq_tokens)

@@ -78,7 +78,7 @@ def visible_kv(k32, v32, ring: Ring, q: int) -> tuple[mx.array, mx.array]:
 
 def counts(case: Case, ring: Ring, fmt) -> dict:
     def nbytes(cells: int) -> int:
-        return metrics.cache_bytes(case, fmt, cells * case.n_seqs * case.n_kv_heads)
+        return metrics.cache_bytes_of(case, fmt, cells * case.n_seqs)
 
     needed = len(ring.visible(case.context_len - 1))
     return {

@@ -2,8 +2,8 @@
 with the figures, before anything is allocated (a cache too big for memory segfaults or aborts
 inside MLX, taking the whole run with it).
 
-Planned bytes of a case (an estimate of its peak, from the shape alone; computed by
-harness/spec/plan.py case_plan, so `kvbench plan` and the guard agree):
+Planned bytes of a case (an estimate of its peak, from the shape alone; the case's Resolved,
+harness/spec/resolved.py, which `kvbench plan` resolves the same way, so the two agree):
   * the cache: the format's exact bytes, all layers, K and V, in the cells its layout holds
     (kernels/stores/footprint.py: n_seqs x context_len for per-stream, the shared prefix once
     for unified and paged, sinks + window for window);
@@ -28,9 +28,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from kvbench.case import Case
-from kvbench.spec import plan
-from kvbench.spec.cache_spec import MODEL_PHASES, format_of
-from kvbench.spec.model_plan import model_plan
+from kvbench.spec import resolved
 
 PART_NAMES = {"source": "source K/V"}  # a planned part's name in a refusal, where not its key
 DEVICE_KEYS = ("max_recommended_working_set_size", "free_memory", "memory_size", "total_memory")
@@ -38,13 +36,8 @@ MEMINFO = Path("/proc/meminfo")
 
 
 def case_plan(case: Case) -> dict[str, int]:
-    """The planned bytes of a case: a model phase's (spec/model_plan.py: its cache at its whole
-    capacity, the float32 reference, scores, logits kept), else the synthetic engines'."""
-    if case.phase in MODEL_PHASES:
-        from kvbench.kernels.model.source import model_shape
-
-        return model_plan(case, model_shape(case.model).vocab)
-    return plan.case_plan(case, format_of(case))
+    """The case's planned bytes: cache, source, transient, total (spec/resolved.py)."""
+    return resolved.of_case(case).planned
 
 
 def available_bytes() -> tuple[int, str] | None:

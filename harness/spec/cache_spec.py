@@ -58,3 +58,12 @@ def format_of(case: Case):
     per (kv_dtype, group_size, fp8_scale)."""
     scale = case.fp8_scale if case.kv_dtype in FP8_KINDS else "one"
     return _format(case.kv_dtype, case.group_size, scale)
+
+
+def v_format_of(case: Case):
+    """The case's V format: v_dtype's (at group_size, an FP8 format at fp8_scale) when set,
+    else K's."""
+    if not case.v_dtype:
+        return format_of(case)
+    scale = case.fp8_scale if case.v_dtype in FP8_KINDS else "one"
+    return _format(case.v_dtype, case.group_size, scale)

@@ -25,8 +25,9 @@ positions of every KV head, by heads ceil(n_kv_heads / N) KV heads at every posi
 context whose fullest rank fits.
 It also prints the memory guard's figures (harness/run/memory.py: cache + source K/V +
 transient against the memory available here) for a decode case of the shape with the layout's
-cells; `kvbench run` checks the per-stream figure before allocating any case (an upper bound for
-the other layouts); query heads come from the preset (without one, GQA 1).
+cells, resolved by the same function as a case's (harness/spec/resolved.py of_shape), so the
+guard refuses exactly what this says will not fit; query heads: the preset's or the model's,
+or --n-q-heads for a custom shape (without it: GQA 1).
 """
 
 from __future__ import annotations
@@ -35,13 +36,13 @@ import json
 import re
 from dataclasses import asdict, dataclass
 
-from kvbench.case import Case
 from kvbench.errors import UserError
 from kvbench.kernels.attention.sharded import BY, split_bounds, split_reason
 from kvbench.kernels.formats.registry import FORMATS, get_format
-from kvbench.kernels.stores.footprint import LayoutArgs, cache_bytes, layout_counts
+from kvbench.kernels.stores.footprint import LayoutArgs, cache_bytes, row_bytes
 from kvbench.kernels.stores.layouts import KV_PAD
 from kvbench.kernels.stores.paged import PAGE_SIZES
+from kvbench.spec import resolved
 from kvbench.spec.presets import PRESETS
 
 LAYOUTS = ("per-stream", "unified", "paged", "window")
@@ -56,6 +57,11 @@ class KVShape:
     n_layers: int
     n_kv_heads: int
     head_dim: int
+    n_q_heads: int | None = None  # the guard's transients; None: GQA 1 (n_kv_heads)
+
+    @property
+    def q_heads(self) -> int:
+        return self.n_q_heads or self.n_kv_heads
 
 
 @dataclass(frozen=True)
@@ -89,6 +95,7 @@ class Plan:
     run_bytes: dict | None = None
     available_bytes: int | None = None
     available_source: str | None = None
+    n_q_heads: int | None = None  # the query heads the guard's figures count
 
 
 def parse_size(text: str) -> int:
@@ -116,15 +123,23 @@ def _real_shape(model: str):
         raise UserError(f"--model: {e}") from None
 
 
-def resolve_shape(model: str | None, n_layers, n_kv_heads, head_dim) -> KVShape:
+def resolve_shape(
+    model: str | None, n_layers, n_kv_heads, head_dim, n_q_heads: int | None = None
+) -> KVShape:
     """A preset's shape with any explicit field overriding it, or a real model's (a .gguf, an
-    mlx-lm directory, a Hugging Face repo id: its metadata's, no field may override it); all
-    three needed without a model."""
+    mlx-lm directory, a Hugging Face repo id: its metadata's, no field may override it); the
+    first three needed without a model; query heads: the model's, else given, else GQA 1."""
     base = {}
     given = {"n_layers": n_layers, "n_kv_heads": n_kv_heads, "head_dim": head_dim}
+    if n_q_heads is not None and n_q_heads <= 0:
+        raise UserError(f"--n-q-heads: must be positive, got {n_q_heads}")
     if model:
         p = PRESETS.get(model) or _real_shape(model)
         base = {"n_layers": p.n_layers, "n_kv_heads": p.n_kv_heads, "head_dim": p.head_dim}
+        q = p.n_q_heads if model in PRESETS else p.n_heads
+        if model not in PRESETS and n_q_heads is not None and n_q_heads != q:
+            raise UserError(f"--n-q-heads: {model}'s metadata sets {q}; leave it out")
+        n_q_heads = n_q_heads or q
         override = next((k for k, v in given.items() if v is not None), None)
         if model not in PRESETS and override is not None:  # a real model's file (issue 35)
             raise UserError(
@@ -137,7 +152,11 @@ def resolve_shape(model: str | None, n_layers, n_kv_heads, head_dim) -> KVShape:
             raise UserError(f"--{key.replace('_', '-')}: needed without --model")
         if base[key] <= 0:
             raise UserError(f"--{key.replace('_', '-')}: must be positive, got {base[key]}")
-    return KVShape(model or "custom", **base)
+    if n_q_heads is not None and n_q_heads % base["n_kv_heads"]:
+        raise UserError(
+            f"--n-q-heads: {n_q_heads} is not a multiple of the {base['n_kv_heads']} KV heads"
+        )
+    return KVShape(model or "custom", **base, n_q_heads=n_q_heads)
 
 
 def _format(kv_dtype: str, group_size: int | None, head_dim: int):
@@ -222,7 +241,9 @@ def rank_token_bytes(shape: KVShape, fmt, n_seqs: int, shards: int, shard_by: st
     heads = shape.n_kv_heads
     if shard_by == "heads":
         heads = split_bounds(heads, shards)[0][1]  # the first ranks get the extra heads
-    return 2 * shape.n_layers * n_seqs * fmt.nbytes(heads, shape.head_dim)
+    return row_bytes(
+        fmt, n_seqs, n_layers=shape.n_layers, n_kv_heads=heads, head_dim=shape.head_dim
+    )
 
 
 def _context(context_len, budget_bytes, rank_per_token: int, shards: int, shard_by: str) -> int:
@@ -267,7 +288,7 @@ def make_plan(
     if shards > 1 and layout != "per-stream":
         raise UserError(f"--shards: sharding is planned for layout per-stream, not {layout}")
     fmt = _format(kv_dtype, group_size, shape.head_dim)
-    per_token = 2 * shape.n_layers * n_seqs * fmt.nbytes(shape.n_kv_heads, shape.head_dim)
+    per_token = rank_token_bytes(shape, fmt, n_seqs, 1, "context")  # all layers, K and V
     rank_per_token = rank_token_bytes(shape, fmt, n_seqs, shards, shard_by)
     if shards > 1:
         context_len = _context(context_len, budget_bytes, rank_per_token, shards, shard_by)
@@ -287,8 +308,11 @@ def make_plan(
         raise UserError(f"--context: must be more than the prefix ({la.prefix}), got {context_len}")
     # the bytes shown for an unbounded window: its ring at any context (here: one window)
     ctx = context_len if context_len is not None else la.sinks + la.window
-    counts = layout_counts(layout, n_seqs, ctx, la)
-    rows = counts["cells"] * shape.n_kv_heads  # rows of K (or of V) in one layer
+    # the same resolution as a case's (spec/resolved.py): cells, block tables, planned peak
+    res = resolved.of_shape(fmt, fmt, layout, la, n_seqs=n_seqs, context_len=ctx,
+                            n_layers=shape.n_layers, n_q_heads=shape.q_heads,
+                            n_kv_heads=shape.n_kv_heads, head_dim=shape.head_dim)  # fmt: skip
+    rows = res.cells * shape.n_kv_heads  # rows of K (or of V) in one layer
     parts = row_parts(fmt, shape.head_dim)
     layer = {
         "k_data": rows * parts["data"],
@@ -299,16 +323,9 @@ def make_plan(
     }
     layer["total"] = sum(layer.values())
     model_bytes = {k: v * shape.n_layers for k, v in layer.items()}
-    table = counts.get("block_table_bytes", 0)
+    table = res.block_table_bytes
+    assert res.cache_bytes == model_bytes["total"] + table, "the layer split lost bytes"
     held = split_bounds(ctx, shards)[0][1] if shard_by == "context" else ctx
-    q_heads = PRESETS[shape.model].n_q_heads if shape.model in PRESETS else shape.n_kv_heads
-    run_bytes = planned_bytes(
-        cache_bytes=model_bytes["total"],
-        layer_elems=rows * shape.head_dim,
-        compute_bytes=fmt.compute_dtype.size,
-        ref_elems=n_seqs * q_heads * ctx * shape.head_dim,
-        score_elems=n_seqs * q_heads * ctx,
-    )
     return Plan(
         model=shape.model,
         n_layers=shape.n_layers,
@@ -325,8 +342,8 @@ def make_plan(
         layer=layer,
         model_bytes=model_bytes,
         budget_bytes=budget_bytes,
-        cells=counts["cells"],
-        pages=counts.get("pages"),
+        cells=res.cells,
+        pages=res.pages,
         block_table_bytes=table,
         total_bytes=model_bytes["total"] + table,
         layout_args={k: v for k, v in asdict(la).items() if v},
@@ -334,7 +351,8 @@ def make_plan(
         shard_by=shard_by,
         rank_bytes=held * rank_per_token if shards > 1 else None,
         rank_bytes_per_token=rank_per_token if shards > 1 else None,
-        run_bytes=run_bytes,
+        run_bytes=res.planned,
+        n_q_heads=shape.q_heads,
         available_bytes=available[0] if available else None,
         available_source=available[1] if available else None,
     )
@@ -413,7 +431,8 @@ def _memory_lines(plan: Plan) -> list[str]:
     """The memory guard's view (harness/run/memory.py): what `kvbench run` would check."""
     r = plan.run_bytes
     lines = [
-        "to run a decode case (the memory guard of `kvbench run`):",
+        f"to run a decode case with {plan.n_q_heads} query heads (the memory guard of "
+        "`kvbench run`; harness/spec/resolved.py):",
         f"  planned {_human(r['total'])}  (cache {r['cache']:,} + source K/V {r['source']:,} "
         f"+ transient {r['transient']:,})",
     ]
@@ -428,45 +447,3 @@ def _memory_lines(plan: Plan) -> list[str]:
 
 def to_json(plan: Plan) -> str:
     return json.dumps(asdict(plan), indent=2)
-
-
-def planned_bytes(
-    cache_bytes: int, layer_elems: int, compute_bytes: int, ref_elems: int, score_elems: int
-) -> dict[str, int]:
-    """The parts of a case's planned peak (harness/run/memory.py says what each is) and their
-    total."""
-    parts = {
-        "cache": cache_bytes,
-        "source": 2 * layer_elems * (4 + compute_bytes),
-        "transient": 2 * ref_elems * 4 + 2 * score_elems * 4,
-    }
-    return {**parts, "total": sum(parts.values())}
-
-
-def case_layout_args(case: Case) -> LayoutArgs:
-    return LayoutArgs(case.page_size, case.window, case.sink_tokens, case.prefix_len)
-
-
-def case_plan(case: Case, fmt) -> dict[str, int]:
-    """The memory guard's planned bytes of a case: the cache as its layout holds it (the same
-    footprint `kvbench plan` prints), the source K/V and the kernel's transients."""
-    la = case_layout_args(case) if case.layout != "per-stream" else LayoutArgs()
-    cells = layout_counts(case.layout, case.n_seqs, case.context_len, la)["cells"]
-    rows = cells * case.n_kv_heads  # K (or V) rows of one layer
-    lq = 1 if case.phase == "decode" else case.context_len
-    return planned_bytes(
-        cache_bytes=cache_bytes(
-            fmt,
-            case.layout,
-            case.n_seqs,
-            case.context_len,
-            la,
-            n_layers=case.n_layers,
-            n_kv_heads=case.n_kv_heads,
-            head_dim=case.head_dim,
-        ),  # fmt: skip
-        layer_elems=rows * case.head_dim,
-        ref_elems=case.n_seqs * case.n_q_heads * case.context_len * case.head_dim,
-        compute_bytes=fmt.compute_dtype.size,
-        score_elems=case.n_seqs * case.n_q_heads * lq * case.context_len,
-    )

@@ -15,6 +15,7 @@ import re
 
 from kvbench.case import Case
 from kvbench.errors import UserError
+from kvbench.kernels.stores.footprint import row_bytes
 from kvbench.spec.cache_spec import format_of
 
 
@@ -28,9 +29,8 @@ def parse_shard(text: str) -> tuple[int, int]:
 
 def case_cost(case: Case) -> int:
     """Bytes of the case's full cache: 2 (K, V) x layers x format bytes of its rows."""
-    fmt = format_of(case)
-    rows = case.n_seqs * case.n_kv_heads * case.context_len
-    return 2 * case.n_layers * fmt.nbytes(rows, case.head_dim)
+    return row_bytes(format_of(case), case.n_seqs * case.context_len, n_layers=case.n_layers,
+                     n_kv_heads=case.n_kv_heads, head_dim=case.head_dim)  # fmt: skip
 
 
 def assign(cases: list[Case], n: int) -> dict[str, int]:

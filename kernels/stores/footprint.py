@@ -1,8 +1,9 @@
 """The byte model of every layout, in one registry: what a layout holds for a shape.
 
 Each entry calls the function its layout's module owns (the structure and its count live
-together); `kvbench plan`, the memory guard and the engines' exact bytes all come through here,
-so the guard refuses exactly what the planner says will not fit.
+together). The byte formula of K and V rows, 2 * L * fmt.nbytes(cells * Hkv, D), is `row_bytes`
+here and nowhere else: `kvbench plan`, the memory guard (both through harness/spec/resolve.py)
+and every engine's byte counts (harness/engines/metrics.py cache_bytes_of) call it.
 """
 
 from __future__ import annotations
@@ -36,11 +37,24 @@ def layout_counts(layout: str, n_seqs: int, ctx: int, la: LayoutArgs) -> dict:
     return FOOTPRINTS[layout](n_seqs, ctx, la)
 
 
+def row_bytes(fmt, cells: int, *, n_layers: int, n_kv_heads: int, head_dim: int) -> int:
+    """2 * L * fmt.nbytes(cells * Hkv, D): K and V rows of `cells` positions of every KV head,
+    every layer, as the format stores them (data, scales, biases). The byte formula, once."""
+    return 2 * n_layers * fmt.nbytes(cells * n_kv_heads, head_dim)
+
+
+def kv_bytes(fmt, cells: int, *, n_layers: int, n_kv_heads: int, head_dim: int) -> int:
+    """Exact bytes of a cache of `cells` positions: row_bytes plus each layer's per-tensor
+    scales of K and of V (FP8's; 0 for every other format)."""
+    rows = row_bytes(fmt, cells, n_layers=n_layers, n_kv_heads=n_kv_heads, head_dim=head_dim)
+    return rows + 2 * n_layers * fmt.tensor_bytes(n_kv_heads)
+
+
 def cache_bytes(fmt, layout: str, n_seqs: int, ctx: int, la: LayoutArgs, *, n_layers: int,
                 n_kv_heads: int, head_dim: int) -> int:  # fmt: skip
     """Exact bytes of the whole cache (K and V, every layer with its per-tensor scales (FP8),
     plus a block table)."""
     counts = layout_counts(layout, n_seqs, ctx, la)
-    rows = fmt.nbytes(counts["cells"] * n_kv_heads, head_dim)
-    kv = 2 * n_layers * (rows + fmt.tensor_bytes(n_kv_heads))
+    kv = kv_bytes(fmt, counts["cells"], n_layers=n_layers, n_kv_heads=n_kv_heads,
+                  head_dim=head_dim)  # fmt: skip
     return kv + counts.get("block_table_bytes", 0)
