@@ -306,3 +306,110 @@ def test_a_named_pipe_as_kvbench_blas_does_not_hang_help(tmp_path):
     assert done.returncode == 0 and "usage" in done.stdout, done.stderr
     done = _kvbench(["env"], env={"KVBENCH_BLAS": str(pipe)}, timeout=60)
     assert done.returncode == 2 and "KVBENCH_BLAS" in done.stderr and "named pipe" in done.stderr
+
+
+# ---- f: a model's config.json and GGUF metadata are data, checked before use ------------------
+
+
+def _config_dir(tmp_path, text: bytes):
+    from tiny_model import write_mlx_dir
+
+    d = write_mlx_dir(tmp_path / "dir", weights(seed=3))
+    (d / "config.json").write_bytes(text)
+    return d
+
+
+def _config(**change) -> bytes:
+    import json
+
+    from tiny_model import TINY
+
+    cfg = {"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 128,
+           "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 64,
+           "vocab_size": TINY["vocab"], "intermediate_size": 192}  # fmt: skip
+    cfg.update(change)
+    return json.dumps({k: v for k, v in cfg.items() if v != "DROP"}).encode()
+
+
+CONFIGS = {  # used to: TypeError, ZeroDivisionError or AttributeError tracebacks
+    "null": (b"null", "-: not a JSON object (null)"),
+    "a string": (b'"llama"', "-: not a JSON object (str)"),
+    "a list": (b"[1, 2]", "-: not a JSON object (list)"),
+    "binary": (bytes(range(256)), "unreadable"),
+    "no num_attention_heads": (_config(num_attention_heads="DROP"), "num_attention_heads: missing"),
+    "heads 0": (_config(num_attention_heads=0), "num_attention_heads: must be a positive integer"),
+    "layers as text": (_config(num_hidden_layers="2"), "num_hidden_layers: must be a positive"),
+    "head_dim 0": (_config(head_dim=0), "head_dim: must be a positive integer"),
+    "vocab -1": (_config(vocab_size=-1), "vocab_size: must be a positive integer"),
+    "kv heads 3 of 4": (_config(num_key_value_heads=3), "num_key_value_heads: 3 does not divide"),
+    "rope NaN": (_config(rope_theta=float("nan")), "rope_theta: must be a positive finite"),
+}
+
+
+@pytest.mark.parametrize("name", CONFIGS)
+def test_a_bad_config_json_is_one_line_naming_file_and_key(tmp_path, capsys, name):
+    from kvbench.kernels.model import source
+
+    source.model_shape.cache_clear()
+    text, needle = CONFIGS[name]
+    d = _config_dir(tmp_path, text)
+    suite = tmp_path / "s.yaml"
+    suite.write_text(f"fixed: {{model: {d}, phase: quality, context_len: 32}}\n")
+    one_line_error(capsys, ["run", suite, "--dry-run"], f"{d / 'config.json'}: ", needle)
+
+
+def _meta_gguf(path, **fields):
+    """A GGUF holding only metadata (the shape is read from it, no weights): TINY's llama
+    fields, changed or dropped (None) by `fields` (keys after `llama.`)."""
+    import gguf
+
+    base = {"block_count": 2, "embedding_length": 128, "attention.head_count": 4,
+            "attention.head_count_kv": 2, "context_length": 256, "vocab_size": 300}  # fmt: skip
+    base.update(fields)
+    w = gguf.GGUFWriter(str(path), "llama")
+    for key, v in base.items():
+        if v is None:
+            continue
+        if isinstance(v, float):
+            w.add_float32(f"llama.{key}", v)
+        else:
+            w.add_uint32(f"llama.{key}", v)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    return path
+
+
+GGUFS = {  # used to: ZeroDivisionError, or a dry run listing a case with head_dim 0
+    "head_count 0": ({"attention.head_count": 0}, "llama.attention.head_count: must be"),
+    "embedding_length 1": (
+        {"embedding_length": 1},
+        "llama.embedding_length: 1 / 4 heads gives head_dim 0",
+    ),
+    "block_count 0": ({"block_count": 0}, "llama.block_count: must be a positive integer"),
+    "head_count_kv 0": ({"attention.head_count_kv": 0}, "llama.attention.head_count_kv: must"),
+    "vocab_size 0": ({"vocab_size": 0}, "llama.vocab_size: must be a positive integer"),
+    "freq_base NaN": ({"rope.freq_base": float("nan")}, "llama.rope.freq_base: must be a positive"),
+}
+
+
+@pytest.mark.parametrize("name", GGUFS)
+def test_bad_gguf_metadata_is_one_line_naming_file_and_key(tmp_path, capsys, name):
+    from kvbench.kernels.model import source
+
+    source.model_shape.cache_clear()
+    fields, needle = GGUFS[name]
+    path = _meta_gguf(tmp_path / "m.gguf", **fields)
+    suite = tmp_path / "s.yaml"
+    suite.write_text(f"fixed: {{model: {path}, phase: quality, context_len: 32, kv_dtype: fp16}}\n")
+    one_line_error(capsys, ["run", suite, "--dry-run"], f"{path}: ", needle)
+    one_line_error(capsys, ["plan", "--model", path, "--context", "64"], f"{path}: ", needle)
+
+
+def test_a_good_metadata_gguf_still_gives_its_shape(tmp_path):
+    from kvbench.kernels.model import source
+
+    path = _meta_gguf(tmp_path / "m.gguf")
+    s = source.model_shape(str(path))
+    assert (s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim, s.vocab) == (2, 4, 2, 32, 300)

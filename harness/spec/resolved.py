@@ -115,5 +115,5 @@ def of_case(case: Case) -> Resolved:
         return r
     from kvbench.kernels.model.source import model_shape
 
-    planned = model_plan(case, model_shape(case.model).vocab)
+    planned = model_plan(case, model_shape(case.model).vocab or 0)  # no vocabulary: no logits
     return dataclasses.replace(r, cache_bytes=planned["cache"], planned=planned)

@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import inspect
 import json
+import math
 import os
 import stat
 from dataclasses import dataclass, field
@@ -158,14 +159,55 @@ def _build(path, cfg: dict) -> nn.Module:
 
 
 def read_config(path: Path) -> dict:
-    """An mlx-lm model directory's config.json, with a model_type, or one clear ModelError."""
+    """An mlx-lm model directory's config.json, with a model_type and a shape that holds
+    (check_config), or one clear ModelError naming the file and the key."""
+    where = path / "config.json"
+    check_regular(where)
     try:
-        cfg = json.loads((path / "config.json").read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ModelError(f"{path / 'config.json'}: unreadable: {e}") from None
-    if "model_type" not in cfg:
-        raise ModelError(f"{path / 'config.json'}: no model_type")
+        cfg = json.loads(where.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:  # ValueError: bad JSON, not UTF-8
+        why = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise ModelError(f"{where}: unreadable: {why[:200]}") from None
+    if not isinstance(cfg, dict):
+        kind = "null" if cfg is None else type(cfg).__name__
+        raise ModelError(f"{where}: -: not a JSON object ({kind})")
+    if not isinstance(cfg.get("model_type"), str):
+        raise ModelError(f"{where}: model_type: missing or not text")
+    check_config(cfg, lambda key: f"{where}: {key}")
     return cfg
+
+
+def _positive_int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool) and v > 0
+
+
+def check_config(cfg: dict, name) -> None:
+    """The shape keys of a config (config.json's, or rebuilt from GGUF metadata) as data:
+    layers, heads, hidden size positive integers; KV heads, head_dim, vocabulary positive
+    integers where given, KV heads dividing the heads; rope_theta positive and finite.
+    name(key) -> where the key lives ("<file>: <key>"), for a one-line ModelError (issue 35:
+    null, text, a missing or zero head count gave tracebacks, head_dim 0 a listed case)."""
+    text = cfg.get("text_config") if isinstance(cfg.get("text_config"), dict) else {}
+    get = lambda k: cfg.get(k, text.get(k))  # noqa: E731
+    for key in ("num_hidden_layers", "num_attention_heads", "hidden_size"):
+        if get(key) is None:
+            raise ModelError(f"{name(key)}: missing")
+    for key in ("num_hidden_layers", "num_attention_heads", "hidden_size", "num_key_value_heads",
+                "head_dim", "vocab_size", "max_position_embeddings"):  # fmt: skip
+        v = get(key)
+        if v is not None and not _positive_int(v):
+            raise ModelError(f"{name(key)}: must be a positive integer, got {v!r}")
+    heads, kv = get("num_attention_heads"), get("num_key_value_heads")
+    if kv is not None and heads % kv:
+        raise ModelError(f"{name('num_key_value_heads')}: {kv} does not divide the "
+                         f"{heads} attention heads")  # fmt: skip
+    if get("head_dim") is None and get("hidden_size") // heads == 0:
+        raise ModelError(f"{name('hidden_size')}: {get('hidden_size')} / {heads} heads gives "
+                         "head_dim 0")  # fmt: skip
+    theta = get("rope_theta")
+    ok = isinstance(theta, (int, float)) and not isinstance(theta, bool) and theta > 0
+    if theta is not None and not (ok and math.isfinite(theta)):
+        raise ModelError(f"{name('rope_theta')}: must be a positive finite number, got {theta!r}")
 
 
 def load_mlx_dir(path: str | Path) -> Model:
@@ -216,7 +258,10 @@ def gguf_config(md: dict, tensor_names, path) -> dict:
     missing = [k for k in REQUIRED if k not in cfg]
     if missing:
         raise ModelError(f"{path}: GGUF metadata lacks {arch}.{GGUF_CONFIG[missing[0]]}")
-    cfg.setdefault("vocab_size", len(md.get("tokenizer.ggml.tokens", [])))
+    cfg.setdefault("vocab_size", len(md.get("tokenizer.ggml.tokens", [])) or None)
+    names = {**GGUF_CONFIG, **GGUF_ARCH_CONFIG.get(arch, {})}
+    check_config(cfg, lambda key: f"{path}: {arch}.{names[key]}" if key in names else
+                 f"{path}: {key}")  # fmt: skip
     cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
     cfg.setdefault("rms_norm_eps", 1e-5)
     cfg.setdefault("intermediate_size", 4 * cfg["hidden_size"])
