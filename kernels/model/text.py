@@ -37,9 +37,11 @@ def default_text() -> str:
 
 
 def text_file(path: str | Path) -> str:
-    """UTF-8 text of a file; ValueError naming the file if unreadable or empty."""
+    """UTF-8 text of a file as its bytes say (no newline translation: a CRLF file keeps its
+    \r, as llama.cpp reads it); ValueError naming the file if unreadable or empty."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        with open(path, encoding="utf-8", newline="") as f:
+            text = f.read()
     except (OSError, UnicodeDecodeError) as e:
         raise ValueError(f"cannot read text file {path}: {e}") from None
     if not text.strip():

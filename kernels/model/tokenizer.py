@@ -1,13 +1,16 @@
-"""Tokenizer of a model: byte-level BPE rebuilt from GGUF metadata with the `tokenizers` library,
-or a model directory's tokenizer.json.
+"""Tokenizer of a model, with no torch: a GGUF's own vocabulary rebuilt with the `tokenizers`
+library, or an mlx-lm directory's tokenizer through mlx-lm's loader (its chat template too).
 
 GGUF keeps the vocabulary (`tokenizer.ggml.tokens`), the merges (`tokenizer.ggml.merges`), the
 token types (`tokenizer.ggml.token_type`: 3 = control, 4 = user-defined, both matched whole as
-special tokens) and bos/eos ids. The pre-tokenizer split depends on `tokenizer.ggml.pre`: the
-regexes below are those llama.cpp uses for each name (src/llama-vocab.cpp). SentencePiece
-vocabularies (`tokenizer.ggml.model` "llama": Gemma, Llama 2, Mistral) carry scores, not
-merges: they go through transformers' own GGUF tokenizer conversion (`from_gguf_file`).
-This module stays (issue #24) because mlx-lm reads tokenizers from directories only.
+special tokens) and bos/eos ids. Byte-level BPE (`tokenizer.ggml.model` "gpt2": SmolLM2, Llama 3,
+Qwen2): the pre-tokenizer split depends on `tokenizer.ggml.pre`, the regexes below are those
+llama.cpp uses for each name (src/llama-vocab.cpp). SentencePiece vocabularies ("llama": Gemma,
+Llama 2, Mistral) carry scores, not merges: they go through transformers' GGUF tokenizer
+converter (`convert_gguf_tokenizer`, which rebuilds the merges from the vocabulary), fed from the
+metadata kvbench has already read: transformers' own GGUF reader imports torch, the converter
+does not (transformers comes with mlx-lm; tests/test_tokenizer.py runs it with torch blocked).
+Token ids equal llama.cpp's `llama-tokenize` on both registered models' texts (docs/peers.md).
 """
 
 from __future__ import annotations
@@ -15,7 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from tokenizers import Regex, Tokenizer, decoders, models, pre_tokenizers
+from tokenizers import Regex, Tokenizer, decoders, models, normalizers, pre_tokenizers
 
 GPT2_SPLIT = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+"
 LLAMA3_SPLIT = (
@@ -27,6 +30,8 @@ QWEN2_SPLIT = (
     r"|\s*[\r\n]+|\s+(?!\S)|\s+"
 )
 SPECIAL_TYPES = (3, 4)  # control, user-defined
+CONTROL, USER_DEFINED = 3, 4
+SPM_SPACE = "\u2581"  # SentencePiece's space
 
 
 def _split(pattern: str):
@@ -46,15 +51,51 @@ PRE = {
 }
 
 
+def partition(text: str, whole: tuple[tuple[str, int], ...]) -> list[str | int]:
+    """The text cut at every occurrence of the tokens in `whole` (text, id), longest first, as
+    llama.cpp's tokenizer_st_partition cuts at user-defined tokens before tokenizing the rest
+    (src/llama-vocab.cpp): each token in turn, each remaining text fragment split at its
+    occurrences left to right; empty fragments dropped. -> text fragments and token ids."""
+    out: list[str | int] = [text] if text else []
+    for piece, tid in whole:
+        cut: list[str | int] = []
+        for frag in out:
+            if isinstance(frag, int) or piece not in frag:
+                cut.append(frag)
+                continue
+            for i, part in enumerate(frag.split(piece)):
+                cut += ([tid] if i else []) + ([part] if part else [])
+        out = cut
+    return out
+
+
+def user_defined(md: dict) -> tuple[tuple[str, int], ...]:
+    """The vocabulary's user-defined tokens (type 4: Gemma's runs of spaces and newlines) as
+    llama.cpp orders them for partition: by length, longest first (ties by id)."""
+    types = md.get("tokenizer.ggml.token_type")
+    types = types.tolist() if hasattr(types, "tolist") else list(types or [])
+    tokens = md.get("tokenizer.ggml.tokens") or []
+    found = [(t, i) for i, (t, ty) in enumerate(zip(tokens, types)) if ty == USER_DEFINED and t]
+    return tuple(sorted(found, key=lambda x: (-len(x[0].encode("utf-8")), x[1])))
+
+
 @dataclass
 class TextTokenizer:
     tok: Tokenizer
     bos_id: int | None
     eos_id: int | None
     add_bos: bool
+    whole: tuple[tuple[str, int], ...] = ()  # matched whole before the rest (partition)
+    space_prefix: bool = False  # SentencePiece's add_space_prefix, as llama.cpp applies it
 
     def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
-        ids = self.tok.encode(text, add_special_tokens=False).ids
+        parts = partition(text, self.whole)
+        if self.space_prefix:  # llama.cpp: a space before the text and after each whole token
+            parts = [" " + p if isinstance(p, str) and (i == 0 or isinstance(parts[i - 1], int))
+                     else p for i, p in enumerate(parts)]  # fmt: skip
+        texts = [p for p in parts if isinstance(p, str)]
+        coded = iter(self.tok.encode_batch(texts, add_special_tokens=False))
+        ids = [i for p in parts for i in ([p] if isinstance(p, int) else next(coded).ids)]
         bos = self.add_bos if add_bos is None else add_bos
         return [self.bos_id, *ids] if bos and self.bos_id is not None else ids
 
@@ -67,15 +108,47 @@ def _val(md: dict, key: str, default=None):
     return v.item() if hasattr(v, "item") else v
 
 
-def from_gguf_file(path: str | Path, md: dict) -> TextTokenizer:
-    """A SentencePiece-style GGUF vocabulary (`tokenizer.ggml.model` "llama": Gemma, Llama 2)
-    through transformers' GGUF tokenizer conversion (AutoTokenizer with gguf_file)."""
-    from transformers import AutoTokenizer
+# transformers' tokenizer-dict keys, from the GGUF keys under "tokenizer.ggml."
+SPM_KEYS = {"model": "tokenizer_type", "pre": "pre_tokenizer_type", "tokens": "tokens",
+            "scores": "scores", "token_type": "token_type", "merges": "merges",
+            "add_space_prefix": "add_prefix_space"}  # fmt: skip
 
-    path = Path(path)
-    hf = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-    add = bool(_val(md, "tokenizer.ggml.add_bos_token", True))
-    return TextTokenizer(hf.backend_tokenizer, hf.bos_token_id, hf.eos_token_id, add)
+
+def from_gguf_sentencepiece(md: dict) -> TextTokenizer:
+    """A SentencePiece GGUF vocabulary (`tokenizer.ggml.model` "llama") through transformers'
+    converter, from the metadata alone (no torch, no second read of the file). llama.cpp adds
+    BOS to such a vocabulary unless the file says otherwise (src/llama-vocab.cpp)."""
+    from transformers.integrations.gguf.gguf_tokenizer_mapping import convert_gguf_tokenizer
+
+    tdict = {
+        k: md[f"tokenizer.ggml.{g}"] for g, k in SPM_KEYS.items() if f"tokenizer.ggml.{g}" in md
+    }
+    tdict = {k: (v.tolist() if hasattr(v, "tolist") else v) for k, v in tdict.items()}
+    converted, _ = convert_gguf_tokenizer(_val(md, "general.architecture", "llama"), tdict)
+    # Its model (vocabulary and merges) only, around it llama.cpp's SentencePiece session: every
+    # space becomes U+2581, no split into words, the prefix space only where add_space_prefix
+    # says and user-defined tokens cut out first (TextTokenizer.encode); transformers' Metaspace
+    # would prepend a space to every piece and skip it before a leading space, and its added
+    # user-defined tokens would match inside that prefix
+    tok = Tokenizer(converted.model)
+    tok.add_special_tokens(
+        [t for t, ty in zip(tdict["tokens"], tdict["token_type"]) if ty == CONTROL]
+    )
+    prefix = bool(_val(md, "tokenizer.ggml.add_space_prefix", True))
+    tok.normalizer = normalizers.Replace(" ", SPM_SPACE)
+    tok.pre_tokenizer = None
+    strip = [decoders.Strip(" ", 1, 0)] if prefix else []
+    tok.decoder = decoders.Sequence(
+        [decoders.Replace(SPM_SPACE, " "), decoders.ByteFallback(), decoders.Fuse(), *strip]
+    )
+    return TextTokenizer(
+        tok,
+        _val(md, "tokenizer.ggml.bos_token_id"),
+        _val(md, "tokenizer.ggml.eos_token_id"),
+        bool(_val(md, "tokenizer.ggml.add_bos_token", True)),
+        user_defined(md),
+        prefix,
+    )
 
 
 def from_gguf_metadata(md: dict) -> TextTokenizer:
@@ -98,26 +171,52 @@ def from_gguf_metadata(md: dict) -> TextTokenizer:
         _val(md, "tokenizer.ggml.bos_token_id"),
         _val(md, "tokenizer.ggml.eos_token_id"),
         bool(_val(md, "tokenizer.ggml.add_bos_token", False)),
+        user_defined(md),
     )
 
 
-def from_model_dir(path: str | Path) -> TextTokenizer:
-    path = Path(path)
-    tok = Tokenizer.from_file(str(path / "tokenizer.json"))
-    import json
+@dataclass
+class DirTokenizer(TextTokenizer):
+    """An mlx-lm directory's tokenizer as mlx-lm loads it (`mlx_lm.utils.load_tokenizer`:
+    transformers' AutoTokenizer from tokenizer.json and tokenizer_config.json), with its chat
+    template; encodes with the same fast tokenizer."""
 
-    cfg = json.loads((path / "config.json").read_text())
-    return TextTokenizer(tok, cfg.get("bos_token_id"), cfg.get("eos_token_id"), False)
+    wrapper: object = None  # mlx-lm's TokenizerWrapper
+
+    def apply_chat_template(self, messages: list[dict], **kwargs) -> str:
+        """The chat template rendered (text), or "" when the model has none."""
+        if not self.wrapper.has_chat_template:
+            return ""
+        return self.wrapper.apply_chat_template(messages, **{**kwargs, "tokenize": False})
+
+
+def from_model_dir(path: str | Path) -> DirTokenizer:
+    from mlx_lm.utils import load_tokenizer as mlx_lm_tokenizer
+
+    wrapper = mlx_lm_tokenizer(Path(path))
+    hf = wrapper._tokenizer
+    bos = hf.bos_token_id
+    # whether the model's tokenizer puts BOS in front of a text (Llama 3 does, Qwen2 does not)
+    add = (
+        bos is not None
+        and hf.encode("a")[:1] == [bos] != hf.encode("a", add_special_tokens=False)[:1]
+    )
+    return DirTokenizer(hf.backend_tokenizer, bos, hf.eos_token_id, add, wrapper=wrapper)
+
+
+def from_gguf(md: dict) -> TextTokenizer:
+    """A GGUF's own vocabulary (its metadata): SentencePiece or byte-level BPE."""
+    if _val(md, "tokenizer.ggml.model") == "llama":
+        return from_gguf_sentencepiece(md)
+    return from_gguf_metadata(md)
 
 
 def load_tokenizer(model) -> TextTokenizer:
     """The tokenizer of a kernels/model/load.py Model: its GGUF's own vocabulary, or its
-    directory's tokenizer.json."""
+    directory's tokenizer (mlx-lm's loader)."""
     md = model.metadata
-    if "tokenizer.ggml.tokens" in md and _val(md, "tokenizer.ggml.model") == "llama":
-        return from_gguf_file(model.path, md)
     if "tokenizer.ggml.tokens" in md:
-        return from_gguf_metadata(md)
+        return from_gguf(md)
     path = Path(model.path or ".")
     if path.is_dir() and (path / "tokenizer.json").is_file():
         return from_model_dir(path)
