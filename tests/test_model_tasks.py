@@ -155,7 +155,8 @@ def test_suite_checks_of_the_task_axes():
         check_model("s.yaml", case(phase="retrieval"))
     with pytest.raises(SuiteError, match="gen_tokens: only phase generate"):
         check_model("s.yaml", case(phase="retrieval", task="niah", gen_tokens=8))
-    check_model("s.yaml", case(phase="retrieval", task="vartrack", depth=1.0))
+    # at 200 tokens smollm2-135m's vartrack prompt leaves no room for a haystack (checked now)
+    check_model("s.yaml", case(phase="retrieval", task="vartrack", depth=1.0, context_len=512))
     check_model("s.yaml", case(phase="generate", quantized_kv_start=64))
 
 

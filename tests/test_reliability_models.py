@@ -413,3 +413,50 @@ def test_a_good_metadata_gguf_still_gives_its_shape(tmp_path):
     path = _meta_gguf(tmp_path / "m.gguf")
     s = source.model_shape(str(path))
     assert (s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim, s.vocab) == (2, 4, 2, 32, 300)
+
+
+# ---- g: what is knowable before the weights load is checked at validation ----------------------
+
+
+@pytest.fixture(scope="module")
+def tok_dir(tmp_path_factory):
+    """A tiny mlx-lm directory with its own tokenizer.json (retrieval builds its prompts)."""
+    from tiny_model import write_random_mlx_dir, write_tokenizer_json
+
+    d = tmp_path_factory.mktemp("tok") / "llama"
+    return write_tokenizer_json(write_random_mlx_dir(d, "llama"))
+
+
+def test_v_format_is_checked_against_head_dim(tmp_path):
+    # used to: validation passed, the model loaded, and the row was an error (exit 0)
+    path = write_gguf_writer(tmp_path / "d48.gguf", weights(seed=1, head_dim=48))
+    with pytest.raises(SuiteError, match="v_dtype: .*48"):
+        resolve("s.yaml", {**QUALITY, "model": str(path), "kv_dtype": "fp16", "v_dtype": "q4_0"})
+
+
+def test_a_retrieval_context_too_short_for_its_haystack_is_refused(tok_dir):
+    case = {"phase": "retrieval", "task": "passkey", "model": str(tok_dir), "context_len": 16}
+    with pytest.raises(SuiteError, match="context_len: .*leaves no room for a haystack"):
+        resolve("s.yaml", case)
+    resolve("s.yaml", {**case, "context_len": 256})  # room enough
+
+
+@pytest.mark.parametrize("phase", ["generate", "quality"])
+def test_a_context_too_short_to_chunk_is_refused(gguf, phase):
+    # generate at context 2 loaded the model, then wrote an error row
+    with pytest.raises(SuiteError, match="context_len: .*at least 4"):
+        resolve("s.yaml", {**QUALITY, "phase": phase, "model": str(gguf), "context_len": 2})
+
+
+def test_generate_needs_chunks_x_context_of_text(tmp_path, gguf):
+    text = tmp_path / "t.txt"
+    text.write_text("word " * 20)  # 100 bytes: at most 102 tokens
+    with pytest.raises(SuiteError, match="needs context_len x chunks = 128"):
+        resolve("s.yaml", {**GENERATE, "model": str(gguf), "text": str(text), "chunks": 4})
+
+
+@pytest.mark.parametrize("axis, value", [("chunks", 2), ("text", "t.txt")])
+def test_axes_retrieval_does_not_read_are_refused(tok_dir, axis, value):
+    case = {"phase": "retrieval", "task": "passkey", "model": str(tok_dir), "context_len": 256}
+    with pytest.raises(SuiteError, match=f"{axis}: only phases .* use it, not retrieval"):
+        resolve("s.yaml", {**case, axis: value})

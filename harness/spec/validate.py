@@ -289,10 +289,13 @@ def check_rotation(path: str, case: Case) -> None:
 
 MODEL_AXES = ("v_dtype", "k_axis", "sink_tokens", "recent_tokens", "text", "chunks")
 MODEL_AXES += ("k_order", "q_quant")
-PHASE_AXES = {  # axes that only one phase reads
-    "task": "retrieval", "depth": "retrieval", "trials": "retrieval",
-    "gen_tokens": "generate", "quantized_kv_start": "generate",
+PHASE_AXES = {  # axes that only some phases read (chunks and text are ignored by retrieval)
+    "task": ("retrieval",), "depth": ("retrieval",), "trials": ("retrieval",),
+    "gen_tokens": ("generate",), "quantized_kv_start": ("generate",),
+    "chunks": ("quality", "generate"), "text": ("quality", "generate", "model_decode"),
 }  # fmt: skip
+CHUNKED = ("quality", "generate")  # phases that cut the text into chunks of context_len
+MIN_CHUNK = 4  # kernels/model/quality.py chunks(): a chunk is scored from its middle on
 
 
 def check_model(path: str, case: Case) -> None:
@@ -301,9 +304,11 @@ def check_model(path: str, case: Case) -> None:
     if case.kv_data == "model" and case.model not in MODELS:
         known = ", ".join(MODELS)
         raise SuiteError(path, "kv_data", f"model captures a real model's K/V: model: {known}")
-    for axis, phase in PHASE_AXES.items():
-        if getattr(case, axis) != AXIS_DEFAULTS[axis] and case.phase != phase:
-            raise SuiteError(path, axis, f"only phase {phase} uses it, not {case.phase}")
+    for axis, phases in PHASE_AXES.items():
+        if getattr(case, axis) != AXIS_DEFAULTS[axis] and case.phase not in phases:
+            which = f"phase {phases[0]}" if len(phases) == 1 else f"phases {', '.join(phases)}"
+            raise SuiteError(path, axis, f"only {which} use{'s' * (len(phases) == 1)} it, "
+                             f"not {case.phase}")  # fmt: skip
     if case.phase == "retrieval" and case.task == "none":
         known = ", ".join(RETRIEVAL_TASKS)
         raise SuiteError(path, "task", f"phase retrieval needs a task ({known})")
@@ -323,16 +328,26 @@ def check_model(path: str, case: Case) -> None:
         raise SuiteError(path, "model", why)
     if case.n_seqs != 1 or case.workload != "none" or case.layout != "per-stream":
         raise SuiteError(path, "phase", f"{case.phase} runs one sequence, per-stream, no workload")
-    if case.text != "default":
+    if case.phase in CHUNKED and case.context_len < MIN_CHUNK:
+        why = f"phase {case.phase} cuts the text into chunks of at least {MIN_CHUNK} tokens"
+        raise SuiteError(path, "context_len", f"{case.context_len}: {why}")
+    if case.phase == "retrieval":  # its haystack is made by code, not read from a text
+        check_retrieval(path, case)
+    elif case.text != "default":
         check_text(path, case)
     else:
         check_default_text(path, case)
     check_context_limit(path, case)
     check_generate(path, case)
     try:
-        spec_of(case).formats()
+        formats = spec_of(case).formats()
     except ValueError as e:
         raise SuiteError(path, "k_axis", str(e)) from None
+    for axis, fmt in zip(("kv_dtype", "v_dtype"), formats):
+        try:  # V's format too: a head_dim it cannot pack failed only once the model had loaded
+            fmt.nbytes(1, case.head_dim)
+        except ValueError as e:
+            raise SuiteError(path, axis, f"{fmt.name}: {e}") from None
     if case.window is not None and case.phase == "model_decode":
         why = "model_decode times the full cache; a sliding window runs in the other model phases"
         raise SuiteError(path, "window", why)
@@ -406,9 +421,9 @@ def _default_text_bytes() -> int:
 def check_default_text(path: str, case: Case) -> None:
     """The default text holds enough tokens for context_len x chunks (at most one a byte)."""
     n = _default_text_bytes()
-    need = case.context_len * (case.chunks if case.phase == "quality" else 1)
+    need = case.context_len * (case.chunks if case.phase in CHUNKED else 1)
     if n + SPECIAL_TOKENS < need:
-        what = "context_len x chunks" if case.phase == "quality" else "context_len"
+        what = "context_len x chunks" if case.phase in CHUNKED else "context_len"
         why = (f"the default text ({n:,} bytes) holds at most {n + SPECIAL_TOKENS:,} tokens; "
                f"phase {case.phase} needs {what} = {need:,}: give a longer text: file")  # fmt: skip
         raise SuiteError(path, "text", why)
@@ -424,14 +439,31 @@ def check_text(path: str, case: Case) -> None:
         n = _text_bytes(case.text, os.stat(case.text).st_mtime_ns)
     except SuiteError as e:
         raise SuiteError(path, "text", f"{case.text}: {e.reason}") from None
-    need = case.context_len * (case.chunks if case.phase == "quality" else 1)
+    need = case.context_len * (case.chunks if case.phase in CHUNKED else 1)
     if n + SPECIAL_TOKENS < need:
-        what = "context_len x chunks" if case.phase == "quality" else "context_len"
+        what = "context_len x chunks" if case.phase in CHUNKED else "context_len"
         most = n + SPECIAL_TOKENS
         why = (
             f"{n:,} bytes hold at most {most:,} tokens; phase {case.phase} needs {what} = {need:,}"
         )
         raise SuiteError(path, "text", f"{case.text}: {why}")
+
+
+def check_retrieval(path: str, case: Case) -> None:
+    """Every trial's prompt fits context_len (instruction, needles, question and answer leave
+    room for a haystack), built with the model's own tokenizer, no weights loaded. A registered
+    model not fetched yet is checked when its engine builds the prompts."""
+    from kvbench.kernels.model.fetch import model_path
+    from kvbench.kernels.model.load import ModelError
+    from kvbench.kernels.model.retrieval import prompt_sizes
+
+    if case.model in MODELS and model_path(case.model) is None:
+        return
+    try:
+        prompt_sizes(case.model, case.task, case.context_len, case.depth,
+                               case.trials, case.seed)  # fmt: skip
+    except (ModelError, ValueError) as e:
+        raise SuiteError(path, "context_len", str(e)) from None
 
 
 def check_streams(path: str, case: Case) -> None:

@@ -318,3 +318,45 @@ def greedy_answer(model, cache, tokenizer, prompt: Prompt, task: str, ubatch: in
         if stop_early(task, tokenizer.decode(out)):
             break
     return tokenizer.decode(out)
+
+
+def tokenizer_of(name: str):
+    """(tokenizer, GGUF metadata) of the model `name` names, read without its weights (what a
+    suite's retrieval cases are checked with before anything loads)."""
+    from types import SimpleNamespace
+
+    from kvbench.kernels.model.load import ModelError, gguf_metadata
+    from kvbench.kernels.model.source import model_file
+    from kvbench.kernels.model.tokenizer import load_tokenizer
+
+    path = model_file(name)
+    md = {}
+    if not path.is_dir():
+        import gguf
+
+        try:
+            md = gguf_metadata(gguf.GGUFReader(str(path)))
+        except Exception as e:  # noqa: BLE001 - any parse failure of a foreign file
+            raise ModelError(f"{path}: not a readable GGUF file: {e}") from None
+    try:
+        return load_tokenizer(SimpleNamespace(metadata=md, path=str(path))), md
+    except (ValueError, OSError) as e:
+        raise ModelError(str(e).splitlines()[0]) from None
+
+
+_TOKENIZERS: dict = {}
+
+
+def prompt_sizes(name: str, task: str, context_len: int, depth: float, trials: int,
+                 seed: int) -> list[int]:  # fmt: skip
+    """The token count of every trial's prompt, built as the retrieval engine builds them
+    (ValueError naming context_len when one leaves no room for a haystack)."""
+    if name not in _TOKENIZERS:
+        _TOKENIZERS[name] = tokenizer_of(name)
+    tokenizer, md = _TOKENIZERS[name]
+    chat = chat_frame(tokenizer, md)
+    return [
+        len(build_prompt(make_trial(task, seed + i), tokenizer, context_len, depth, seed + i,
+                         chat).tokens)
+        for i in range(trials)
+    ]  # fmt: skip
