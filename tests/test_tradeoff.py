@@ -85,7 +85,9 @@ def test_fastest_kernel_per_format_at_the_context_with_most_formats():
 
 def test_finding_names_formats_never_on_a_frontier():
     (f,) = [f for f in findings(rows()) if f.topic == "trade-off"]
-    assert "never on one: q4_0, hadamard K/V." in f.text
+    assert "never on one: q4_0, hadamard K/V." in f.text  # q4_0: on the retrieval frontier
+    on = "fp16 | tq4_mse | tq3_prod | affine2/g32, channel keys, fp16 residual 32 | q4_0;"
+    assert f"frontier of bits per element: {on}" in f.text
     assert "fp16 50 ms (sdpa), q4_0 65 ms (tiled), tq4_mse 90 ms (tiled)" in f.text
     assert f.figure == "tradeoff"
 

@@ -120,8 +120,8 @@ def find(cur: pd.DataFrame) -> list[Finding]:
             for c, m in dict.fromkeys(zip(p["context_len"], p["metric"]))
         )
         text = (
-            f"{model} ({panels}): on a Pareto frontier of bits per element: {', '.join(on)}; "
-            f"never on one: {', '.join(never) or 'none'}"
+            f"{model} ({panels}): on a Pareto frontier of bits per element: {' | '.join(on)}; "
+            f"never on one: {' | '.join(never) or 'none'}"
         )
         times = p.dropna(subset=["step_ms"]).drop_duplicates("fmt") if "step_ms" in p else p[:0]
         if not times.empty:
