@@ -7,8 +7,9 @@ on a frontier and those never on one, and each format's time per decode step wit
 kernel where the run timed it [tradeoff].
 
 Decode times come from the run's timed decode rows (phase decode or model_decode): the same
-model's where there are any, else every model's, at the context where the most formats were
-timed; the fastest kernel of each format there. This module imports neither mlx nor kernels/.
+model's where there are any, else every model's, on the device and at the context where the
+most formats were timed (never a mix of machines); the fastest kernel of each format there.
+This module imports neither mlx nor kernels/.
 """
 
 from __future__ import annotations
@@ -77,13 +78,15 @@ def decode_times(cur: pd.DataFrame, model: str) -> tuple[pd.DataFrame, str]:
     if d.empty:
         return pd.DataFrame(), ""
     same = d[d["model"] == model]
-    d = same if not same.empty else d
-    counts = d.groupby(["model", "phase", "context_len"])["fmt"].nunique()
-    counts = counts.reset_index().sort_values(["fmt", "context_len"], ascending=False)
-    m, phase, ctx = counts.iloc[0][["model", "phase", "context_len"]]
-    at = d[(d["model"] == m) & (d["phase"] == phase) & (d["context_len"] == ctx)]
+    d = (same if not same.empty else d).assign(device=d.get("device", "").fillna(""))
+    keys = ["device", "model", "phase", "context_len"]  # one device: never a mix of machines
+    counts = d.groupby(keys)["fmt"].nunique().reset_index()
+    counts = counts.sort_values(["fmt", "context_len"], ascending=False)
+    dev, m, phase, ctx = counts.iloc[0][keys]
+    at = d[(d["device"] == dev) & (d["model"] == m) & (d["phase"] == phase)]
+    at = at[at["context_len"] == ctx]
     best = at.sort_values("median_ms").groupby("fmt", sort=False).head(1)
-    where = f"{phase} of {m} at ctx {ctx_text(ctx)}"
+    where = f"{phase} of {m} at ctx {ctx_text(ctx)}" + (f" on {dev}" if dev else "")
     return best[["fmt", "kernel", "median_ms"]].set_index("fmt"), where
 
 
