@@ -20,7 +20,7 @@ def case(**kw) -> Case:
 
 
 def test_the_llama_cpp_kernel_goes_to_its_engine_and_types_map():
-    assert engine_for(case(phase="quality")).build is engine.build
+    assert engine_for(case(phase="quality")).build.__wrapped__ is engine.build
     assert engine.types_of(case(kv_dtype="int8", group_size=32)) == ("q8_0", "q8_0")
     assert engine.types_of(case(kv_dtype="int8", v_dtype="int4", group_size=32)) == (
         "q8_0",

@@ -36,9 +36,9 @@ def case(**kw) -> Case:
 
 
 def test_the_model_phases_go_to_the_model_engine():
-    assert engine_for(case(phase="quality")).build is engine.build
-    assert engine_for(case(phase="model_decode")).build is engine.build
-    assert engine_for(case()).build is not engine.build
+    assert engine_for(case(phase="quality")).build.__wrapped__ is engine.build
+    assert engine_for(case(phase="model_decode")).build.__wrapped__ is engine.build
+    assert engine_for(case()).build.__wrapped__ is not engine.build
 
 
 def test_a_quality_row_states_what_its_evidence_cost(tiny):

@@ -67,8 +67,8 @@ def case(**kw) -> Case:
 
 
 def test_task_phases_go_to_the_task_engine():
-    assert engine_for(case(phase="retrieval", task="niah")).build is engine.build
-    assert engine_for(case(phase="generate")).build is engine.build
+    assert engine_for(case(phase="retrieval", task="niah")).build.__wrapped__ is engine.build
+    assert engine_for(case(phase="generate")).build.__wrapped__ is engine.build
 
 
 def test_retrieval_row_of_the_float32_cache_agrees_with_itself(tiny):

@@ -159,8 +159,8 @@ def test_unsupported_combinations_are_skipped_with_a_reason(c, backend, expect):
 
 
 def test_engines_are_picked_by_kernel_name():
-    assert engines.engine_for(case("mlx_lm")).build is peers_engine.build
-    assert engines.engine_for(case("sdpa")).build is cache_engine.build
+    assert engines.engine_for(case("mlx_lm")).build.__wrapped__ is peers_engine.build
+    assert engines.engine_for(case("sdpa")).build.__wrapped__ is cache_engine.build
 
 
 def test_window_shrinks_the_byte_model_and_flops():

@@ -147,3 +147,18 @@ def test_a_v_format_is_its_own_half_of_the_cache():
     rows = 128 * 2  # positions x KV heads, one layer
     k, v = get_format("int8").nbytes(rows, 64), get_format("int4").nbytes(rows, 64)
     assert r.cache_bytes == 2 * (k + v)
+
+
+@pytest.mark.parametrize(
+    "axes",
+    [{}, {"layout": "paged", "page_size": 16, "n_seqs": 2}, {"layout": "window", "window": 16}],
+)
+def test_every_engine_state_carries_the_case_resolved(axes):
+    from kvbench.engines import engine_for
+
+    c = dataclasses.replace(case_of("tiny", dims("tiny"), "per-stream", "int8", 64, 1), **axes)
+    state = engine_for(c).build(c)
+    assert state.resolved is resolved.of_case(c)
+    assert state.resolved.k_fmt.name == "int8"
+    # the engine's declared allocation is the resolved cells' exact bytes (no block table)
+    assert state.alloc_bytes == state.resolved.cache_bytes - state.resolved.block_table_bytes

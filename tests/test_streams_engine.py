@@ -89,7 +89,8 @@ def test_counts_for_a_hand_worked_case():
 def test_engine_choice():
     assert engines.engine_for(case()) is engines.ENGINES["cache"]
     assert engines.engine_for(case(workload="independent")) is engines.ENGINES["streams"]
-    assert engines.engine_for(case(workload="independent", layout="unified")).build is build
+    unified = engines.engine_for(case(workload="independent", layout="unified"))
+    assert unified.build.__wrapped__ is build  # the engine's build, carrying the case resolved
 
 
 @pytest.mark.parametrize(

@@ -12,6 +12,7 @@ The runner knows nothing engine-specific: every figure it records comes through 
 
 from __future__ import annotations
 
+import functools
 import gc
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -20,6 +21,8 @@ from typing import NamedTuple
 import mlx.core as mx
 
 from kvbench.case import Case
+from kvbench.spec import resolved
+from kvbench.spec.resolved import Resolved
 
 
 @dataclass
@@ -56,12 +59,29 @@ class State:
     # with each stage's timer arguments and whether to run the parity check; the stages then
     # map to None. None: the runner times the stages here.
     job: Callable[[dict, bool], JobResult] | None = None
+    # the case resolved once (spec/resolved.py: formats, cells, exact and planned bytes); the
+    # runner's row reads its formats. None: the runner resolves the case itself
+    resolved: Resolved | None = None
 
 
 class Engine(NamedTuple):
     claims: Callable[[Case], bool]  # does this engine run the case?
     skip_reason: Callable[[Case, str], str | None]  # (case, backend) -> reason, or None
     build: Callable[[Case], State]
+
+
+def carrying(build: Callable[[Case], State]) -> Callable[[Case], State]:
+    """An engine's build whose State carries the case resolved (spec/resolved.py), unless the
+    engine set it itself."""
+
+    @functools.wraps(build)
+    def built(case: Case) -> State:
+        state = build(case)
+        if state.resolved is None:
+            state.resolved = resolved.of_case(case)
+        return state
+
+    return built
 
 
 def window_reason(case: Case) -> str | None:

@@ -23,7 +23,8 @@ from kvbench.engines import engine_for, metrics, residency
 from kvbench.engines.contract import State
 from kvbench.peers.registry import kernel_kind
 from kvbench.run import interrupt
-from kvbench.spec.cache_spec import format_of
+from kvbench.spec import resolved
+from kvbench.spec.resolved import Resolved
 from kvbench.spec.suite import Settings
 from kvbench.store.schema import Record, make_record
 
@@ -54,6 +55,7 @@ class CaseRun:
     bits_per_elem: float | None = None  # the engine's stored bits per element (None: format's)
     peak_mem_bytes: int | None = None
     resident: dict = field(default_factory=dict)  # the residency gate's row fields
+    resolved: Resolved | None = None  # the case resolved, as the engine's State carried it
     rounds_done: int = 0
 
 
@@ -129,6 +131,7 @@ def measure_round(run: CaseRun, settings: Settings, round_no: int, say=None) -> 
     mx.reset_peak_memory()
     run.reported, run.traffic = reported(run.case, state), state.traffic
     run.flops, run.bits_per_elem = state.flops, state.bits_per_elem
+    run.resolved = state.resolved
     new_ms: dict[str, list[float]] = {}
     for stage, plan in plans.items():
         fn = state.stages[stage]
@@ -169,6 +172,7 @@ def job_round(run: CaseRun, state: State, plans: dict, round_no: int) -> None:
     state.alloc_bytes = result.alloc_bytes
     state.extra.update(result.extra)
     run.reported, run.traffic = reported(run.case, state), state.traffic
+    run.resolved = state.resolved
     for stage, new in result.samples.items():
         add_samples(run, stage, round_no, new)
     if result.peak_mem_bytes is not None:
@@ -201,7 +205,7 @@ def finish(
 ) -> Record:
     """The row for a measured case (status ok, or partial when interrupted)."""
     case = run.case
-    fmt = format_of(case)
+    fmt = (run.resolved or resolved.of_case(case)).k_fmt
     step = stats.summarize(run.samples.get("step", []), settings.cv_warn)
     stage_ms = {
         f"{s}_ms": stats.summarize(x)["median_ms"]
