@@ -460,3 +460,37 @@ def test_axes_retrieval_does_not_read_are_refused(tok_dir, axis, value):
     case = {"phase": "retrieval", "task": "passkey", "model": str(tok_dir), "context_len": 256}
     with pytest.raises(SuiteError, match=f"{axis}: only phases .* use it, not retrieval"):
         resolve("s.yaml", {**case, axis: value})
+
+
+# ---- h: report -o checks its target like every other output ----------------------------------
+
+
+@pytest.mark.parametrize("target", ["the run itself", "new.csv", "notes.txt", "a pipe"])
+def test_report_o_checks_its_target(tmp_path, capsys, target):
+    import os
+
+    from fake_runs import draw, write_run
+
+    d = tmp_path / "d"
+    d.mkdir()
+    run = write_run(d, "r1", {"c1": draw(10, 1.0, seed=1)})
+    (tmp_path / "notes.txt").write_text("mine\n")
+    out = {"the run itself": run, "new.csv": tmp_path / "new.csv",
+           "notes.txt": tmp_path / "notes.txt", "a pipe": tmp_path / "pipe"}[target]  # fmt: skip
+    if target == "a pipe":
+        os.mkfifo(out)
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    # used to: R.csv refused only because mkdir failed; new.csv became a directory
+    one_line_error(capsys, ["report", run, "-o", out], f"{out}: -o: ")
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
+    assert not (tmp_path / "new.csv").exists()
+
+
+def test_report_o_a_directory_is_still_a_site(tmp_path, capsys):
+    from fake_runs import draw, write_run
+
+    from kvbench.cli import main
+
+    run = write_run(tmp_path, "r1", {"c1": draw(10, 1.0, seed=1)})
+    assert main(["report", str(run), "-o", str(tmp_path / "site")]) == 0
+    assert (tmp_path / "site" / "index.html").is_file()

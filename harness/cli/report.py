@@ -29,11 +29,36 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return rep
 
 
+def check_site(out: str, inputs) -> None:
+    """A site's -o, checked before any work like every other output: an existing file is not
+    overwritten (an input or a results file named so, any other file as not a directory), and
+    a new name with a suffix is refused rather than made a directory (issue 35: `-o new.csv`
+    became a directory named new.csv)."""
+    from pathlib import Path
+
+    from kvbench.errors import UserError
+    from kvbench.files import check_output_dir, not_regular
+
+    path = Path(out)
+    if path.exists() and not path.is_dir():
+        if path.is_file():
+            check_output(out, inputs)  # an input or a results file: said so
+        why = not_regular(path) or "a file"
+        raise UserError(f"{path}: -o: {why}, not a directory; a report is FILE.html (a page) "
+                        "or a directory (a site)")  # fmt: skip
+    if not path.exists() and path.suffix:
+        raise UserError(f"{path}: -o: neither FILE.html (a page) nor a directory name (a site: "
+                        f"a name without the suffix {path.suffix})")  # fmt: skip
+    check_output_dir(path, 0, key="-o")
+
+
 def run(args) -> int:
     from kvbench.report.page import write_report
 
     if not args.output.endswith(".html"):  # a directory: the results site
         from kvbench.report.site import write_site
+
+        check_site(args.output, (*args.results, args.compare))
 
         index, n = write_site(args.results, args.output)
         print(f"report site: {index} ({n} pages)")
