@@ -38,7 +38,8 @@ from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.formats.rotation import rotate
 from kvbench.kernels.stores.cache import KVCache
-from kvbench.spec.cache_spec import format_of, rotation_blocks
+from kvbench.spec import resolved
+from kvbench.spec.cache_spec import rotation_blocks
 
 GPU_KERNELS = ("metal", "cuda")
 
@@ -65,13 +66,13 @@ def claims(case: Case) -> bool:
 
 def kernel_reason(case: Case, backend: str, problem: Problem) -> str | None:
     """Why the case's kvbench kernel cannot run a call of this shape here, or None."""
-    fmt = format_of(case)
+    fmt = resolved.of_case(case).k_fmt
     reason = window_reason(case)
     return reason or unsupported_reason(case.kernel, fmt, backend, problem, case.tile_kv)
 
 
 def skip_reason(case: Case, backend: str) -> str | None:
-    fmt = format_of(case)
+    fmt = resolved.of_case(case).k_fmt
     return kernel_reason(case, backend, problem_of(case, fmt))
 
 
@@ -83,7 +84,7 @@ def gpu_fields(case: Case) -> dict:
     threadgroup-memory traffic, and the excess over moving each byte once. {} for others."""
     if case.kernel not in GPU_KERNELS:
         return {}
-    fmt = format_of(case)
+    fmt = resolved.of_case(case).k_fmt
     problem = problem_of(case, fmt)
     plan = launch.plan(
         problem,
@@ -123,7 +124,7 @@ def saturated(fmt, k: mx.array, v: mx.array) -> dict:
 
 def build(case: Case) -> State:
     """Allocate and fill the cache for `case` (untimed) and return its stages."""
-    fmt = format_of(case)
+    fmt = resolved.of_case(case).k_fmt
     lq = 1 if case.phase == "decode" else case.context_len
     q32, k32, v32 = make_qkv(
         case.kv_data,

@@ -44,7 +44,7 @@ from kvbench.kernels.stores.edits import (
 )
 from kvbench.kernels.stores.layouts import KV_PAD, LayoutStore, cells_from_tokens
 from kvbench.kernels.stores.workloads import build_layout
-from kvbench.spec.cache_spec import format_of
+from kvbench.spec import resolved
 
 GROUP = 4  # self-extend's group factor (llama.cpp's ga_n)
 
@@ -77,7 +77,7 @@ def plan_edit(case: Case, cells) -> tuple[str, np.ndarray, np.ndarray]:
 
 class Run:
     def __init__(self, case: Case, tables, n_layers: int):
-        self.case, self.fmt = case, format_of(case)
+        self.case, self.fmt = case, resolved.of_case(case).k_fmt
         q32, k_tab, v_tab = tables
         self.layout, _ = build_layout(streams.workload_of(case), "unified", KV_PAD)
         self.cells = self.layout.streams[0]
@@ -140,7 +140,7 @@ def traffic(case: Case, run: Run) -> tuple[int, int]:
 
 
 def build(case: Case) -> State:
-    fmt = format_of(case)
+    fmt = resolved.of_case(case).k_fmt
     tables = streams.make_tables(case, streams.workload_of(case).n_tokens)
     run = Run(case, tables, case.n_layers)
 

@@ -46,7 +46,7 @@ from kvbench.kernels.stores.paged import (
     pages_per_tile,
 )
 from kvbench.kernels.stores.workloads import build_paged
-from kvbench.spec.cache_spec import format_of
+from kvbench.spec import resolved
 
 
 def claims(case: Case) -> bool:
@@ -73,7 +73,7 @@ class Run:
     """A paged pool filled for a case, with the functions of its stages."""
 
     def __init__(self, case: Case, tables, n_layers: int):
-        self.case, self.fmt = case, format_of(case)
+        self.case, self.fmt = case, resolved.of_case(case).k_fmt
         q32, k_tab, v_tab = tables
         self.layout, self.rp = build_paged(streams.workload_of(case), case.page_size)
         self.baseline = memory_baseline()
@@ -189,7 +189,7 @@ def effective(case: Case) -> dict:
 
 
 def build(case: Case) -> State:
-    fmt = format_of(case)
+    fmt = resolved.of_case(case).k_fmt
     tables = streams.make_tables(case, streams.workload_of(case).n_tokens)
     run = Run(case, tables, case.n_layers)
     stages = streams.layered_stages(run, run.build_inputs, run.inputs)

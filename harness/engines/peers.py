@@ -33,6 +33,7 @@ from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
 from kvbench.peers.base import DecodeData
 from kvbench.peers.registry import PEERS, peer_unsupported_reason, version
+from kvbench.spec import resolved
 from kvbench.spec.cache_spec import format_of
 
 
@@ -69,7 +70,7 @@ def skip_reason(case: Case, backend: str) -> str | None:
 
 def build(case: Case) -> State:
     """Build the peer for `case`: convert the data, allocate, prefill and prime (untimed)."""
-    fmt = format_of(case)
+    fmt = resolved.of_case(case).k_fmt
     peer = PEERS[case.kernel]
     q32, k32, v32 = make_qkv(
         case.kv_data,

@@ -48,7 +48,7 @@ from kvbench.engines.contract import JobResult, State
 from kvbench.engines.parity import ParityError
 from kvbench.kernels.attention.sharded import sent_bytes, split_bounds
 from kvbench.kernels.stores.footprint import row_bytes
-from kvbench.spec.cache_spec import format_of
+from kvbench.spec import resolved
 
 STAGES = ("step", "write", "attend", "comm")
 BACKENDS = ("ring", "mpi", "nccl", "jaccl", "jaccl-ring")  # mlx.launch --backend choices
@@ -119,7 +119,7 @@ def step_sent_bytes(case: Case) -> int:
 
 def build(case: Case) -> State:
     """No arrays here: the ranks build the cache when the runner calls the job."""
-    fmt = format_of(case)
+    fmt = resolved.of_case(case).k_fmt
     return State(
         dict.fromkeys(STAGES),  # timed in the ranks
         check=_checked_in_job,

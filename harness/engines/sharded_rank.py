@@ -52,7 +52,7 @@ from kvbench.kernels.attention.sharded import (
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.stores.cache import KVCache
-from kvbench.spec.cache_spec import format_of
+from kvbench.spec import resolved
 
 
 @dataclass
@@ -80,7 +80,7 @@ class Rank:
 
     def __init__(self, case: Case, group):
         self.case, self.group, self.rank = case, group, group.rank()
-        self.fmt = fmt = format_of(case)
+        self.fmt = fmt = resolved.of_case(case).k_fmt
         self.part = part = part_of(case, self.rank)
         b, hq, hkv, d, ctx = (
             case.n_seqs, case.n_q_heads, case.n_kv_heads, case.head_dim, case.context_len,

@@ -40,7 +40,7 @@ from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.stores.layouts import KV_PAD, Layout, LayoutStore
 from kvbench.kernels.stores.workloads import Replay, Workload, build_layout
-from kvbench.spec.cache_spec import format_of
+from kvbench.spec import resolved
 
 
 def claims(case: Case) -> bool:
@@ -61,7 +61,7 @@ def call_problem(case: Case, fmt) -> Problem:
 
 def skip_reason(case: Case, backend: str) -> str | None:
     """The cache engine's kernels, asked about the streams' call shapes."""
-    fmt = format_of(case)
+    fmt = resolved.of_case(case).k_fmt
     return cache_engine.kernel_reason(case, backend, call_problem(case, fmt))
 
 
@@ -111,7 +111,7 @@ class Run:
     queries and the step's writes exist (as the cache engine measures its cache)."""
 
     def __init__(self, case: Case, kind: str, tables, n_layers: int):
-        self.case, self.fmt = case, format_of(case)
+        self.case, self.fmt = case, resolved.of_case(case).k_fmt
         q32, k_tab, v_tab = tables
         self.layout, self.rp = build_layout(workload_of(case), kind, KV_PAD)  # host metadata
         self.baseline = memory_baseline()
@@ -256,7 +256,7 @@ def workload_state(run, stages, check, row: dict, traffic_bytes, effective: dict
 
 
 def build(case: Case) -> State:
-    fmt = format_of(case)
+    fmt = resolved.of_case(case).k_fmt
     tables = make_tables(case, workload_of(case).n_tokens)
     run = Run(case, case.layout, tables, case.n_layers)
     stages = layered_stages(run, run.build_masks, run.masks)

@@ -37,7 +37,7 @@ from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.stores.cache import ALL, KVStore
 from kvbench.kernels.stores.window import Ring
-from kvbench.spec.cache_spec import format_of
+from kvbench.spec import resolved
 
 
 def claims(case: Case) -> bool:
@@ -46,7 +46,7 @@ def claims(case: Case) -> bool:
 
 def skip_reason(case: Case, backend: str) -> str | None:
     """The cache engine's kernels, asked about a call over the ring's cells."""
-    fmt = format_of(case)
+    fmt = resolved.of_case(case).k_fmt
     problem = cache_engine.problem_of(case, fmt)
     ring = case.sink_tokens + case.window
     problem = dataclasses.replace(problem, kv_len=ring)
@@ -105,7 +105,7 @@ def traffic(case: Case, fmt, touched: int) -> tuple[int, int]:
 
 
 def build(case: Case) -> State:
-    fmt = format_of(case)
+    fmt = resolved.of_case(case).k_fmt
     act = fmt.compute_dtype
     ctx = case.context_len
     q32, k32, v32 = make_qkv(
