@@ -20,7 +20,7 @@ int8/g32
 Rotation: llama.cpp b11434 rotates quantized K/V by a Hadamard by default (PR #21038); a case's
 rotate_k / rotate_v say which run it is: `none` runs with LLAMA_ATTN_ROT_DISABLE=1, `hadamard`
 without it (harness/peers/llamacpp.py rotations; any other combination is a skip). Keys are in
-the GGUF's interleaved channel order: rows record k_order gguf.
+the GGUF's channel order: rows record k_order gguf for llama-architecture models (key_order).
 Threads: KVBENCH_LLAMACPP_THREADS (default 1: two threads on a loaded 2-core machine measured
 under 1 token/s, docs/peers.md). The byte and FLOP model is the model engine's.
 """
@@ -36,6 +36,7 @@ from kvbench.engines import model as model_engine
 from kvbench.engines.contract import JobResult, State
 from kvbench.kernels.formats.rotation import default_block
 from kvbench.kernels.model.fetch import require_model
+from kvbench.kernels.model.load import PERMUTED_ARCHS
 from kvbench.kernels.model.text import default_text, text_file
 from kvbench.peers import llamacpp
 from kvbench.spec.cache_spec import MODEL_PHASES
@@ -159,8 +160,10 @@ def decode_job(case: Case, gguf: Path):
 
 
 @lru_cache(maxsize=8)
+@lru_cache(maxsize=8)
 def base_logits(gguf: Path, text: str, ctx: int, chunks: int) -> tuple[Path, dict]:
-    """The f16-cache run that saves the log-probabilities KL is measured against."""
+    """The f16-cache run that saves the log-probabilities KL is measured against (once per
+    process for a GGUF, text, context and chunks: every K/V type's row reads the same file)."""
     base = llamacpp.cache_root() / "kl" / f"{gguf.stem}-{text_path(text).stem}-{ctx}x{chunks}.kld"
     base.parent.mkdir(parents=True, exist_ok=True)
     common = dict(ctx=ctx, chunks=chunks, flash_attn=True, threads=threads())
@@ -195,6 +198,7 @@ def quality_job(case: Case, gguf: Path):
         accuracy = {
             "ppl": got["ppl"], "ppl_ref": ppl_ref, "delta_ppl": got["ppl"] - ppl_ref,
             "kl_mean": got["kl_mean"], "kl_p99": got.get("kl_p99"),
+            "kl_err": got.get("kl_mean_err"), "ppl_err": got.get("ppl_err"),
             "top1_agree": got.get("same_top_p"),
             "n_scored": case.chunks * (case.context_len // 2 - 1),  # second half, less one
             # llama-perplexity starts every chunk with BOS where the GGUF's vocabulary adds one
@@ -204,6 +208,13 @@ def quality_job(case: Case, gguf: Path):
         return JobResult({}, accuracy, extra={"peer_kv_types": f"{type_k}/{type_v}"})
 
     return job
+
+
+def key_order(model) -> str:
+    """The key channel order llama.cpp's cache holds: GGUF's interleaved one where its converter
+    permuted the Q/K rows (llama: its RoPE pairs 2i with 2i+1), else the model's own (Gemma,
+    Qwen2: NEOX RoPE, the rows as Hugging Face has them)."""
+    return "gguf" if model.config.arch in PERMUTED_ARCHS else "hf"
 
 
 def build(case: Case) -> State:
@@ -222,7 +233,7 @@ def build(case: Case) -> State:
         kv_bytes=model_engine.kv_bytes(case),
         bits_per_elem=model_engine.bits_per_elem(case),
         baseline_bytes=None,  # llama.cpp's memory is not MLX's
-        effective={"k_order": "gguf"},  # llama.cpp stores keys in the GGUF's channel order
+        effective={"k_order": key_order(model)},
         extra=extra,
         job=job,
     )

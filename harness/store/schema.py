@@ -160,9 +160,11 @@ class _Measured:
     # quality on a real model (phase quality, harness/engines/model.py): the cache in the
     # case's format against a float32 cache over the same text, scored as llama-perplexity
     ppl: float | None = None  # perplexity with the case's cache
+    ppl_err: float | None = None  # its standard error: ppl x that of the mean nll
     ppl_ref: float | None = None  # perplexity with a float32 cache
     delta_ppl: float | None = None  # ppl - ppl_ref
     kl_mean: float | None = None  # mean KL divergence of next-token distributions (nats)
+    kl_err: float | None = None  # standard error of kl_mean over the scored tokens
     kl_p99: float | None = None  # its 99th percentile over the scored tokens
     top1_agree: float | None = None  # fraction of scored tokens with the same top-1 token
     n_scored: int | None = None  # tokens scored

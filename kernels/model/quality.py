@@ -131,6 +131,14 @@ def position_buckets(stats: list[dict], n_buckets: int = POS_BUCKETS) -> dict:
     return out
 
 
+def sem(x: np.ndarray) -> float:
+    """Standard error of the mean over scored tokens, as llama-perplexity states its ± (its
+    mean_and_uncertainty: sqrt(var / (n - 1)), 0 for 10 tokens or fewer)."""
+    n = x.size
+    var = float(np.mean(np.square(x, dtype=np.float64)) - np.mean(x, dtype=np.float64) ** 2)
+    return float(np.sqrt(var / (n - 1))) if n > 10 and var > 0 else 0.0
+
+
 def summarize(stats: list[dict], ref_nll: np.ndarray) -> dict:
     kl = np.concatenate([s["kl"] for s in stats])
     nll = np.concatenate([s["nll"] for s in stats])
@@ -138,9 +146,11 @@ def summarize(stats: list[dict], ref_nll: np.ndarray) -> dict:
     ppl, ppl_ref = float(np.exp(nll.mean())), float(np.exp(ref_nll.mean()))
     return {
         "ppl": ppl,
+        "ppl_err": ppl * sem(nll),
         "ppl_ref": ppl_ref,
         "delta_ppl": ppl - ppl_ref,
         "kl_mean": float(kl.mean()),
+        "kl_err": sem(kl),
         "kl_p99": float(np.percentile(kl, 99)),
         "top1_agree": float(agree.mean()),
         "n_scored": int(kl.size),
