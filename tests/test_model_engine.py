@@ -200,3 +200,17 @@ def test_no_bos_is_put_in_where_the_vocabulary_adds_none(tmp_path):
     finally:
         engine.model_of.cache_clear()
         engine.tokens_of.cache_clear()
+
+
+def test_fp8_decode_rows_count_what_the_prefill_saturated(tiny):
+    """model_decode with an FP8 cache: kv_saturated is what the prefill stored saturated (a
+    scale of 1e-4 saturates most of it; vLLM's calibrated scale none), not the timed steps'
+    rewrites; other formats have no such field."""
+    tiny_scale = engine.build(case(phase="model_decode", kv_dtype="fp8_e4m3", fp8_scale=1e-4))
+    calibrated = engine.build(case(phase="model_decode", kv_dtype="fp8_e4m3",
+                                   fp8_scale="calibrated"))  # fmt: skip
+    n = tiny_scale.check()["kv_saturated"]
+    mx.eval(tiny_scale.stages["step"]())  # a timed step leaves the row's count as it was
+    assert tiny_scale.check()["kv_saturated"] == n > 0
+    assert calibrated.check() == {"kv_saturated": 0}
+    assert engine.build(case(phase="model_decode", kv_dtype="q8_0")).check() == {}

@@ -197,3 +197,15 @@ def test_window_checks():
     with pytest.raises(SuiteError, match="window: model_decode times the full cache"):
         check_model("s.yaml", case(phase="model_decode", window=16))
     check_model("s.yaml", case(phase="quality", kv_dtype="int4", window=16, sink_tokens=4))
+
+
+def test_fp8_retrieval_rows_count_saturated_elements(tiny):
+    """kv_saturated over every trial's cache: a scale of 1e-4 saturates, 1.0 does not."""
+    rows = [
+        engine.build(
+            case(phase="retrieval", task="passkey", trials=2, kv_dtype="fp8_e4m3", fp8_scale=s)
+        ).check()  # fmt: skip
+        for s in (1e-4, "one")
+    ]
+    assert rows[0]["kv_saturated"] > 0 == rows[1]["kv_saturated"]
+    assert "kv_saturated" not in engine.build(case(phase="retrieval", task="passkey")).check()

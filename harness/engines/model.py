@@ -112,6 +112,8 @@ def decode_state(case: Case) -> State:
     prefill(model, cache, list(tokens[:depth]))
     mx.eval(cache.arrays())
     alloc, mark, token = cache.held_bytes(), cache.mark(), tokens[depth]
+    # FP8: what the prefill stored saturated (the timed steps rewrite one position over again)
+    held = {"kv_saturated": cache.saturated()} if spec.saturates else {}
 
     def step() -> list[mx.array]:
         cache.rewind(mark)  # every sample decodes the same context_len-th token
@@ -119,7 +121,7 @@ def decode_state(case: Case) -> State:
 
     return State(
         {"step": step},
-        lambda: {},
+        lambda: held,
         traffic=decode_traffic(case, model),
         flops=decode_flops(case, model),
         bits_per_elem=bits_per_elem(case),

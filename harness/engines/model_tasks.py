@@ -50,9 +50,10 @@ def prompts_of(name: str, task: str, context_len: int, depth: float, trials: int
     return tuple(out)
 
 
-def answers(key: tuple, spec, kernel: str, tile_kv, case=None) -> list[str | None]:
+def answers(key: tuple, spec, kernel: str, tile_kv, case=None, saturated=None) -> list:
     """The answer read from each trial's greedy continuation with `spec`'s cache (and the
-    case's sliding window, if any); key: (model, task, context_len, depth, trials, seed)."""
+    case's sliding window, if any); key: (model, task, context_len, depth, trials, seed). Each
+    trial's K/V elements stored saturated (FP8) appended to `saturated` when given."""
     model, tokenizer = base.model_of(key[0])
     if case is not None:
         model = base.windowed(model, case)
@@ -61,6 +62,8 @@ def answers(key: tuple, spec, kernel: str, tile_kv, case=None) -> list[str | Non
         cache = make_cache(spec, model.config, len(p.tokens) + p.gen_tokens, kernel, tile_kv)
         text = retrieval.greedy_answer(model, cache, tokenizer, p, key[1], UBATCH)
         got.append(retrieval.extract(key[1], text))
+        if saturated is not None:
+            saturated.append(cache.saturated())
     return got
 
 
@@ -76,14 +79,16 @@ def retrieval_state(case: Case) -> State:
     def check() -> dict:
         key = (case.model, case.task, case.context_len, case.depth, case.trials, case.seed)
         ref, ref_s = reference_answers(*key)
+        spec, sat = spec_of(case), []
         with meter.metered() as m:
-            got = answers(key, spec_of(case), case.kernel, case.tile_kv, case)
+            got = answers(key, spec, case.kernel, case.tile_kv, case, sat)
         truth = [p.answer for p in prompts_of(*key)]
         row = retrieval.summarize(case.task, got, list(ref), truth)
         n = row["n_trials"]
         row["accuracy_lo"], row["accuracy_hi"] = wilson(row["n_correct"], n)
         row["ref_agree_lo"], row["ref_agree_hi"] = wilson(row["n_ref_agree"], n)
         row["prompt_tokens"] = max(len(p.tokens) for p in prompts_of(*key))
+        row |= {"kv_saturated": sum(sat)} if spec.saturates else {}
         return {**row, **m.fields(), "ref_wall_s": ref_s}
 
     return State({}, check, traffic=(0, 0), kv_bytes=base.kv_bytes(case),

@@ -22,7 +22,6 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
-from kvbench.kernels.formats.fp8 import KINDS as FP8_KINDS
 from kvbench.kernels.model import meter
 from kvbench.kernels.model.cache import make_cache
 from kvbench.kernels.model.load import Model
@@ -177,5 +176,5 @@ def quality(
         tg = targets_of(chunk)
         stats.append(token_stats(ref_lp, lp, tg))
         ref_nll.append(token_stats(ref_lp, ref_lp, tg)["nll"])
-    fp8 = {spec.k_dtype, spec.v_name} & set(FP8_KINDS)
-    return summarize(stats, np.concatenate(ref_nll)) | ({"kv_saturated": sum(sat)} if fp8 else {})
+    out = summarize(stats, np.concatenate(ref_nll))
+    return out | ({"kv_saturated": sum(sat)} if spec.saturates else {})

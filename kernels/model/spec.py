@@ -67,6 +67,11 @@ class CacheSpec:
         return k, get_format(self.v_name, self.v_grp, scale(self.v_name))
 
     @property
+    def saturates(self) -> bool:
+        """K or V in an FP8 format: rows of this spec carry kv_saturated."""
+        return bool({self.k_dtype, self.v_name} & set(FP8_KINDS))
+
+    @property
     def plain(self) -> bool:
         same = self.v_name == self.k_dtype and self.v_grp == self.k_group
         return same and self.k_axis == "token" and not self.sink_tokens + self.recent_tokens
