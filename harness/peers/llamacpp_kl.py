@@ -55,12 +55,13 @@ def read_kl_base(path: str | Path) -> dict:
 
 def agreement(base_lp: np.ndarray, lp: np.ndarray) -> dict:
     """Teacher-forced agreement of distributions `lp` [n, vocab] (log-probabilities) with
-    llama.cpp's `base_lp` at the same positions: top-1 agreement, KL(llama.cpp || lp) per token
-    (nats; llama.cpp's lumped tail taken at its bound, as llama.cpp's own KL does), n."""
+    llama.cpp's `base_lp` at the same positions: top-1 agreement (first index of the maximum
+    on each side), KL(llama.cpp || lp) per token in nats summed as llama.cpp sums its own (over
+    the tokens whose base log p is above -16, not renormalized: perplexity.cpp log_softmax), n."""
     top = np.argmax(base_lp, axis=-1) == np.argmax(lp, axis=-1)
-    p = np.exp(base_lp.astype(np.float64))
-    p /= p.sum(axis=-1, keepdims=True)
-    kl = np.sum(p * (np.log(p + 1e-300) - lp), axis=-1)
+    base = base_lp.astype(np.float64)
+    kept = base > -16.0
+    kl = np.sum(np.where(kept, np.exp(base) * (base - lp), 0.0), axis=-1)
     return {"top1_agree": float(top.mean()), "kl": kl, "n": int(top.size)}
 
 
