@@ -14,6 +14,10 @@ from kvbench.analysis.findings.tradeoff import table as tradeoff_table
 from kvbench.report.common import Figure, style, table
 from kvbench.report.styles import format_color, grid, panel_pos
 
+BITS_TICKS = [2, 3, 4, 5, 6, 8, 12, 16, 32]  # log x: the low-bit formats are not crowded by fp16
+# a marker per family beyond the colour: TurboQuant mse / prod, rotated, per-channel keys
+SYMBOLS = (("_mse", "diamond"), ("_prod", "triangle-up"), ("hadamard", "square"),
+           ("channel keys", "cross"))  # fmt: skip
 Y_TITLE = {"KL": "KL (nats), lower is better", "retrieval": "answers found (share)"}
 NAMES = {
     "model": "model",
@@ -45,6 +49,10 @@ def _title(panel: tuple) -> str:
     return f"{model} · ctx {ctx_text(ctx)}: {what} vs bits"
 
 
+def _symbol(config: str) -> str:
+    return next((sym for key, sym in SYMBOLS if key in config), "circle")
+
+
 def _add_points(fig, p: pd.DataFrame, y: str, pos: dict, shown: set) -> None:
     for r in p.itertuples():
         fig.add_scatter(
@@ -57,7 +65,7 @@ def _add_points(fig, p: pd.DataFrame, y: str, pos: dict, shown: set) -> None:
             name=r.config,
             legendgroup=r.config,
             showlegend=r.config not in shown,
-            marker={"color": format_color(r.kv_dtype), "size": 10,
+            marker={"color": format_color(r.kv_dtype), "size": 10, "symbol": _symbol(r.config),
                     "line": {"width": 1, "color": "#222"}},
             hovertemplate=f"{r.config}<br>%{{x:.4g}} bits<br>%{{y:.4g}}<extra></extra>",
             **pos,
@@ -92,11 +100,14 @@ def tradeoff(cur: pd.DataFrame) -> Figure | None:
                             **pos)  # fmt: skip
             fig.update_yaxes(type="log" if metric == "KL" else "linear",
                              title_text=Y_TITLE[metric], **pos)  # fmt: skip
-        fig.update_xaxes(title_text="stored bits per K/V element", **pos)
+        fig.update_xaxes(title_text="stored bits per K/V element (log)", type="log",
+                         tickvals=BITS_TICKS, **pos)  # fmt: skip
     note = (
         "Each cache configuration of the run is a point: its median KL divergence of next-token "
         "distributions against a float32 cache (or the share of retrieval answers found) "
-        "against its stored bits per element, scales and norms included. Dotted, with "
+        "against its stored bits per element (log axis), scales and norms included; marker: "
+        "diamond TurboQuant mse, triangle TurboQuant prod, square rotated, cross per-channel "
+        "keys. Dotted, with "
         "labels: the Pareto frontier (no other point has fewer-or-equal bits and a better "
         "figure). Last panels: each format's fastest kernel's median time per decode step in "
         "the run's timed decode rows ('timed at' in the table); a format without such rows "
