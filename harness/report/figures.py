@@ -278,7 +278,9 @@ def accuracy(cur: pd.DataFrame) -> Figure | None:
         bits = g.loc[g["fmt"].isin(fmts), "bits_per_elem"]
         pad = max(0.25, 0.08 * float(bits.max() - bits.min()))
         fig.update_xaxes(range=[float(bits.min()) - pad, float(bits.max()) + pad], col=col)
-    fig.update_xaxes(title_text="stored bits per K/V element (scales included; bytes = bits / 8)")
+    # one title per panel: the long one fits two panels side by side, not three or more
+    long = "stored bits per K/V element (scales included; bytes = bits / 8)"
+    fig.update_xaxes(title_text=long if n_panels <= 2 else "stored bits / element (with scales)")
     fig.update_yaxes(title_text="relative error of attention output (vs fp32)", type="log", col=1)
     fig.update_yaxes(type="log", **log_ticks(g["y"]))
     title = "Accuracy vs memory per element: the trade-off frontier"
