@@ -264,6 +264,41 @@ def _steps(cache, steps=(20, 1, 1, 7), d=64):
     return np.concatenate(outs, axis=2)
 
 
+@pytest.mark.parametrize("window", [False, True])
+def test_model_cache_stores_rows_in_the_specs_blocks(window):
+    """Global and sliding-window layers alike (llama.cpp rotates both, src/llama-graph.cpp
+    build_attn with the iSWA input): K stored times the block matrix of rot_block_k (32), V of
+    llama.cpp's V rule (64) at head_dim 128; attention unchanged on an fp32 cache."""
+    from kvbench.kernels.model.cache import WindowCache
+
+    spec = CacheSpec("fp32", rotate_k="hadamard", rotate_v="hadamard", rot_block_k=32)
+    assert spec.rot(128) == ("hadamard", "hadamard", 32, 64) and spec.label == "fp32-rotK32-rotV"
+    make = (lambda s: WindowCache(s, 2, 128, 16, 0, 8, "reference")) if window else (
+        lambda s: PlainCache(s, 1, 2, 128, 40, "reference"))  # fmt: skip
+    cache, exact = make(spec), make(CacheSpec("fp32"))
+    k, v, q = (
+        mx.random.normal((1, h, 5, 128), key=mx.random.key(i)) for i, h in enumerate((2, 2, 4))
+    )
+    out = cache.attend(0, q, k, v, scale=0.1)
+    np.testing.assert_allclose(np.array(out), np.array(exact.attend(0, q, k, v, 0.1)), atol=1e-5)
+    stored = cache.kv.keys[0]["data"], cache.kv.values[0]["data"]
+    for got, x, block in ((stored[0], k, 32), (stored[1], v, 64)):
+        want = np.array(x) @ np.kron(np.eye(128 // block), np_walsh(block))
+        np.testing.assert_allclose(np.array(got)[:, :, :5], want, atol=1e-5)
+
+
+def test_q_quant_rounds_in_ks_blocks():
+    from kvbench.kernels.model.spec import quantize_query
+
+    q = mx.random.normal((1, 2, 1, 128), key=mx.random.key(3))
+    q8, h = get_format("q8_0"), np.kron(np.eye(4), np_walsh(32))
+    want = np.array(q8.decode(q8.encode(mx.array(np.array(q) @ h)), mx.float32)) @ h
+    np.testing.assert_allclose(np.array(quantize_query(q, "q8_0", "hadamard", 32)), want, atol=1e-5)
+    spec = CacheSpec("q8_0", q_quant="q8_0", rotate_k="hadamard", rot_block_k=32)
+    got, _ = spec.keys_in_order(q, q)
+    np.testing.assert_allclose(np.array(got), want, atol=1e-5)
+
+
 def test_model_cache_rotation_is_exact_on_a_float32_cache():
     plain = _steps(PlainCache(CacheSpec("fp32"), 1, 2, 64, 40, "reference"))
     rot = CacheSpec("fp32", rotate_k="hadamard", rotate_v="hadamard")

@@ -233,7 +233,8 @@ def build(case: Case) -> State:
         kv_bytes=model_engine.kv_bytes(case),
         bits_per_elem=model_engine.bits_per_elem(case),
         baseline_bytes=None,  # llama.cpp's memory is not MLX's
-        effective={"k_order": key_order(model)},
+        # llama.cpp's key order (the GGUF's), rotated in its own blocks
+        effective={"k_order": key_order(model), **model_engine.effective(case)},
         extra=extra,
         job=job,
     )

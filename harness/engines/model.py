@@ -39,7 +39,7 @@ from kvbench.kernels.model.run import decode_step, prefill
 from kvbench.kernels.model.source import model_file
 from kvbench.kernels.model.text import default_text, text_file
 from kvbench.kernels.model.tokenizer import load_tokenizer
-from kvbench.spec.cache_spec import MODEL_PHASES, format_of, spec_of
+from kvbench.spec.cache_spec import MODEL_PHASES, format_of, rotation_blocks, spec_of
 
 
 def claims(case: Case) -> bool:
@@ -129,6 +129,7 @@ def decode_state(case: Case) -> State:
         alloc_bytes=alloc,
         baseline_bytes=baseline,
         cache=cache.arrays,
+        effective=effective(case),
     )
 
 
@@ -199,9 +200,13 @@ def quality_state(case: Case) -> State:
         bos = chunk_bos(case.model) is not None
         return {**row, **m.fields(), "ref_wall_s": ref_s, "chunk_bos": bos}
 
-    return State(
-        {}, check, traffic=(0, 0), kv_bytes=kv_bytes(case), bits_per_elem=bits_per_elem(case)
-    )
+    return State({}, check, traffic=(0, 0), kv_bytes=kv_bytes(case),
+                 bits_per_elem=bits_per_elem(case), effective=effective(case))  # fmt: skip
+
+
+def effective(case: Case) -> dict:
+    """The Hadamard blocks in effect (a null rot_block_k / rot_block_v: llama.cpp's rule)."""
+    return dict(zip(("rot_block_k", "rot_block_v"), rotation_blocks(case)))
 
 
 def kv_bytes(case: Case) -> int:

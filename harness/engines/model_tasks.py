@@ -92,7 +92,8 @@ def retrieval_state(case: Case) -> State:
         return {**row, **m.fields(), "ref_wall_s": ref_s}
 
     return State({}, check, traffic=(0, 0), kv_bytes=base.kv_bytes(case),
-                 bits_per_elem=base.bits_per_elem(case))  # fmt: skip
+                 bits_per_elem=base.bits_per_elem(case),
+                 effective=base.effective(case))  # fmt: skip
 
 
 @lru_cache(maxsize=8)
@@ -119,7 +120,8 @@ def generate_state(case: Case) -> State:
         return {**row, **m.fields(), "ref_wall_s": ref_s, "chunk_bos": bos}
 
     return State({}, check, traffic=(0, 0), kv_bytes=base.kv_bytes(case),
-                 bits_per_elem=base.bits_per_elem(case))  # fmt: skip
+                 bits_per_elem=base.bits_per_elem(case),
+                 effective=base.effective(case))  # fmt: skip
 
 
 def build(case: Case) -> State:

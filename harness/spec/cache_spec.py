@@ -33,6 +33,8 @@ def spec_of(case: Case) -> CacheSpec:
         k_order=case.k_order,
         q_quant=case.q_quant,
         fp8_scale=case.fp8_scale,
+        rot_block_k=case.rot_block_k,
+        rot_block_v=case.rot_block_v,
     )
 
 

@@ -34,14 +34,15 @@ def attend_kernel(
     fmt,
     scale: float,
     tile_kv,
-    rot=("none", "none"),
+    rot=("none", "none", None, None),
     mask=None,
     kv_scale=((1.0,), (1.0,)),
 ) -> mx.array:
     """Run KERNELS[kernel] over stored k, v; `mask` the cells each query sees (a boolean
     array), None: causal when several queries are new. `rot`: the (K, V) rotations the cache
-    stores rows in (q rotated in, the output rotated back out); `kv_scale`: K's and V's
-    per-tensor scales when fmt reads the rows at scale 1 (FP8: folded into q and the output)."""
+    stores rows in and their blocks (CacheSpec.rot: q rotated in, the output rotated back
+    out); `kv_scale`: K's and V's per-tensor scales when fmt reads the rows at scale 1 (FP8:
+    folded into q and the output)."""
     if mask is None:
         mask = "causal" if q.shape[2] > 1 else None
     dtype = mx.float32 if kernel == "reference" else fmt.compute_dtype
@@ -97,14 +98,14 @@ class PlainCache:
         check_kernel(kernel, self.fmt)
         self.kv = KVCache(self.fmt, n_layers, 1, n_kv_heads, capacity, head_dim)
         self.kernel, self.tile_kv, self.offset = kernel, tile_kv, 0
-        self.rot, self.spec = (spec.rotate_k, spec.rotate_v), spec
+        self.rot, self.spec = spec.rot(head_dim), spec
 
     def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
         # rows stored rotated; the kernel gets q rotated and its output is rotated back
         q, k = self.spec.keys_in_order(q, k)
         n = k.shape[2]
-        rk, rv = self.rot
-        parts = self.formats.encode(layer, rotate(k, rk), rotate(v, rv))
+        rk, rv, bk, bv = self.rot
+        parts = self.formats.encode(layer, rotate(k, rk, bk), rotate(v, rv, bv))
         self.kv.put_encoded(layer, self.kv.positions(self.offset, n), *parts)
         ks, vs = self.kv.view(layer, self.offset + n)
         sc = self.formats.scales(layer)
@@ -236,16 +237,17 @@ class MixedCache:
         self.k = [mk(kf, chan, "k") for _ in range(n_layers)]
         self.v = [mk(vf, False, "v") for _ in range(n_layers)]
         self.kernel, self.tile_kv, self.offset = kernel, tile_kv, 0
-        self.rk, self.rv, self.spec = spec.rotate_k, spec.rotate_v, spec
+        self.rk, self.rv, self.bk, self.bv = spec.rot(head_dim)
+        self.spec = spec
 
     def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
         q, k = self.spec.keys_in_order(q, k)
         # rotate -> quantize (write) -> dequantize (dense) -> rotate back: the dense view is in
         # the model's basis, the same arithmetic as rotating q and the output
-        self.k[layer].write(rotate(k, self.rk))
-        self.v[layer].write(rotate(v, self.rv))
-        kd = {"data": rotate(self.k[layer].dense(self.dtype), self.rk)}
-        vd = {"data": rotate(self.v[layer].dense(self.dtype), self.rv)}
+        self.k[layer].write(rotate(k, self.rk, self.bk))
+        self.v[layer].write(rotate(v, self.rv, self.bv))
+        kd = {"data": rotate(self.k[layer].dense(self.dtype), self.rk, self.bk)}
+        vd = {"data": rotate(self.v[layer].dense(self.dtype), self.rv, self.bv)}
         return attend_kernel(self.kernel, q, kd, vd, self.dense_fmt, scale, self.tile_kv)
 
     def advance(self, n: int) -> None:
@@ -287,14 +289,14 @@ class WindowCache:
         self.ring = Ring(window, sinks, max_step)
         self.kv = KVStore(self.fmt, 1, 1, n_kv_heads, self.ring.size, head_dim)
         self.kernel, self.tile_kv, self.offset = kernel, tile_kv, 0
-        self.rot, self.spec = (spec.rotate_k, spec.rotate_v), spec
+        self.rot, self.spec = spec.rot(head_dim), spec
 
     def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
         q, k = self.spec.keys_in_order(q, k)  # as PlainCache: stored order and rotation
         n = k.shape[2]
-        rk, rv = self.rot
+        rk, rv, bk, bv = self.rot
         cells = self.ring.write(n)
-        parts = self.formats.encode(0, rotate(k, rk), rotate(v, rv))
+        parts = self.formats.encode(0, rotate(k, rk, bk), rotate(v, rv, bv))
         self.kv.put_encoded(0, (ALL, ALL, mx.array(cells)), *parts)
         mask = mx.array(self.ring.mask(range(self.offset, self.offset + n)))
         ks, vs = self.kv.view(0, self.ring.size)

@@ -18,7 +18,7 @@ import mlx.core as mx
 
 from kvbench.kernels.formats.fp8 import KINDS as FP8_KINDS
 from kvbench.kernels.formats.registry import get_format
-from kvbench.kernels.formats.rotation import K_ORDERS, ROTATIONS, gguf_order, rotate
+from kvbench.kernels.formats.rotation import K_ORDERS, ROTATIONS, block_size, gguf_order, rotate
 
 AXES = ("token", "channel")
 
@@ -37,6 +37,8 @@ class CacheSpec:
     k_order: str = "hf"  # key channel order stored: "hf" (the model's) or "gguf" (llama.cpp's)
     q_quant: str = "none"  # "q8_0": queries rounded through q8_0 blocks before the key dot
     fp8_scale: str | float = "one"  # an FP8 format's scale (kernels/formats/fp8.py)
+    rot_block_k: int | None = None  # Hadamard blocks; None: llama.cpp's rule (rotation.py)
+    rot_block_v: int | None = None
 
     def __post_init__(self):
         if self.k_axis not in AXES:
@@ -87,8 +89,11 @@ class CacheSpec:
             out += f"-sink{self.sink_tokens}"
         if self.recent_tokens:
             out += f"-recent{self.recent_tokens}"
-        for part, rot in (("K", self.rotate_k), ("V", self.rotate_v)):
-            out += f"-rot{part}" if rot != "none" else ""
+        for part, rot, block in (
+            ("K", self.rotate_k, self.rot_block_k),
+            ("V", self.rotate_v, self.rot_block_v),
+        ):
+            out += f"-rot{part}{block or ''}" if rot != "none" else ""
         out += "-kgguf" if self.k_order == "gguf" else ""
         out += f"-fp8s:{self.fp8_scale}" if self.fp8_scale != "one" else ""
         return out + ("-qq8_0" if self.q_quant == "q8_0" else "")
@@ -98,21 +103,33 @@ class CacheSpec:
         q rounded as llama.cpp's CPU flash attention rounds it against a quantized K."""
         if self.k_order == "gguf":
             q, k = gguf_order(q), gguf_order(k)
-        return quantize_query(q, self.q_quant, self.rotate_k), k
+        return quantize_query(q, self.q_quant, self.rotate_k, self.rot(q.shape[-1])[2]), k
+
+    def rot(self, head_dim: int) -> tuple[str, str, int | None, int | None]:
+        """(rotate_k, rotate_v, K's block, V's block) at head_dim, as the attention path takes
+        them (kernels/attention/registry.py rotated): a null block is llama.cpp's rule
+        (kernels/formats/rotation.py default_block); None where that part is not rotated."""
+        bk, bv = (
+            None if r == "none" else block_size(head_dim, b, part)
+            for r, b, part in ((self.rotate_k, self.rot_block_k, "k"),
+                               (self.rotate_v, self.rot_block_v, "v"))
+        )  # fmt: skip
+        return self.rotate_k, self.rotate_v, bk, bv
 
 
 Q_QUANTS = ("none", "q8_0")
 
 
-def quantize_query(q: mx.array, q_quant: str, rotate_k: str) -> mx.array:
+def quantize_query(q: mx.array, q_quant: str, rotate_k: str, block: int | None = None) -> mx.array:
     """q [..., D] as llama.cpp's CPU flash attention uses it against a quantized K (ggml-cpu
     ops.cpp: Q is converted to K's vec_dot_type, q8_0 for q4_0 / q8_0 keys, before the dot
     product): in the keys' stored basis (rotated when K is), rounded through q8_0 blocks of 32,
-    then back to the model's basis. "none": q unchanged."""
+    then back to the model's basis (K's blocks of `block`). "none": q unchanged."""
     if q_quant == "none":
         return q
     fmt = get_format(q_quant)
-    return rotate(fmt.decode(fmt.encode(rotate(q, rotate_k)), mx.float32), rotate_k).astype(q.dtype)
+    rounded = fmt.decode(fmt.encode(rotate(q, rotate_k, block)), mx.float32)
+    return rotate(rounded, rotate_k, block).astype(q.dtype)
 
 
 # ---- exact bytes ---------------------------------------------------------------------------
