@@ -41,6 +41,9 @@ from kvbench.kernels.model.text import default_text, text_file
 from kvbench.kernels.model.tokenizer import load_tokenizer
 from kvbench.spec.cache_spec import MODEL_PHASES, format_of, rotation_blocks, spec_of
 
+UBATCH = 512  # prefill micro-batch (llama.cpp's default n_ubatch): a window layer's ring holds
+# window + UBATCH - 1 cells (kernels/stores/window.py), not window + the whole prefill
+
 
 def claims(case: Case) -> bool:
     return case.phase in MODEL_PHASES
@@ -108,8 +111,9 @@ def decode_state(case: Case) -> State:
     if len(tokens) < case.context_len:
         raise ValueError(f"text {case.text}: {len(tokens)} tokens, fewer than context_len")
     baseline = memory_baseline()
-    cache = kv_store.make_cache(spec, model.config, case.context_len, case.kernel, case.tile_kv)
-    prefill(model, cache, list(tokens[:depth]))
+    cache = kv_store.make_cache(spec, model.config, case.context_len, case.kernel, case.tile_kv,
+                                max_step=UBATCH)  # fmt: skip
+    prefill(model, cache, list(tokens[:depth]), UBATCH)
     mx.eval(cache.arrays())
     alloc, mark, token = cache.held_bytes(), cache.mark(), tokens[depth]
     # FP8: what the prefill stored saturated (the timed steps rewrite one position over again)
@@ -165,11 +169,8 @@ def decode_flops(case: Case, model) -> int:
 def decode_traffic(case: Case, model) -> tuple[int, int]:
     """(read, written) of one decode step, each tensor once: every weight, the K/V of the
     context_len - 1 positions held, the new token's K/V written (activations not counted)."""
-    c = model.config
-    held = kv_spec.kv_bytes(spec_of(case), case.context_len - 1, c.n_layers, c.n_kv_heads,
-                             c.head_dim)  # fmt: skip
-    written = kv_bytes(case) - held
-    return weight_bytes(model) + held, written
+    held = kv_bytes(case, case.context_len - 1)
+    return weight_bytes(model) + held, kv_bytes(case) - held
 
 
 def windowed(model, case: Case):
@@ -180,13 +181,6 @@ def windowed(model, case: Case):
         return model
     windows = ((case.window, case.sink_tokens),) * model.config.n_layers
     return replace(model, config=replace(model.config, windows=windows))
-
-
-def held_positions(case: Case) -> int:
-    """Positions the cache holds after context_len tokens: a window keeps window + sinks."""
-    if case.window is None:
-        return case.context_len
-    return min(case.context_len, case.window + case.sink_tokens)
 
 
 def quality_state(case: Case) -> State:
@@ -209,10 +203,14 @@ def effective(case: Case) -> dict:
     return dict(zip(("rot_block_k", "rot_block_v"), rotation_blocks(case)))
 
 
-def kv_bytes(case: Case) -> int:
-    c = model_of(case.model)[0].config
-    n = held_positions(case)
-    return kv_spec.kv_bytes(spec_of(case), n, c.n_layers, c.n_kv_heads, c.head_dim)
+def kv_bytes(case: Case, n_tokens: int | None = None) -> int:
+    """Exact bytes the case's cache holds after n_tokens (default context_len), each layer at
+    its own positions: a sliding-window layer (the model's, or every layer with `window`)
+    holds min(n_tokens, window + sinks)."""
+    c = windowed(model_of(case.model)[0], case).config
+    n = case.context_len if n_tokens is None else n_tokens
+    return kv_spec.kv_bytes(spec_of(case), n, c.n_layers, c.n_kv_heads, c.head_dim,
+                            windows=c.windows)  # fmt: skip
 
 
 def bits_per_elem(case: Case) -> float:

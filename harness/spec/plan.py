@@ -13,7 +13,10 @@ are one prompt shared by all:
   copied on write by every sequence but its last holder); block tables: n_seqs x
   ceil(context / page_size) int32, counted apart and in the total;
 * window: n_seqs x (sinks + window), whatever the context.
-bytes = 2 (K, V) x n_layers x cells x n_kv_heads x bytes_per_row(head_dim).
+bytes = 2 (K, V) x n_layers x cells x n_kv_heads x bytes_per_row(head_dim); a model with
+sliding-window layers (Gemma 3: 15 of 18 layers a 512-position window), per-stream, counts each
+layer at its own positions: a window layer holds min(context, window + sinks)
+(kernels/stores/footprint.py layer_positions), as the model engine's rows count them.
 `--budget` inverts that: the longest context whose cache (block tables included) fits, found by
 search over the context (every layout's bytes grow monotonically with it); a window's bytes do
 not grow, so a ring that fits fits any context.
@@ -58,6 +61,7 @@ class KVShape:
     n_kv_heads: int
     head_dim: int
     n_q_heads: int | None = None  # the guard's transients; None: GQA 1 (n_kv_heads)
+    windows: tuple = ()  # per layer None or (window, sinks): a model's sliding-window layers
 
     @property
     def q_heads(self) -> int:
@@ -96,6 +100,9 @@ class Plan:
     available_bytes: int | None = None
     available_source: str | None = None
     n_q_heads: int | None = None  # the query heads the guard's figures count
+    # a model's sliding-window layers (per-stream): positions each layer holds; `layer` above
+    # is then a layer that keeps the whole context
+    layer_positions: list | None = None
 
 
 def parse_size(text: str) -> int:
@@ -129,13 +136,14 @@ def resolve_shape(
     """A preset's shape with any explicit field overriding it, or a real model's (a .gguf, an
     mlx-lm directory, a Hugging Face repo id: its metadata's, no field may override it); the
     first three needed without a model; query heads: the model's, else given, else GQA 1."""
-    base = {}
+    base, windows = {}, ()
     given = {"n_layers": n_layers, "n_kv_heads": n_kv_heads, "head_dim": head_dim}
     if n_q_heads is not None and n_q_heads <= 0:
         raise UserError(f"--n-q-heads: must be positive, got {n_q_heads}")
     if model:
         p = PRESETS.get(model) or _real_shape(model)
         base = {"n_layers": p.n_layers, "n_kv_heads": p.n_kv_heads, "head_dim": p.head_dim}
+        windows = tuple(p.windows)
         q = p.n_q_heads if model in PRESETS else p.n_heads
         if model not in PRESETS and n_q_heads is not None and n_q_heads != q:
             raise UserError(f"--n-q-heads: {model}'s metadata sets {q}; leave it out")
@@ -156,7 +164,9 @@ def resolve_shape(
         raise UserError(
             f"--n-q-heads: {n_q_heads} is not a multiple of the {base['n_kv_heads']} KV heads"
         )
-    return KVShape(model or "custom", **base, n_q_heads=n_q_heads)
+    if windows and base["n_layers"] != len(windows):
+        windows = ()  # --n-layers changed the model: its layer windows no longer apply
+    return KVShape(model or "custom", **base, n_q_heads=n_q_heads, windows=windows)
 
 
 def _format(kv_dtype: str, group_size: int | None, head_dim: int):
@@ -207,7 +217,8 @@ def check_layout(layout: str, la: LayoutArgs) -> None:
 
 def total_bytes(shape: KVShape, fmt, layout: str, n_seqs: int, ctx: int, la: LayoutArgs) -> int:
     return cache_bytes(fmt, layout, n_seqs, ctx, la, n_layers=shape.n_layers,
-                       n_kv_heads=shape.n_kv_heads, head_dim=shape.head_dim)  # fmt: skip
+                       n_kv_heads=shape.n_kv_heads, head_dim=shape.head_dim,
+                       windows=shape.windows)  # fmt: skip
 
 
 def longest_fitting(bytes_at, lo: int, budget: int) -> int | None:
@@ -287,6 +298,8 @@ def make_plan(
     _check_shards(shards, shard_by, shape.n_kv_heads)
     if shards > 1 and layout != "per-stream":
         raise UserError(f"--shards: sharding is planned for layout per-stream, not {layout}")
+    if shards > 1 and shape.windows:
+        raise UserError("--shards: a model with sliding-window layers is not planned sharded")
     fmt = _format(kv_dtype, group_size, shape.head_dim)
     per_token = rank_token_bytes(shape, fmt, n_seqs, 1, "context")  # all layers, K and V
     rank_per_token = rank_token_bytes(shape, fmt, n_seqs, shards, shard_by)
@@ -311,18 +324,13 @@ def make_plan(
     # the same resolution as a case's (spec/resolved.py): cells, block tables, planned peak
     res = resolved.of_shape(fmt, fmt, layout, la, n_seqs=n_seqs, context_len=ctx,
                             n_layers=shape.n_layers, n_q_heads=shape.q_heads,
-                            n_kv_heads=shape.n_kv_heads, head_dim=shape.head_dim)  # fmt: skip
-    rows = res.cells * shape.n_kv_heads  # rows of K (or of V) in one layer
-    parts = row_parts(fmt, shape.head_dim)
-    layer = {
-        "k_data": rows * parts["data"],
-        "v_data": rows * parts["data"],
-        # per-row scales, and a per-tensor scale of K and of V (FP8: a float32 each)
-        "scales": 2 * (rows * parts.get("scales", 0) + fmt.tensor_bytes(shape.n_kv_heads)),
-        "biases": 2 * rows * parts.get("biases", 0),
-    }
-    layer["total"] = sum(layer.values())
-    model_bytes = {k: v * shape.n_layers for k, v in layer.items()}
+                            n_kv_heads=shape.n_kv_heads, head_dim=shape.head_dim,
+                            windows=shape.windows)  # fmt: skip
+    parts, tensor = row_parts(fmt, shape.head_dim), fmt.tensor_bytes(shape.n_kv_heads)
+    layer = layer_bytes(res.cells * shape.n_kv_heads, parts, tensor)  # a layer of all cells
+    per_layer = res.layer_cells or (res.cells,) * shape.n_layers
+    each = [layer_bytes(c * shape.n_kv_heads, parts, tensor) for c in per_layer]
+    model_bytes = {k: sum(e[k] for e in each) for k in layer}
     table = res.block_table_bytes
     assert res.cache_bytes == model_bytes["total"] + table, "the layer split lost bytes"
     held = split_bounds(ctx, shards)[0][1] if shard_by == "context" else ctx
@@ -355,7 +363,20 @@ def make_plan(
         n_q_heads=shape.q_heads,
         available_bytes=available[0] if available else None,
         available_source=available[1] if available else None,
+        layer_positions=[c // n_seqs for c in res.layer_cells] if res.layer_cells else None,
     )
+
+
+def layer_bytes(rows: int, parts: dict, tensor_bytes: int = 0) -> dict:
+    """One layer's K data, V data, scales (per row, and a per-tensor scale of K and of V: FP8's
+    float32 each), biases and total for `rows` rows of K (and of V)."""
+    out = {
+        "k_data": rows * parts["data"],
+        "v_data": rows * parts["data"],
+        "scales": 2 * (rows * parts.get("scales", 0) + tensor_bytes),
+        "biases": 2 * rows * parts.get("biases", 0),
+    }
+    return {**out, "total": sum(out.values())}
 
 
 def layout_line(plan: Plan) -> str | None:
@@ -391,6 +412,15 @@ def render(plan: Plan) -> str:
     ]
     if layout_line(plan):
         lines.append(layout_line(plan))
+    if plan.layer_positions:
+        full = plan.context_len or 0
+        short = sorted({p for p in plan.layer_positions if p < full})
+        n_short = sum(p < full for p in plan.layer_positions)
+        lines.append(
+            f"sliding-window layers: {n_short} of {plan.n_layers} hold "
+            f"{'/'.join(f'{p:,}' for p in short) or 'every'} positions here (min(context, "
+            "window)); 'per layer' below is a layer that keeps the whole context"
+        )
     if plan.shards > 1:
         lines.append(
             f"{plan.shards} ranks by {plan.shard_by}: the fullest rank holds "
@@ -406,7 +436,7 @@ def render(plan: Plan) -> str:
             f"context that fits = {plan.context_len:,} tokens"
             + (
                 f" ({plan.bytes_per_token:,} B per token, all layers and sequences)"
-                if plan.layout == "per-stream"
+                if plan.layout == "per-stream" and not plan.layer_positions
                 else ""
             )
         )

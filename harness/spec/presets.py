@@ -15,6 +15,13 @@ class ModelShape(NamedTuple):
     n_kv_heads: int
     head_dim: int
     source: str
+    windows: tuple = ()  # per layer None or (window, sinks): the model's sliding-window layers
+
+
+# Gemma 3: every 6th layer global, the others a sliding window (gemma3.attention.sliding_window
+# = 512 in the GGUF; the pattern of 6 is llama.cpp's src/models/gemma3.cpp and mlx-lm's
+# gemma3_text); tests/test_plan.py checks it against the model's own make_cache
+GEMMA3_270M_WINDOWS = tuple(None if (i + 1) % 6 == 0 else (512, 0) for i in range(18))
 
 
 PRESETS = {
@@ -42,7 +49,9 @@ PRESETS = {
     # shape; the model engine runs its real weights (docs/quality.md)
     "smollm2-135m": ModelShape(30, 9, 3, 64, "SmolLM2-135M-Instruct GGUF metadata"),
     # Gemma-3-270M Q4_K_M GGUF (`kvbench model fetch gemma3-270m`): sliding-window layers
-    "gemma3-270m": ModelShape(18, 4, 1, 256, "gemma-3-270m-q4_k_m.gguf metadata"),
+    "gemma3-270m": ModelShape(
+        18, 4, 1, 256, "gemma-3-270m-q4_k_m.gguf metadata", GEMMA3_270M_WINDOWS
+    ),  # fmt: skip
     # Synthetic shapes sized for the reference-BLAS CPU backend (not a real model).
     "tiny": ModelShape(2, 8, 2, 64, "synthetic (CPU tests)"),
     "small": ModelShape(4, 16, 4, 64, "synthetic (CPU suites)"),

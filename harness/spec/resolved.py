@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from kvbench.case import Case
-from kvbench.kernels.stores.footprint import LayoutArgs, kv_bytes, layout_counts
+from kvbench.kernels.stores.footprint import LayoutArgs, kv_bytes, layer_positions, layout_counts
 from kvbench.spec.cache_spec import MODEL_PHASES, format_of, v_format_of
 from kvbench.spec.model_plan import model_plan
 
@@ -42,6 +42,7 @@ class Resolved:
     block_table_bytes: int  # paged: int32 block tables, once for all layers
     cache_bytes: int  # exact: K and V, all layers, per-tensor scales, block tables
     planned: dict  # the planned peak: cache, source, transient, total (bytes)
+    layer_cells: tuple | None = None  # per layer, where a model's window layers hold fewer
 
 
 def layout_args(case: Case) -> LayoutArgs:
@@ -64,14 +65,20 @@ def of_shape(
     n_kv_heads: int,
     head_dim: int,
     query_len: int = 1,
+    windows: tuple = (),
 ) -> Resolved:
     """The Resolved of a shape (a Case's, or `kvbench plan`'s): query_len 1 for a decode step,
-    the context for prefill."""
+    the context for prefill; `windows` (per-stream): a model's sliding-window layers, each
+    layer counted at its own positions (kernels/stores/footprint.py layer_positions)."""
     counts = layout_counts(layout, n_seqs, context_len, la)
     cells, table = counts["cells"], counts.get("block_table_bytes", 0)
-    shape = {"n_layers": n_layers, "n_kv_heads": n_kv_heads, "head_dim": head_dim}
+    per_layer = None
+    if windows and layout == "per-stream":
+        per_layer = tuple(n_seqs * p for p in layer_positions(context_len, windows, n_layers))
+    one = {"n_layers": 1, "n_kv_heads": n_kv_heads, "head_dim": head_dim}
     # K and V: half of each format's K-and-V bytes (2 * L * ...: an exact half)
-    kv = (kv_bytes(k_fmt, cells, **shape) + kv_bytes(v_fmt, cells, **shape)) // 2
+    kv = sum(kv_bytes(k_fmt, c, **one) + kv_bytes(v_fmt, c, **one)
+             for c in per_layer or (cells,) * n_layers) // 2  # fmt: skip
     layer_elems = cells * n_kv_heads * head_dim  # K (or V) elements of one layer
     ref_elems = n_seqs * n_q_heads * context_len * head_dim
     score_elems = n_seqs * n_q_heads * query_len * context_len
@@ -90,6 +97,7 @@ def of_shape(
         block_table_bytes=table,
         cache_bytes=kv + table,
         planned={**parts, "total": sum(parts.values())},
+        layer_cells=per_layer,
     )
 
 

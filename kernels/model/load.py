@@ -131,6 +131,13 @@ def _kv_shape(net) -> tuple[int, int]:
     return shapes.pop()
 
 
+def config_windows(path, cfg: dict) -> tuple:
+    """Each layer's window (kernels/model/cache.py layer_windows) of the architecture `cfg`
+    describes, built with lazy weights that are never evaluated (no memory, no file read);
+    ModelError, one line, for an architecture mlx-lm lacks."""
+    return _windows(_build(path, cfg))
+
+
 def _windows(net) -> tuple:
     from kvbench.kernels.model.cache import layer_windows
 

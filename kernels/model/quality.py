@@ -65,8 +65,8 @@ def chunk_logprobs(
     K/V elements the cache stored saturated (FP8) appended to `saturated` when given."""
     n = len(chunk)
     first = n // 2
-    cache = make_cache(spec, model.config, n, kernel, tile_kv)
     step = ubatch or n
+    cache = make_cache(spec, model.config, n, kernel, tile_kv, max_step=step)
     out = []
     for s in range(0, n, step):
         piece = mx.array([chunk[s : s + step]])

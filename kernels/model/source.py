@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 import re
+from dataclasses import replace
 from functools import lru_cache
 from pathlib import Path
 
@@ -19,6 +20,7 @@ from kvbench.kernels.model.load import (
     ModelError,
     Shape,
     check_model_path,
+    config_windows,
     gguf_config,
     gguf_metadata,
     read_config,
@@ -75,23 +77,19 @@ def hf_snapshot(repo: str) -> Path:
 
 @lru_cache(maxsize=16)
 def model_shape(name: str) -> Shape:
-    """The Shape of the model `name` names, from its metadata alone (no weights loaded)."""
+    """The Shape of the model `name` names, from its metadata alone (no weights loaded): the
+    layers' windows from mlx-lm's own make_cache on the architecture built with lazy (never
+    evaluated) weights, as the loaded model reports them (kernels/model/load.py)."""
     path = model_file(name)
     if path.is_dir():
         cfg = read_config(path)
-        from mlx_lm.utils import _get_classes
+    else:
+        import gguf
 
         try:
-            _get_classes(cfg)
-        except ValueError:
-            raise ModelError(f"{path}: model_type {cfg['model_type']!r}: mlx-lm has no such "
-                             "architecture") from None  # fmt: skip
-        return shape_of(cfg)
-    import gguf
-
-    try:
-        reader = gguf.GGUFReader(str(path))
-    except Exception as e:  # noqa: BLE001 - any parse failure of a foreign file
-        raise ModelError(f"{path}: not a readable GGUF file: {e}") from None
-    md = gguf_metadata(reader)
-    return shape_of(gguf_config(md, {t.name for t in reader.tensors}, path))
+            reader = gguf.GGUFReader(str(path))
+        except Exception as e:  # noqa: BLE001 - any parse failure of a foreign file
+            raise ModelError(f"{path}: not a readable GGUF file: {e}") from None
+        md = gguf_metadata(reader)
+        cfg = gguf_config(md, {t.name for t in reader.tensors}, path)
+    return replace(shape_of(cfg), windows=config_windows(path, cfg))

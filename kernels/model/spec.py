@@ -12,6 +12,7 @@ time when it fills, as KIVI's residual does; 0 = quantize every position on writ
 
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass
 
 import mlx.core as mx
@@ -19,6 +20,7 @@ import mlx.core as mx
 from kvbench.kernels.formats.fp8 import KINDS as FP8_KINDS
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.formats.rotation import K_ORDERS, ROTATIONS, block_size, gguf_order, rotate
+from kvbench.kernels.stores.footprint import layer_positions
 
 AXES = ("token", "channel")
 
@@ -154,13 +156,22 @@ def stream_bytes(spec: CacheSpec, fmt, channel: bool, n: int, head_dim: int) -> 
 
 
 def kv_bytes(
-    spec: CacheSpec, n_tokens: int, n_layers: int, n_kv_heads: int, head_dim: int, n_seqs: int = 1
+    spec: CacheSpec,
+    n_tokens: int,
+    n_layers: int,
+    n_kv_heads: int,
+    head_dim: int,
+    n_seqs: int = 1,
+    windows: tuple = (),
 ) -> int:
     """Exact bytes of the K and V a spec holds after n_tokens (data, scales, biases, fp16
     sinks and residual), over every layer, KV head and sequence, plus each layer's per-tensor
-    scales (FP8)."""
+    scales (FP8); each layer at the positions it holds (`windows`: a sliding-window layer
+    min(n_tokens, window + sinks), kernels/stores/footprint.py layer_positions)."""
     kf, vf = spec.formats()
-    per = stream_bytes(spec, kf, spec.k_axis == "channel", n_tokens, head_dim)
-    per += stream_bytes(spec, vf, False, n_tokens, head_dim)
+    total = 0
+    for n, layers in Counter(layer_positions(n_tokens, windows, n_layers)).items():
+        per = stream_bytes(spec, kf, spec.k_axis == "channel", n, head_dim)
+        total += layers * (per + stream_bytes(spec, vf, False, n, head_dim))
     fixed = kf.tensor_bytes(n_kv_heads) + vf.tensor_bytes(n_kv_heads)
-    return (per * n_kv_heads * n_seqs + fixed) * n_layers
+    return total * n_kv_heads * n_seqs + fixed * n_layers

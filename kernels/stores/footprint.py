@@ -50,10 +50,25 @@ def kv_bytes(fmt, cells: int, *, n_layers: int, n_kv_heads: int, head_dim: int) 
     return rows + 2 * n_layers * fmt.tensor_bytes(n_kv_heads)
 
 
+def layer_positions(ctx: int, windows: tuple, n_layers: int) -> list[int]:
+    """Positions each layer of a model holds after ctx tokens. `windows`: per layer None (the
+    layer keeps its whole context) or (window, sinks) (a sliding-window layer: kernels/model/
+    cache.py WindowCache, mlx-lm's RotatingKVCache), which holds min(ctx, window + sinks);
+    empty: every layer keeps its whole context."""
+    if windows and len(windows) != n_layers:
+        raise ValueError(f"{len(windows)} layer windows for {n_layers} layers")
+    return [ctx if w is None else min(ctx, w[0] + w[1]) for w in windows or (None,) * n_layers]
+
+
 def cache_bytes(fmt, layout: str, n_seqs: int, ctx: int, la: LayoutArgs, *, n_layers: int,
-                n_kv_heads: int, head_dim: int) -> int:  # fmt: skip
+                n_kv_heads: int, head_dim: int, windows: tuple = ()) -> int:  # fmt: skip
     """Exact bytes of the whole cache (K and V, every layer with its per-tensor scales (FP8),
-    plus a block table)."""
+    plus a block table). `windows` (per-stream only): a model's sliding-window layers, each
+    counted at its own positions."""
+    if windows and layout == "per-stream":
+        cells = [n_seqs * p for p in layer_positions(ctx, windows, n_layers)]
+        return sum(kv_bytes(fmt, c, n_layers=1, n_kv_heads=n_kv_heads, head_dim=head_dim)
+                   for c in cells)  # fmt: skip
     counts = layout_counts(layout, n_seqs, ctx, la)
     kv = kv_bytes(fmt, counts["cells"], n_layers=n_layers, n_kv_heads=n_kv_heads,
                   head_dim=head_dim)  # fmt: skip
