@@ -9,7 +9,6 @@ from __future__ import annotations
 import pytest
 
 from kvbench.case import Case
-from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.model.spec import CacheSpec, kv_bytes
 from kvbench.kernels.stores.footprint import layer_positions
 from kvbench.spec import plan
@@ -61,17 +60,28 @@ def _case(phase: str, **kw) -> Case:
     return Case("gemma3-270m", 18, 4, 1, 256, 8192, phase=phase, kv_dtype="fp16", **kw)
 
 
-def test_the_guard_counts_a_models_window_layers():
-    fmt = get_format("fp16")
-    assert plan.case_plan(_case("quality"), fmt)["cache"] == 2 * 32_256 * FP16_ROW == 33_030_144
-    # a case window makes every layer a window of window + sinks
-    win = _case("quality", window=1000, sink_tokens=24)
-    assert plan.case_plan(win, fmt)["cache"] == 2 * 18 * 1024 * FP16_ROW
-    # the cache engine (phase decode) holds every layer whole, whatever model shape it borrows
-    assert plan.case_plan(_case("decode"), fmt)["cache"] == 2 * 18 * 8192 * FP16_ROW
-    # `kvbench plan` and the guard agree on the model's cache
+def test_the_guard_plans_each_layers_allocation():
+    """The guard plans what is allocated: a window layer's ring is window + one forward's
+    positions - 1 cells (kernels/stores/window.py): 512 + 511 for the task phases' prefill in
+    ubatches of 512, 512 + 8191 for quality's one forward over an 8192-token chunk."""
+    from kvbench.spec.model_plan import model_plan
+
+    task = model_plan(_case("retrieval", task="passkey"), 262144, GEMMA.windows)
+    cells = 3 * 8192 + 15 * 1023
+    assert task["cache"] == 2 * cells * FP16_ROW == 40_879_104
+    assert task["reference"] == 2 * cells * 256 * 4  # the float32 cache, the same layers
+    quality = model_plan(_case("quality"), 262144, GEMMA.windows)
+    assert quality["cache"] == 2 * (3 * 8192 + 15 * 8703) * FP16_ROW
+    # a case window makes every layer a ring of window + sinks + 511
+    win = model_plan(_case("retrieval", task="passkey", window=1000, sink_tokens=24), 1, ())
+    assert win["cache"] == 2 * 18 * (1024 + 511) * FP16_ROW
+    # without windows (a shape whose layers differ from the model's): every layer whole
+    assert (
+        model_plan(_case("retrieval", task="passkey"), 1, ())["cache"] == 2 * 18 * 8192 * FP16_ROW
+    )
+    # `kvbench plan` counts what a layer holds (min(context, window)), the rows' kv_bytes too
     shape = plan.resolve_shape("gemma3-270m", None, None, None)
-    assert plan.make_plan(shape, "fp16", context_len=8192).total_bytes == 33_030_144
+    assert plan.make_plan(shape, "fp16", context_len=8192).total_bytes == 2 * 32_256 * FP16_ROW
 
 
 # ---- a tiny gemma3_text (tests/tiny_model.py: layers 0-2 a window of 8, layer 3 global) ------
@@ -101,12 +111,14 @@ def test_model_rows_count_their_layers_and_the_ring_is_one_forward(tiny_gemma):
     from kvbench.engines import model as engine
     from kvbench.kernels.model.cache import make_cache
     from kvbench.kernels.model.run import prefill
+    from kvbench.run import memory
 
     case = Case(tiny_gemma, 4, 4, 2, 64, 40, phase="quality", kv_dtype="fp16")
     row = 2 * 2 * 64 * 2  # K and V, 2 KV heads, head_dim 64, fp16
     assert engine.kv_bytes(case) == (3 * 8 + 40) * row  # not 4 x 40
     assert engine.kv_bytes(case, 5) == 4 * 5 * row
-    assert plan.case_plan(case, get_format("fp16"))["cache"] == engine.kv_bytes(case)
+    # the guard plans the allocation: quality's one forward of 40 makes rings of 8 + 39
+    assert memory.case_plan(case)["cache"] == (3 * 47 + 40) * row
     # ring: window 8 + one forward's 4 tokens - 1 = 11 cells, not 8 + capacity 40 - 1
     model = engine.model_of(tiny_gemma)[0]
     cache = make_cache(CacheSpec("fp16"), model.config, 40, "sdpa", max_step=4)

@@ -5,9 +5,11 @@ the forward passes of the model it runs at least (the dry run says them).
 Issue 35: `gen_tokens: 1e9` sized the float32 reference cache at context_len + 1e9 positions and
 MLX's CPU backend segfaulted when the allocation failed. The parts, in bytes:
   * cache: the case's cache (kernels/model/spec.py kv_bytes: data, scales, fp16 sinks and
-    residual) at its capacity: context_len positions, + gen_tokens for phase generate;
-  * reference: the float32 cache of the same capacity (quality, retrieval, generate compare
-    against it; model_decode has none);
+    residual) at its capacity: context_len positions, + gen_tokens for phase generate; a
+    sliding-window layer (the model's, or every layer with `window`) its ring as allocated,
+    window + sinks + one forward's positions - 1 (kernels/stores/footprint.py layer_cells);
+  * reference: the float32 cache of the same capacity and layers (quality, retrieval, generate
+    compare against it; model_decode has none);
   * scores: attention scores and probabilities (float32) of the longest forward pass: a whole
     chunk at once for quality, PREFILL_UBATCH positions at a time for the task phases (and the
     prefill of model_decode), over every query head;
@@ -20,9 +22,11 @@ The model's weights are loaded once per process and are not part of a case's pla
 from __future__ import annotations
 
 import math
+from collections import Counter
 
 from kvbench.case import Case
 from kvbench.kernels.model.spec import kv_bytes
+from kvbench.kernels.stores.footprint import layer_cells
 from kvbench.spec.cache_spec import spec_of
 
 PREFILL_UBATCH = 512  # the prefill micro-batch of the task phases (harness/engines/model_tasks.py)
@@ -34,19 +38,25 @@ def capacity(case: Case) -> int:
     return case.context_len + (case.gen_tokens if case.phase == "generate" else 0)
 
 
-def model_plan(case: Case, vocab: int) -> dict[str, int]:
-    """The parts of a model-phase case's planned bytes (module docstring) and their total."""
+def model_plan(case: Case, vocab: int, windows: tuple = ()) -> dict[str, int]:
+    """The parts of a model-phase case's planned bytes (module docstring) and their total;
+    `windows`: the model's per-layer windows (kernels/model/load.py Shape.windows)."""
     n = capacity(case)
     layers, heads, dim = case.n_layers, case.n_kv_heads, case.head_dim
-    reference = 0 if case.phase == "model_decode" else 2 * layers * n * heads * dim * F32
-    query = n if case.phase == "quality" else min(PREFILL_UBATCH, n)
+    query = n if case.phase == "quality" else min(PREFILL_UBATCH, n)  # one forward's positions
+    if case.window is not None:
+        windows = ((case.window, case.sink_tokens),) * layers
+    cells = Counter(layer_cells(n, windows if len(windows) == layers else (), layers, query))
+    cache = sum(kv_bytes(spec_of(case), c, k, heads, dim) for c, k in cells.items())
+    ref = sum(2 * k * c * heads * dim * F32 for c, k in cells.items())
+    reference = 0 if case.phase == "model_decode" else ref
     logits = 0
     if case.phase == "quality":
         logits = (case.chunks + 1) * (case.context_len // 2) * vocab * F32
     elif case.phase == "generate":
         logits = (case.chunks + 1) * case.gen_tokens * vocab * F32
     parts = {
-        "cache": kv_bytes(spec_of(case), n, layers, heads, dim),
+        "cache": cache,
         "reference": reference,
         "scores": 2 * case.n_q_heads * query * n * F32,
         "logits": logits,

@@ -123,5 +123,6 @@ def of_case(case: Case) -> Resolved:
         return r
     from kvbench.kernels.model.source import model_shape
 
-    planned = model_plan(case, model_shape(case.model).vocab or 0)  # no vocabulary: no logits
+    shape = model_shape(case.model)  # its vocabulary (none: no logits) and window layers
+    planned = model_plan(case, shape.vocab or 0, shape.windows)
     return dataclasses.replace(r, cache_bytes=planned["cache"], planned=planned)

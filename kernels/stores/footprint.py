@@ -60,6 +60,15 @@ def layer_positions(ctx: int, windows: tuple, n_layers: int) -> list[int]:
     return [ctx if w is None else min(ctx, w[0] + w[1]) for w in windows or (None,) * n_layers]
 
 
+def layer_cells(ctx: int, windows: tuple, n_layers: int, max_step: int) -> list[int]:
+    """Cells each layer of a model allocates for ctx positions written at most max_step at a
+    time: ctx for a layer that keeps its whole context, the ring of a sliding-window layer
+    (window, sinks) otherwise: sinks + window + max_step - 1 (kernels/stores/window.py)."""
+    if windows and len(windows) != n_layers:
+        raise ValueError(f"{len(windows)} layer windows for {n_layers} layers")
+    return [ctx if w is None else w[1] + w[0] + max_step - 1 for w in windows or (None,) * n_layers]
+
+
 def cache_bytes(fmt, layout: str, n_seqs: int, ctx: int, la: LayoutArgs, *, n_layers: int,
                 n_kv_heads: int, head_dim: int, windows: tuple = ()) -> int:  # fmt: skip
     """Exact bytes of the whole cache (K and V, every layer with its per-tensor scales (FP8),
