@@ -328,7 +328,7 @@ MODEL_FLOORS = {
     "load": 2,
     "run": 3, "source": 3,
     "quality": 4, "retrieval": 4, "generate": 4,
-    "capture": 5,
+    "capture": 5, "passkey": 5,
 }  # fmt: skip
 MODEL = "kvbench.kernels.model"
 

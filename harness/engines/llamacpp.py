@@ -14,6 +14,11 @@ rows of the same model, depth, text and K/V types (docs/peers.md).
   cache's), delta_ppl, kl_mean, kl_p99, top1_agree. llama-perplexity scores the second half of
   each chunk, as the model engine does; its reference is an f16 cache and the logits of its base
   run are saved in 16 bits, where kvbench's reference is a float32 cache.
+* retrieval, task passkey-llamacpp only: `llama-passkey --junk N --pos P` per trial
+  (harness/peers/llamacpp_passkey.py), N and P those of kvbench's prompt of the same context,
+  depth and trial (kernels/model/passkey.py), so both answer one prompt; its f16 cache's answers
+  are the reference the agreement is counted against; every trial's answer text is kept
+  (answer_texts), and prompt_tokens is llama.cpp's own count.
 K/V types: kv_dtype (and v_dtype) mapped by harness/peers/llamacpp.py cache_type (fp16 -> f16,
 int8/g32
 -> q8_0, int4/g32 -> q4_0, affine4/g32 -> q4_1, ...); a format llama.cpp lacks is a skip.
@@ -33,13 +38,15 @@ from pathlib import Path
 
 from kvbench.case import Case
 from kvbench.engines import model as model_engine
+from kvbench.engines import model_tasks
 from kvbench.engines.contract import JobResult, State
 from kvbench.kernels.formats.rotation import default_block
+from kvbench.kernels.model import passkey
 from kvbench.kernels.model.fetch import require_model
 from kvbench.kernels.model.load import PERMUTED_ARCHS
 from kvbench.kernels.model.text import default_text, text_file
 from kvbench.peers import llamacpp
-from kvbench.spec.cache_spec import MODEL_PHASES
+from kvbench.peers.llamacpp_passkey import TOOL, run_passkey
 
 KERNEL = "llama.cpp"
 N_GEN = 16  # decode steps per llama-bench repetition
@@ -83,9 +90,14 @@ def rotation_reason(case: Case) -> str | None:
     )
 
 
+TOOLS = {"model_decode": "llama-bench", "quality": "llama-perplexity", "retrieval": TOOL}
+
+
 def skip_reason(case: Case, backend: str) -> str | None:
-    if case.phase not in MODEL_PHASES:
-        return f"kernel {KERNEL} runs the phases {', '.join(MODEL_PHASES)}"
+    if case.phase not in TOOLS:
+        return f"kernel {KERNEL} runs the phases {', '.join(TOOLS)}"
+    if case.phase == "retrieval" and case.task != passkey.TASK:
+        return f"llama.cpp's retrieval is {TOOL}: task {passkey.TASK} only"
     if case.k_axis != "token" or case.sink_tokens or case.recent_tokens:
         return "llama.cpp's cache has per-token blocks only (no channel keys, sinks or window)"
     for name in (case.kv_dtype, case.v_dtype or case.kv_dtype):
@@ -94,8 +106,7 @@ def skip_reason(case: Case, backend: str) -> str | None:
             return reason
     if reason := rotation_reason(case):
         return reason
-    tool = "llama-bench" if case.phase == "model_decode" else "llama-perplexity"
-    return llamacpp.missing_reason(tool)
+    return llamacpp.missing_reason(TOOLS[case.phase])
 
 
 def threads() -> int:
@@ -217,6 +228,37 @@ def key_order(model) -> str:
     return "gguf" if model.config.arch in PERMUTED_ARCHS else "hf"
 
 
+@lru_cache(maxsize=64)
+def passkey_answer(gguf: Path, n_junk: int, i_pos: int, type_k: str, type_v: str, env: tuple):
+    return run_passkey(gguf, n_junk=n_junk, i_pos=i_pos, type_k=type_k, type_v=type_v,
+                       flash_attn=True, threads=threads(), env=dict(env))  # fmt: skip
+
+
+def retrieval_job(case: Case, gguf: Path):
+    type_k, type_v = types_of(case)
+    env = tuple(sorted(rotation_env(case).items()))
+
+    def job(plans: dict, first: bool) -> JobResult:
+        if not first:
+            return JobResult({}, {})
+        key = (case.model, case.task, case.context_len, case.depth, case.trials, case.seed)
+        runs, refs = [], []
+        for i, p in enumerate(model_tasks.prompts_of(*key)):
+            at = (gguf, p.units, passkey.position(p.units, case.depth, i))
+            runs.append(passkey_answer(*at, type_k, type_v, env))
+            refs.append(passkey_answer(*at, "f16", "f16", ()))
+        texts = [r["answer_text"] for r in runs]
+        truth = [r["key"] for r in runs]
+        row = model_tasks.answer_fields(case.task, texts, [r["answer_text"] for r in refs], truth)
+        row["prompt_tokens"] = max(r["prompt_tokens"] for r in runs)
+        return JobResult({}, row, extra={"peer_kv_types": f"{type_k}/{type_v}"})
+
+    return job
+
+
+JOBS = {"model_decode": decode_job, "quality": quality_job, "retrieval": retrieval_job}
+
+
 def build(case: Case) -> State:
     gguf = require_model(case.model)
     model, _ = model_engine.model_of(case.model)
@@ -224,7 +266,7 @@ def build(case: Case) -> State:
     extra = {"peer_version": f"llama.cpp {info.get('tag', info.get('version', '?'))}",
              "peer_threads": threads()}  # fmt: skip
     decode = case.phase == "model_decode"
-    job = decode_job(case, gguf) if decode else quality_job(case, gguf)
+    job = JOBS[case.phase](case, gguf)
     return State(
         {"step": lambda: None} if decode else {},
         lambda: {},

@@ -18,12 +18,13 @@ The float32 references are computed once per process and shared by every format.
 
 from __future__ import annotations
 
+import json
 from functools import lru_cache
 
 from kvbench.case import Case
 from kvbench.engines import model as base
 from kvbench.engines.contract import State
-from kvbench.kernels.model import generate, meter, quality, retrieval
+from kvbench.kernels.model import generate, meter, passkey, quality, retrieval
 from kvbench.kernels.model.cache import make_cache
 from kvbench.spec.cache_spec import TASK_PHASES, format_of, spec_of
 from kvbench.spec.model_plan import PREFILL_UBATCH
@@ -42,6 +43,8 @@ skip_reason = base.skip_reason
 @lru_cache(maxsize=16)
 def prompts_of(name: str, task: str, context_len: int, depth: float, trials: int, seed: int):
     model, tokenizer = base.model_of(name)
+    if task == passkey.TASK:  # llama.cpp's prompt exactly, no chat template (model/passkey.py)
+        return tuple(passkey.prompt(tokenizer, context_len, depth, i) for i in range(trials))
     chat = retrieval.chat_frame(tokenizer, model.metadata)
     out = []
     for i in range(trials):
@@ -50,18 +53,18 @@ def prompts_of(name: str, task: str, context_len: int, depth: float, trials: int
     return tuple(out)
 
 
-def answers(key: tuple, spec, kernel: str, tile_kv, case=None, saturated=None) -> list:
-    """The answer read from each trial's greedy continuation with `spec`'s cache (and the
-    case's sliding window, if any); key: (model, task, context_len, depth, trials, seed). Each
-    trial's K/V elements stored saturated (FP8) appended to `saturated` when given."""
+def answers(key: tuple, spec, kernel: str, tile_kv, case=None, saturated=None) -> list[str]:
+    """Each trial's greedy continuation (its text) with `spec`'s cache (and the case's sliding
+    window, if any); key: (model, task, context_len, depth, trials, seed). Each trial's K/V
+    elements stored saturated (FP8) appended to `saturated` when given."""
     model, tokenizer = base.model_of(key[0])
     if case is not None:
         model = base.windowed(model, case)
     got = []
     for p in prompts_of(*key):
-        cache = make_cache(spec, model.config, len(p.tokens) + p.gen_tokens, kernel, tile_kv)
-        text = retrieval.greedy_answer(model, cache, tokenizer, p, key[1], UBATCH)
-        got.append(retrieval.extract(key[1], text))
+        capacity = len(p.tokens) + p.gen_tokens  # a window layer's ring: one prefill ubatch
+        cache = make_cache(spec, model.config, capacity, kernel, tile_kv, max_step=UBATCH)
+        got.append(retrieval.greedy_answer(model, cache, tokenizer, p, key[1], UBATCH))
         if saturated is not None:
             saturated.append(cache.saturated())
     return got
@@ -69,10 +72,22 @@ def answers(key: tuple, spec, kernel: str, tile_kv, case=None, saturated=None) -
 
 @lru_cache(maxsize=16)
 def reference_answers(*key) -> tuple[tuple, float]:
-    """The float32 cache's answers and the wall seconds they took (once per process)."""
+    """The float32 cache's continuations and the wall seconds they took (once per process)."""
     with meter.metered() as m:
         got = tuple(answers(key, quality.REFERENCE_SPEC, "reference", None))
     return got, m.wall_s
+
+
+def answer_fields(task: str, texts: list[str], ref_texts: list[str], truth: list[str]) -> dict:
+    """A retrieval row's columns: the summary of the answers read from the continuations
+    (retrieval.summarize) and every trial's continuation text, a JSON list (`answer_texts`)."""
+    got = [retrieval.extract(task, t) for t in texts]
+    ref = [retrieval.extract(task, t) for t in ref_texts]
+    row = retrieval.summarize(task, got, ref, truth)
+    n = row["n_trials"]
+    row["accuracy_lo"], row["accuracy_hi"] = wilson(row["n_correct"], n)
+    row["ref_agree_lo"], row["ref_agree_hi"] = wilson(row["n_ref_agree"], n)
+    return {**row, "answer_texts": json.dumps(texts)}
 
 
 def retrieval_state(case: Case) -> State:
@@ -83,10 +98,7 @@ def retrieval_state(case: Case) -> State:
         with meter.metered() as m:
             got = answers(key, spec, case.kernel, case.tile_kv, case, sat)
         truth = [p.answer for p in prompts_of(*key)]
-        row = retrieval.summarize(case.task, got, list(ref), truth)
-        n = row["n_trials"]
-        row["accuracy_lo"], row["accuracy_hi"] = wilson(row["n_correct"], n)
-        row["ref_agree_lo"], row["ref_agree_hi"] = wilson(row["n_ref_agree"], n)
+        row = answer_fields(case.task, got, list(ref), truth)
         row["prompt_tokens"] = max(len(p.tokens) for p in prompts_of(*key))
         row |= {"kv_saturated": sum(sat)} if spec.saturates else {}
         return {**row, **m.fields(), "ref_wall_s": ref_s}

@@ -18,6 +18,7 @@ from kvbench.kernels.data import KV_DATA, load_kv_file
 from kvbench.kernels.formats import fp8, rotation, turbo
 from kvbench.kernels.formats.registry import FORMATS
 from kvbench.kernels.model.fetch import MODELS
+from kvbench.kernels.model.passkey import TASK as PASSKEY_LLAMACPP
 from kvbench.kernels.model.retrieval import TASKS as RETRIEVAL_TASKS
 from kvbench.kernels.model.source import HF_ID, is_path_like
 from kvbench.kernels.model.spec import AXES as K_AXES
@@ -145,7 +146,7 @@ CHOICES = {
     "rotations": rotation.ROTATIONS,
     "k_orders": rotation.K_ORDERS,
     "q_quants": Q_QUANTS,
-    "retrieval_tasks": ("none", *RETRIEVAL_TASKS),
+    "retrieval_tasks": ("none", *RETRIEVAL_TASKS, PASSKEY_LLAMACPP),
     "context_limits": ("trained", "beyond"),
 }
 NAMED_CHECKS = {
@@ -310,7 +311,7 @@ def check_model(path: str, case: Case) -> None:
             raise SuiteError(path, axis, f"only {which} use{'s' * (len(phases) == 1)} it, "
                              f"not {case.phase}")  # fmt: skip
     if case.phase == "retrieval" and case.task == "none":
-        known = ", ".join(RETRIEVAL_TASKS)
+        known = ", ".join((*RETRIEVAL_TASKS, PASSKEY_LLAMACPP))
         raise SuiteError(path, "task", f"phase retrieval needs a task ({known})")
     off = [a for a in MODEL_AXES if getattr(case, a) != AXIS_DEFAULTS[a]]
     if case.window is not None:  # a window keeps its sinks too (check_window)

@@ -196,6 +196,7 @@ class _Measured:
     ref_agree_lo: float | None = None  # its 95% Wilson interval
     ref_agree_hi: float | None = None
     prompt_tokens: int | None = None  # the longest prompt's tokens (answer room excluded)
+    answer_texts: str | None = None  # every trial's continuation, a JSON list of strings
     # phase generate: greedy continuation against the float32 cache's
     gen_first_diverge: float | None = None  # tokens before the first differing one (mean)
     gen_first_diverge_min: int | None = None  # the least over the prompts

@@ -1,0 +1,84 @@
+"""llama.cpp's passkey prompt (kernels/model/passkey.py) against passkey.cpp's own rule, the
+parse of llama-passkey's output (harness/peers/llamacpp_passkey.py), and a retrieval row that
+keeps every trial's answer text."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+from test_model_tasks import HashTokenizer, case, tiny  # noqa: F401 - the fixture
+
+from kvbench.engines import llamacpp as llama_engine
+from kvbench.engines import model_tasks as engine
+from kvbench.kernels.model import passkey
+from kvbench.peers.llamacpp_passkey import parse_passkey, passkey_command
+
+# examples/passkey/passkey.cpp (b11434), its literals copied by hand
+CPP_PREFIX = (
+    "There is an important info hidden inside a lot of irrelevant text. Find it and memorize "
+    "them. I will quiz you about the important information there."
+)
+CPP_JUNK = (
+    " The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again."
+)
+
+
+def test_text_is_passkey_cpps():
+    needle = " The pass key is 39384. Remember it. 39384 is the pass key."
+    want = CPP_PREFIX + CPP_JUNK + needle + CPP_JUNK + CPP_JUNK
+    assert passkey.text(3, 1) == want + " What is the pass key? The pass key is"
+    assert passkey.text(2, 0).startswith(CPP_PREFIX + needle + CPP_JUNK)
+
+
+@pytest.mark.parametrize("n,depth,trial,want", [(10, 0, 0, 0), (10, 1, 0, 9), (10, 0.5, 0, 5),
+                                                (10, 0.94, 0, 9), (10, 0.9, 2, 1)])  # fmt: skip
+def test_position(n, depth, trial, want):
+    assert passkey.position(n, depth, trial) == want
+
+
+class BosTokenizer(HashTokenizer):
+    def encode(self, text, add_bos=False):
+        return ([1] if add_bos else []) + super().encode(text)
+
+
+def test_fit_and_prompt_in_tokens():
+    tok = BosTokenizer()
+    n = passkey.fit_junk(tok, 300)
+    size = lambda k: len(tok.encode(passkey.text(k, 0), True))  # noqa: E731
+    assert size(n) + 16 <= 300 < size(n + 1) + 16  # the most repetitions that fit
+    p = passkey.prompt(tok, 300, 0.5)
+    assert p.tokens == tok.encode(passkey.text(n, round(0.5 * n)), True) and p.tokens[0] == 1
+    assert p.units == n and p.answer == "39384" and p.gen_tokens == 16
+    assert tok.decode(p.tokens[p.needle_at : p.needle_at + 5]) == "The pass key is 39384."
+    with pytest.raises(ValueError, match="no room"):
+        passkey.fit_junk(tok, 60)
+
+
+STDERR = """main: n_len = 2000, n_ctx = 8416, n_kv_req = 8448, n_grp = 1, n_batch = 2048
+prefix tokens: 29
+prompt tokens: 1984
+main: passkey = 39384, inserted at position 8 / 80 (token pos: ~198)
+"""
+
+
+def test_parse_and_command():
+    got = parse_passkey(" 39384. The grass is green. The sky is blue\n\n\n", STDERR)
+    assert got == {"answer_text": " 39384. The grass is green. The sky is blue", "key": "39384",
+                   "i_pos": 8, "n_junk": 80, "prompt_tokens": 1984}  # fmt: skip
+    cmd = passkey_command("lp", "m.gguf", n_junk=80, i_pos=8, type_k="q4_0", type_v="q4_0")
+    assert cmd[1:] == ["-m", "m.gguf", "--junk", "80", "--pos", "8", "-ctk", "q4_0", "-ctv",
+                       "q4_0", "-fa", "1", "-t", "1"]  # fmt: skip
+
+
+def test_llamacpp_engine_runs_only_this_retrieval_task():
+    c = case(phase="retrieval", task="passkey", kernel="llama.cpp", kv_dtype="fp16")
+    assert "passkey-llamacpp only" in llama_engine.skip_reason(c, "cpu")
+
+
+def test_retrieval_rows_keep_every_answer_text(tiny):  # noqa: F811 - the fixture
+    c = case(phase="retrieval", task=passkey.TASK, trials=2, depth=0.5, context_len=120)
+    row = engine.build(c).check()
+    texts = json.loads(row["answer_texts"])
+    assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
+    assert row["n_trials"] == 2 and row["n_ref_agree"] == 2  # the float32 cache against itself
