@@ -48,8 +48,9 @@ def plan_of(case: Case):
     """`kvbench plan` for the case, from the arguments a user gives it."""
     if case.model == "custom":
         shape = resolve_shape(None, case.n_layers, case.n_kv_heads, case.head_dim, case.n_q_heads)
-    else:
-        shape = resolve_shape(case.model, None, None, None)
+    else:  # a decode case's engine holds every layer whole: the model's sliding-window layers
+        # are the model phases' (tests/test_window_bytes.py)
+        shape = dataclasses.replace(resolve_shape(case.model, None, None, None), windows=())
     la = LayoutArgs()
     if case.layout != "per-stream":
         la = LayoutArgs(case.page_size, case.window, case.sink_tokens, case.prefix_len)

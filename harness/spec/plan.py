@@ -322,10 +322,17 @@ def make_plan(
     # the bytes shown for an unbounded window: its ring at any context (here: one window)
     ctx = context_len if context_len is not None else la.sinks + la.window
     # the same resolution as a case's (spec/resolved.py): cells, block tables, planned peak
-    res = resolved.of_shape(fmt, fmt, layout, la, n_seqs=n_seqs, context_len=ctx,
-                            n_layers=shape.n_layers, n_q_heads=shape.q_heads,
-                            n_kv_heads=shape.n_kv_heads, head_dim=shape.head_dim,
-                            windows=shape.windows)  # fmt: skip
+    common = dict(
+        n_seqs=n_seqs,
+        context_len=ctx,
+        n_layers=shape.n_layers,
+        n_q_heads=shape.q_heads,
+        n_kv_heads=shape.n_kv_heads,
+        head_dim=shape.head_dim,
+    )
+    res = resolved.of_shape(fmt, fmt, layout, la, **common, windows=shape.windows)
+    # the guard's decode case (the cache engine) holds every layer whole, windows or not
+    decode = resolved.of_shape(fmt, fmt, layout, la, **common) if res.layer_cells else res
     parts, tensor = row_parts(fmt, shape.head_dim), fmt.tensor_bytes(shape.n_kv_heads)
     layer = layer_bytes(res.cells * shape.n_kv_heads, parts, tensor)  # a layer of all cells
     per_layer = res.layer_cells or (res.cells,) * shape.n_layers
@@ -359,7 +366,7 @@ def make_plan(
         shard_by=shard_by,
         rank_bytes=held * rank_per_token if shards > 1 else None,
         rank_bytes_per_token=rank_per_token if shards > 1 else None,
-        run_bytes=res.planned,
+        run_bytes=decode.planned,
         n_q_heads=shape.q_heads,
         available_bytes=available[0] if available else None,
         available_source=available[1] if available else None,
@@ -462,7 +469,9 @@ def _memory_lines(plan: Plan) -> list[str]:
     r = plan.run_bytes
     lines = [
         f"to run a decode case with {plan.n_q_heads} query heads (the memory guard of "
-        "`kvbench run`; harness/spec/resolved.py):",
+        "`kvbench run`; harness/spec/resolved.py"
+        + ("; the cache engine holds every layer whole" if plan.layer_positions else "")
+        + "):",
         f"  planned {_human(r['total'])}  (cache {r['cache']:,} + source K/V {r['source']:,} "
         f"+ transient {r['transient']:,})",
     ]
