@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import shutil
 import subprocess
+from functools import lru_cache
 from pathlib import Path
 
 import mlx.core as mx
@@ -106,18 +107,27 @@ def edge_rows() -> np.ndarray:
     return np.concatenate([rows, hard]).astype(np.float32)
 
 
-def real_kv() -> np.ndarray:
-    from kvbench.kernels.model.capture import default_capture
+@lru_cache(maxsize=2)
+def real_kv(name: str) -> np.ndarray:
+    """A registered model's middle-layer K (post-RoPE) and V over 64 tokens of the default
+    text: SmolLM2 [3, 64, 64] each, Gemma-3-270M [1, 64, 256] (8 blocks a row)."""
+    from kvbench.kernels.model.capture import capture_kv
+    from kvbench.kernels.model.load import load_model
+    from kvbench.kernels.model.text import default_text
+    from kvbench.kernels.model.tokenizer import load_tokenizer
 
-    k, v = default_capture(64)  # SmolLM2's K (post-RoPE) and V, [3, 64, 64]
+    model = load_model(model_path(name))
+    kv = capture_kv(model, load_tokenizer(model).encode(default_text())[:64])
+    k, v = kv[len(kv) // 2]
     return np.concatenate([np.asarray(k), np.asarray(v)]).astype(np.float32)
 
 
+REAL = {"real": "smollm2-135m", "real-gemma": "gemma3-270m"}
 DATA = {
     "random": lambda: random_rows(1),
     "fp16": lambda: random_rows(2).astype(np.float16).astype(np.float32),  # what a cache feeds
     "edge": edge_rows,
-    "real": real_kv,
+    **{key: (lambda name=name: real_kv(name)) for key, name in REAL.items()},
 }
 
 
@@ -125,8 +135,8 @@ DATA = {
 @pytest.mark.parametrize("name", TYPES)
 @pytest.mark.parametrize("data", list(DATA))
 def test_bytes_equal_ggml(oracle, name, mode, data):
-    if data == "real" and model_path() is None:
-        pytest.skip("SmolLM2 not fetched (kvbench model fetch)")
+    if data in REAL and model_path(REAL[data]) is None:
+        pytest.skip(f"{REAL[data]} not fetched (kvbench model fetch)")
     x = DATA[data]()
     want = ggml_bytes(oracle, name, mode, x)
     kv_name = KVBENCH.get((name, mode), name)
