@@ -126,7 +126,7 @@ def test_non_finite_logits_make_error_rows_not_ok_rows(tmp_path):
     rows = read_rows(next(p for p in (tmp_path / "out").glob("*.csv") if "samples" not in p.name))
     assert list(rows["status"]) == ["error", "error"], rows[["status", "error"]]
     for error in rows["error"]:
-        assert "non-finite logits" in error and "nan" in error, error
+        assert "non-finite logits with the float32 cache" in error and "nan" in error, error
 
 
 def test_a_non_finite_figure_of_any_check_is_an_error(monkeypatch):

@@ -93,28 +93,32 @@ def _log_softmax(logits: mx.array) -> mx.array:
     return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
 
 
-def free_run(model, cache, prompt: list[int], n_new: int, ubatch=None) -> tuple[list[int], list]:
+def free_run(
+    model, cache, prompt: list[int], n_new: int, ubatch=None, what: str = "the cache"
+) -> tuple[list[int], list]:
     """Greedy continuation (n_new tokens) and the log-probabilities before each token."""
     prefill(model, cache, prompt[:-1], ubatch)
     token, out, lps = prompt[-1], [], []
     for _ in range(n_new):
         lp = _log_softmax(decode(model, cache, token))
         mx.eval(lp)
-        check_finite(lp, "greedy decoding", len(prompt) - 1 + len(out))
+        check_finite(lp, f"{what}, greedy decoding", len(prompt) - 1 + len(out))
         token = int(mx.argmax(lp).item())
         out.append(token)
         lps.append(lp)
     return out, lps
 
 
-def teacher_forced(model, cache, prompt: list[int], ref: list[int], ubatch=None) -> list:
+def teacher_forced(
+    model, cache, prompt: list[int], ref: list[int], ubatch=None, what: str = "the cache"
+) -> list:
     """Log-probabilities before each reference token, the cache fed the reference tokens."""
     prefill(model, cache, prompt[:-1], ubatch)
     token, lps = prompt[-1], []
     for nxt in ref:
         lp = _log_softmax(decode(model, cache, token))
         mx.eval(lp)
-        check_finite(lp, "teacher-forced decoding", len(prompt) - 1 + len(lps))
+        check_finite(lp, f"{what}, teacher-forced decoding", len(prompt) - 1 + len(lps))
         lps.append(lp)
         token = nxt
     return lps
@@ -137,7 +141,7 @@ def kl_along(ref_lps: list, lps: list) -> np.ndarray:
 def reference(model, prompt: list[int], n_new: int, ubatch=None) -> tuple[list[int], list]:
     """The float32 cache's greedy continuation and its log-probabilities."""
     cache = make_cache(CacheSpec("fp32"), model.config, len(prompt) + n_new, "reference")
-    return free_run(model, cache, prompt, n_new, ubatch)
+    return free_run(model, cache, prompt, n_new, ubatch, "the float32 cache")
 
 
 def generate_error(
@@ -149,11 +153,12 @@ def generate_error(
     for prompt, (ref_tokens, ref_lps) in zip(prompts, refs):
         cap = len(prompt) + n_new
         cache = make_deferred(spec, model.config, cap, kernel, tile_kv, start)
-        tokens, _ = free_run(model, cache, prompt, n_new, ubatch)
+        tokens, _ = free_run(model, cache, prompt, n_new, ubatch, f"the {spec.label} cache")
         diverge.append(first_divergence(tokens, ref_tokens))
         agree.append(np.mean([a == b for a, b in zip(tokens, ref_tokens)]))
         cache = make_deferred(spec, model.config, cap, kernel, tile_kv, start)
-        kls.append(kl_along(ref_lps, teacher_forced(model, cache, prompt, ref_tokens, ubatch)))
+        forced = teacher_forced(model, cache, prompt, ref_tokens, ubatch, f"the {spec.label} cache")
+        kls.append(kl_along(ref_lps, forced))
     kl = np.concatenate(kls)
     return {
         "gen_first_diverge": float(np.mean(diverge)),
