@@ -209,3 +209,22 @@ def test_fp8_retrieval_rows_count_saturated_elements(tiny):
     ]
     assert rows[0]["kv_saturated"] > 0 == rows[1]["kv_saturated"]
     assert "kv_saturated" not in engine.build(case(phase="retrieval", task="passkey")).check()
+
+
+@pytest.mark.parametrize("start", [0, 40])
+def test_fp8_generate_rows_count_saturated_elements(tiny, start):
+    """kv_saturated over every prompt's free run, through the fp16-first cache too."""
+    rows = [
+        engine.build(
+            case(
+                phase="generate",
+                context_len=48,
+                gen_tokens=4,
+                kv_dtype="fp8_e5m2",
+                fp8_scale=s,
+                quantized_kv_start=start,
+            )
+        ).check()  # fmt: skip
+        for s in (1e-6, "one")
+    ]
+    assert rows[0]["kv_saturated"] > 0 == rows[1]["kv_saturated"]

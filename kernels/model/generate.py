@@ -80,6 +80,10 @@ class DeferredCache:
     def arrays(self) -> list[mx.array]:
         return (self.late or self.early).arrays()
 
+    def saturated(self) -> int:
+        """K/V elements the spec's cache stored saturated (FP8); the fp16 part stores none."""
+        return self.late.saturated() if self.switched else 0
+
 
 def make_deferred(spec, config, capacity, kernel="reference", tile_kv=None, start=0):
     """The spec's cache, fp16 until `start` positions are held (start 0: the plain cache)."""
@@ -148,19 +152,22 @@ def generate_error(
     model, prompts, refs, spec, n_new: int, kernel="reference", tile_kv=None, start=0, ubatch=None
 ) -> dict:
     """gen_first_diverge (mean over prompts), gen_first_diverge_min, gen_agree, gen_kl_mean,
-    gen_kl_max, gen_tokens_scored of `spec` against `refs` (reference() of each prompt)."""
-    diverge, agree, kls = [], [], []
+    gen_kl_max, gen_tokens_scored of `spec` against `refs` (reference() of each prompt); with
+    an FP8 format, kv_saturated over every prompt's free run."""
+    diverge, agree, kls, sat = [], [], [], []
     for prompt, (ref_tokens, ref_lps) in zip(prompts, refs):
         cap = len(prompt) + n_new
         cache = make_deferred(spec, model.config, cap, kernel, tile_kv, start)
         tokens, _ = free_run(model, cache, prompt, n_new, ubatch, f"the {spec.label} cache")
+        sat.append(cache.saturated())
         diverge.append(first_divergence(tokens, ref_tokens))
         agree.append(np.mean([a == b for a, b in zip(tokens, ref_tokens)]))
         cache = make_deferred(spec, model.config, cap, kernel, tile_kv, start)
         forced = teacher_forced(model, cache, prompt, ref_tokens, ubatch, f"the {spec.label} cache")
         kls.append(kl_along(ref_lps, forced))
     kl = np.concatenate(kls)
-    return {
+    out = {"kv_saturated": sum(sat)} if spec.saturates else {}
+    return out | {
         "gen_first_diverge": float(np.mean(diverge)),
         "gen_first_diverge_min": int(min(diverge)),
         "gen_agree": float(np.mean(agree)),
