@@ -21,7 +21,13 @@ from kvbench.kernels.model.cache import (
     make_cache,
 )
 from kvbench.kernels.model.load import Shape
-from kvbench.kernels.model.protocol import LEVELS, ModelCache, RewindableCache, StoredCache
+from kvbench.kernels.model.protocol import (
+    LEVELS,
+    ModelCache,
+    PartedCache,
+    RewindableCache,
+    StoredCache,
+)
 from kvbench.kernels.model.spec import CacheSpec
 
 SHAPE = Shape("llama", n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, vocab=64,
@@ -49,10 +55,10 @@ def build(cls):
 
 # each implementation and the level it claims
 CLAIMS = {
-    PlainCache: RewindableCache,
-    MixedCache: RewindableCache,
-    WindowCache: RewindableCache,
-    LayeredCache: RewindableCache,
+    PlainCache: PartedCache,
+    MixedCache: PartedCache,
+    WindowCache: PartedCache,
+    LayeredCache: PartedCache,
     generate.DeferredCache: StoredCache,
     capture._Tap: ModelCache,
 }
@@ -92,6 +98,7 @@ def test_members_of_each_level():
     assert sorted(members(RewindableCache)) == sorted(
         ["attend", "advance", "arrays", "mark", "rewind", "held_bytes", "saturated"]
     )
+    assert set(members(PartedCache)) - set(members(RewindableCache)) == {"write", "read"}
 
 
 @pytest.mark.parametrize("cls", list(CLAIMS), ids=lambda c: c.__name__)
@@ -139,3 +146,21 @@ def test_a_class_missing_a_member_is_not_the_level():
 
     assert isinstance(Half(), ModelCache)
     assert not isinstance(Half(), StoredCache) and not isinstance(Half(), RewindableCache)
+
+
+@pytest.mark.parametrize("cls", [c for c, lv in CLAIMS.items() if lv is PartedCache],
+                         ids=lambda c: c.__name__)  # fmt: skip
+def test_write_then_read_is_attend(cls):
+    """Two steps (2 tokens, then 1) through attend on one cache and through write + read on
+    another: the same outputs to the bit (one computation, split in two calls)."""
+    a, b = build(cls), build(cls)
+    layers = 1 if cls is WindowCache else SHAPE.n_layers
+    for n, seed in ((2, 0), (1, 3)):
+        q = mx.random.normal((1, SHAPE.n_heads, n, SHAPE.head_dim), key=mx.random.key(seed))
+        k = mx.random.normal((1, SHAPE.n_kv_heads, n, SHAPE.head_dim), key=mx.random.key(seed + 1))
+        for layer in range(layers):
+            want = a.attend(layer, q, k, 2 * k, 0.2)
+            b.write(layer, k, 2 * k)
+            assert mx.array_equal(b.read(layer, q, 0.2), want)
+        a.advance(n)
+        b.advance(n)

@@ -327,7 +327,7 @@ MODEL_FLOORS = {
     "cache": 1, "seam": 1,
     "load": 2,
     "run": 3, "source": 3,
-    "quality": 4, "retrieval": 4, "generate": 4,
+    "quality": 4, "retrieval": 4, "generate": 4, "parts": 4,
     "capture": 5, "passkey": 5,
 }  # fmt: skip
 MODEL = "kvbench.kernels.model"

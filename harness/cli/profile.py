@@ -16,6 +16,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
         metavar="PATH.gputrace",
         help="also write a Metal GPU capture of one step (Apple silicon; MTL_CAPTURE_ENABLED=1)",
     )
+    prof.add_argument(
+        "--ubatch",
+        type=int,
+        metavar="N",
+        help="a model_decode case: profile a prefill micro-batch of N tokens, not a decode step",
+    )
     prof.add_argument("--device", choices=("cpu", "gpu"))
     prof.set_defaults(func=run)
     return prof
@@ -26,5 +32,5 @@ def run(args) -> int:
     from kvbench.run.profile import profile
 
     set_device(args.device)
-    print(profile(args.suite, args.case, args.metal_capture))
+    print(profile(args.suite, args.case, args.metal_capture, args.ubatch))
     return 0

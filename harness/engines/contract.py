@@ -62,6 +62,9 @@ class State:
     # the case resolved once (spec/resolved.py: formats, cells, exact and planned bytes); the
     # runner's row reads its formats. None: the runner resolves the case itself
     resolved: Resolved | None = None
+    # what `kvbench profile` reads beyond the stages: a model step's parts
+    # (engines/model_step.py ModelStep); None for every other engine
+    profile: object | None = None
 
 
 class Engine(NamedTuple):

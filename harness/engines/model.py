@@ -30,12 +30,13 @@ import mlx.core as mx
 
 from kvbench.case import Case
 from kvbench.engines.contract import State, memory_baseline
+from kvbench.engines.model_step import ModelStep
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.model import cache as kv_store
 from kvbench.kernels.model import meter, quality
 from kvbench.kernels.model import spec as kv_spec
 from kvbench.kernels.model.load import load_model
-from kvbench.kernels.model.run import decode_step, prefill
+from kvbench.kernels.model.run import prefill
 from kvbench.kernels.model.source import model_file
 from kvbench.kernels.model.text import default_text, text_file
 from kvbench.kernels.model.tokenizer import load_tokenizer
@@ -104,10 +105,14 @@ def reference_of(name: str, text: str, context_len: int, n_chunks: int):
     return chunks, ref, m.wall_s
 
 
-def decode_state(case: Case) -> State:
+def decode_state(case: Case, n_new: int = 1) -> State:
+    """The timed step: n_new tokens (at most UBATCH) at depth context_len - n_new
+    (engines/model_step.py); 1 is the model_decode phase's decode step, more a prefill
+    micro-batch (kvbench profile --ubatch). With settings.stages the runner also times the
+    step's KV write and attention over the stored cache on their own (write_ms, attend_ms)."""
     model, _ = model_of(case.model)
     spec = spec_of(case)
-    depth = case.context_len - 1
+    depth = case.context_len - n_new
     tokens = tokens_of(case.model, case.text)
     if len(tokens) < case.context_len:
         raise ValueError(f"text {case.text}: {len(tokens)} tokens, fewer than context_len")
@@ -116,25 +121,21 @@ def decode_state(case: Case) -> State:
                                 max_step=UBATCH)  # fmt: skip
     prefill(model, cache, list(tokens[:depth]), UBATCH)
     mx.eval(cache.arrays())
-    alloc, mark, token = cache.held_bytes(), cache.mark(), tokens[depth]
     # FP8: what the prefill stored saturated (the timed steps rewrite one position over again)
     held = {"kv_saturated": cache.saturated()} if spec.saturates else {}
-
-    def step() -> list[mx.array]:
-        cache.rewind(mark)  # every sample decodes the same context_len-th token
-        return [decode_step(model, cache, token), *cache.arrays()]
-
+    step = ModelStep(model, cache, list(tokens[depth : case.context_len]))
     return State(
-        {"step": step},
+        {"step": step, "write": step.part("write"), "attend": step.part("attend")},
         lambda: held,
         traffic=decode_traffic(case, model),
         flops=decode_flops(case, model),
         bits_per_elem=bits_per_elem(case),
         kv_bytes=kv_bytes(case),
-        alloc_bytes=alloc,
+        alloc_bytes=cache.held_bytes(),
         baseline_bytes=baseline,
         cache=cache.arrays,
         effective=effective(case),
+        profile=step,
     )
 
 

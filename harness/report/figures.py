@@ -309,12 +309,14 @@ def accuracy(cur: pd.DataFrame) -> Figure | None:
 
 def all_figures(cur, history, compare_rows, order) -> list[Figure]:
     """Every figure the data supports, in page order (the questions first)."""
+    from kvbench.report.kvshare import kv_share_figure
     from kvbench.report.ratios import formats, layouts, quality, roofline
     from kvbench.report.tasks import generate, quality_context, retrieval
     from kvbench.report.tradeoff import tradeoff
     from kvbench.report.views import compare, history_fig, peers, residency, tiles
 
-    figs = [latency(cur), formats(cur), layouts(cur), tiles(cur), peers(cur), quality(cur)]
+    figs = [latency(cur), formats(cur), kv_share_figure(cur), layouts(cur), tiles(cur), peers(cur)]
+    figs += [quality(cur)]
     figs += [tradeoff(cur), quality_context(cur), retrieval(cur), generate(cur)]
     figs += [accuracy(cur), memory(cur), residency(cur), bandwidth(cur), roofline(cur)]
     figs += [history_fig(history, order), compare(compare_rows)]

@@ -17,8 +17,9 @@ import mlx.core as mx
 
 from kvbench import engines, stats
 from kvbench.case import Case
+from kvbench.engines import model as model_engine
 from kvbench.errors import UserError
-from kvbench.run import runner
+from kvbench.run import model_profile, runner
 from kvbench.run.context import backend_name
 from kvbench.spec.suite import expand, load_suite
 
@@ -97,8 +98,12 @@ def write_capture(case: Case, path: str) -> None:
         mx.metal.stop_capture()
 
 
-def profile(suite_path: str, case_id: str, metal_capture: str | None = None) -> str:
-    """Run one case of a suite with every stage timed; the breakdown as text."""
+def profile(
+    suite_path: str, case_id: str, metal_capture: str | None = None, ubatch: int | None = None
+) -> str:
+    """Run one case of a suite with every stage timed; the breakdown as text. A model_decode
+    case is profiled part by part (run/model_profile.py); `ubatch`: a prefill micro-batch of
+    that many tokens instead of its decode step."""
     suite = load_suite(suite_path)
     case = find_case(expand(suite), case_id, suite_path)
     backend = backend_name()
@@ -109,6 +114,20 @@ def profile(suite_path: str, case_id: str, metal_capture: str | None = None) -> 
         problem = capture_problem(metal_capture, backend)
         if problem:
             raise UserError(f"--metal-capture: {problem}")
+    if ubatch is not None and not 1 <= ubatch < case.context_len:
+        raise UserError(f"{suite_path}: --ubatch {ubatch}: must be from 1 to context_len - 1 "
+                        f"({case.context_len - 1}) of case {case.case_id}")  # fmt: skip
+    if engines.engine_for(case).build is model_engine.build and case.phase == "model_decode":
+        text = model_profile.profile_model(case, suite.settings, backend, ubatch or 1)
+        if metal_capture is not None:
+            write_capture(case, metal_capture)
+            text += f"\nMetal GPU capture of one step: {metal_capture} (open in Xcode)"
+        return text
+    if ubatch is not None:
+        raise UserError(
+            f"{suite_path}: --ubatch: only a model_decode case has a prefill micro-batch to "
+            f"profile; case {case.case_id} is phase {case.phase}"
+        )
     settings = dataclasses.replace(suite.settings, stages=True)
     run = runner.CaseRun(case)
     for round_no in range(settings.rounds):

@@ -18,7 +18,7 @@ from kvbench.kernels.attention.registry import KERNELS, kv_scaled, rotated, unsu
 from kvbench.kernels.formats.protocol import Stored
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.formats.rotation import rotate
-from kvbench.kernels.model.protocol import RewindableCache
+from kvbench.kernels.model.protocol import PartedCache
 from kvbench.kernels.model.spec import CacheSpec
 from kvbench.kernels.stores.cache import ALL, KVCache, KVStore
 from kvbench.kernels.stores.window import Ring
@@ -101,14 +101,21 @@ class PlainCache:
         self.rot, self.spec = spec.rot(head_dim), spec
 
     def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
-        # rows stored rotated; the kernel gets q rotated and its output is rotated back
-        q, k = self.spec.keys_in_order(q, k)
-        n = k.shape[2]
+        self.write(layer, k, v)
+        return self.read(layer, q, scale)
+
+    def write(self, layer: int, k, v) -> None:
+        """The new k, v [1, Hkv, n, D] stored at offset.. (rotated, quantized on write)."""
         rk, rv, bk, bv = self.rot
-        parts = self.formats.encode(layer, rotate(k, rk, bk), rotate(v, rv, bv))
-        self.kv.put_encoded(layer, self.kv.positions(self.offset, n), *parts)
-        ks, vs = self.kv.view(layer, self.offset + n)
-        sc = self.formats.scales(layer)
+        k, v = rotate(self.spec.key_in_order(k), rk, bk), rotate(v, rv, bv)
+        parts = self.formats.encode(layer, k, v)
+        self.kv.put_encoded(layer, self.kv.positions(self.offset, k.shape[2]), *parts)
+
+    def read(self, layer: int, q, scale: float) -> mx.array:
+        """The kernel's attention of q [1, Hq, n, D] over the layer's first offset + n positions
+        (the n new ones written): q rotated in, the output rotated back."""
+        ks, vs = self.kv.view(layer, self.offset + q.shape[2])
+        q, sc = self.spec.query_in_order(q), self.formats.scales(layer)
         return attend_kernel(
             self.kernel, q, ks, vs, self.fmt, scale, self.tile_kv, self.rot, None, sc
         )
@@ -241,13 +248,20 @@ class MixedCache:
         self.spec = spec
 
     def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
-        q, k = self.spec.keys_in_order(q, k)
-        # rotate -> quantize (write) -> dequantize (dense) -> rotate back: the dense view is in
-        # the model's basis, the same arithmetic as rotating q and the output
-        self.k[layer].write(rotate(k, self.rk, self.bk))
+        self.write(layer, k, v)
+        return self.read(layer, q, scale)
+
+    def write(self, layer: int, k, v) -> None:
+        """rotate -> quantize: the new k, v into the layer's streams."""
+        self.k[layer].write(rotate(self.spec.key_in_order(k), self.rk, self.bk))
         self.v[layer].write(rotate(v, self.rv, self.bv))
+
+    def read(self, layer: int, q, scale: float) -> mx.array:
+        """dequantize (dense) -> rotate back -> the kernel: the dense view is in the model's
+        basis, the same arithmetic as rotating q and the output."""
         kd = {"data": rotate(self.k[layer].dense(self.dtype), self.rk, self.bk)}
         vd = {"data": rotate(self.v[layer].dense(self.dtype), self.rv, self.bv)}
+        q = self.spec.query_in_order(q)
         return attend_kernel(self.kernel, q, kd, vd, self.dense_fmt, scale, self.tile_kv)
 
     def advance(self, n: int) -> None:
@@ -292,15 +306,22 @@ class WindowCache:
         self.rot, self.spec = spec.rot(head_dim), spec
 
     def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
-        q, k = self.spec.keys_in_order(q, k)  # as PlainCache: stored order and rotation
-        n = k.shape[2]
+        self.write(layer, k, v)
+        return self.read(layer, q, scale)
+
+    def write(self, layer: int, k, v) -> None:
+        """As PlainCache's: stored order and rotation, into the ring's next cells."""
         rk, rv, bk, bv = self.rot
-        cells = self.ring.write(n)
-        parts = self.formats.encode(0, rotate(k, rk, bk), rotate(v, rv, bv))
+        cells = self.ring.write(k.shape[2])
+        k, v = rotate(self.spec.key_in_order(k), rk, bk), rotate(v, rv, bv)
+        parts = self.formats.encode(0, k, v)
         self.kv.put_encoded(0, (ALL, ALL, mx.array(cells)), *parts)
-        mask = mx.array(self.ring.mask(range(self.offset, self.offset + n)))
+
+    def read(self, layer: int, q, scale: float) -> mx.array:
+        """Every cell, with the ring's visibility mask for the q.shape[2] new positions."""
+        mask = mx.array(self.ring.mask(range(self.offset, self.offset + q.shape[2])))
         ks, vs = self.kv.view(0, self.ring.size)
-        sc = self.formats.scales(0)
+        q, sc = self.spec.query_in_order(q), self.formats.scales(0)
         return attend_kernel(
             self.kernel, q, ks, vs, self.fmt, scale, self.tile_kv, self.rot, mask, sc
         )
@@ -336,6 +357,12 @@ class LayeredCache:
     def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
         return self.stores[layer].attend(0, q, k, v, scale)
 
+    def write(self, layer: int, k, v) -> None:
+        self.stores[layer].write(0, k, v)
+
+    def read(self, layer: int, q, scale: float) -> mx.array:
+        return self.stores[layer].read(0, q, scale)
+
     def advance(self, n: int) -> None:
         self.offset += n
         for s in self.stores:
@@ -361,7 +388,7 @@ class LayeredCache:
 
 def make_cache(
     spec: CacheSpec, config, capacity: int, kernel: str = "reference", tile_kv=None, max_step=None
-) -> RewindableCache:
+) -> PartedCache:
     """A cache for `config` (kernels/model/load.py Shape) holding up to `capacity` positions:
     one store for every layer when every layer keeps its whole context, else one per layer
     (config.windows: (window, sinks) of a sliding-window layer, kernels/stores/window.py's

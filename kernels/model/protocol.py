@@ -10,7 +10,10 @@ last, so a wrapper declares only what its readers use:
 * StoredCache: plus `arrays`, the stored arrays to evaluate beside a step's logits (run.prefill,
   decode timing). generate.py's DeferredCache is one.
 * RewindableCache: plus `mark` / `rewind` (a decode step repeated at a fixed depth) and
-  `held_bytes` (what the stored arrays hold now, measured). Every cache make_cache returns.
+  `held_bytes` (what the stored arrays hold now, measured).
+* PartedCache: plus `write` and `read`, the two halves of `attend` (attend = write, then
+  read), so a profile times the cache write and the attention over the stored cache apart
+  (kernels/model/parts.py). Every cache make_cache returns.
 
 tests/test_model_protocol.py finds every class of kernels/model/ with `attend` and `advance` and
 checks it against the level it claims.
@@ -66,4 +69,22 @@ class RewindableCache(StoredCache, Protocol):
         ...
 
 
-LEVELS = {"ModelCache": ModelCache, "StoredCache": StoredCache, "RewindableCache": RewindableCache}
+@runtime_checkable
+class PartedCache(RewindableCache, Protocol):
+    def write(self, layer: int, k: mx.array, v: mx.array) -> None:
+        """attend's first half: the new k, v [1, Hkv, n, D] stored at `offset`.. (quantized
+        on write)."""
+        ...
+
+    def read(self, layer: int, q: mx.array, scale: float) -> mx.array:
+        """attend's second half: attention of q [1, Hq, n, D] over what the layer holds, the n
+        new positions written (causal among them): float32 [1, Hq, n, D]."""
+        ...
+
+
+LEVELS = {
+    "ModelCache": ModelCache,
+    "StoredCache": StoredCache,
+    "RewindableCache": RewindableCache,
+    "PartedCache": PartedCache,
+}

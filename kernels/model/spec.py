@@ -103,9 +103,16 @@ class CacheSpec:
     def keys_in_order(self, q: mx.array, k: mx.array) -> tuple[mx.array, mx.array]:
         """q and k with their channels in the stored key order (q.k unchanged); with q_quant,
         q rounded as llama.cpp's CPU flash attention rounds it against a quantized K."""
-        if self.k_order == "gguf":
-            q, k = gguf_order(q), gguf_order(k)
-        return quantize_query(q, self.q_quant, self.rotate_k, self.rot(q.shape[-1])[2]), k
+        return self.query_in_order(q), self.key_in_order(k)
+
+    def key_in_order(self, k: mx.array) -> mx.array:
+        """k [..., D] with its channels in the stored key order."""
+        return gguf_order(k) if self.k_order == "gguf" else k
+
+    def query_in_order(self, q: mx.array) -> mx.array:
+        """q [..., D] in the stored key order, rounded as q_quant says."""
+        q = self.key_in_order(q)
+        return quantize_query(q, self.q_quant, self.rotate_k, self.rot(q.shape[-1])[2])
 
     def rot(self, head_dim: int) -> tuple[str, str, int | None, int | None]:
         """(rotate_k, rotate_v, K's block, V's block) at head_dim, as the attention path takes

@@ -18,6 +18,7 @@ from kvbench.analysis.findings import (
     fastest,
     formats,
     generate,
+    kv_share,
     layouts,
     memory,
     payoff,
@@ -30,7 +31,7 @@ from kvbench.analysis.findings import (
 from kvbench.analysis.findings.common import Finding
 
 # in the order the report lists them
-MODULES = (fastest, formats, payoff, layouts, tiles, peers, quality, tradeoff, accuracy,
+MODULES = (fastest, formats, payoff, kv_share, layouts, tiles, peers, quality, tradeoff, accuracy,
            retrieval, generate, by_position, memory)  # fmt: skip
 TOPICS = {m.TOPIC: m.find for m in MODULES}
 
