@@ -57,7 +57,7 @@ def measure(stages: dict, settings: Settings, step) -> dict[str, list[float]]:
 def _row(name: str, xs: list[float], step_ms: float, label: str = "") -> dict:
     s = stats.summarize(xs)
     return {"stage": name, "label": label, "n": s["n_samples"], "median_ms": s["median_ms"],
-            "ci_low_ms": s["ci_low_ms"], "ci_high_ms": s["ci_high_ms"],
+            "ci_low_ms": s["ci_low_ms"], "ci_high_ms": s["ci_high_ms"], "min_ms": min(xs),
             "pct_of_step": 100 * s["median_ms"] / step_ms}  # fmt: skip
 
 
@@ -67,10 +67,12 @@ def breakdown(samples: dict[str, list[float]]) -> dict[str, list[dict]]:
     parts = [_row(p, samples[p], step_ms, PART_NAMES[p]) for p in PART_NAMES if p in samples]
     total = sum(r["median_ms"] for r in parts)
     diff = step_ms - total
+    least = sum(r["min_ms"] for r in parts), min(samples["step"])
     summed = [
         {"stage": "sum", "label": "sum of the parts", "median_ms": total,
-         "pct_of_step": 100 * total / step_ms},
+         "pct_of_step": 100 * total / step_ms, "min_ms": least[0]},
         {"stage": "difference", "median_ms": diff, "pct_of_step": 100 * diff / step_ms,
+         "min_ms": least[1] - least[0],
          "label": "step - sum: elementwise glue no part holds (residual adds, activation "
                   "products, reshapes), less the evaluation floor counted once per part"},
     ]  # fmt: skip
@@ -94,7 +96,8 @@ def format_breakdown(case: Case, backend: str, n_new: int, table: dict) -> str:
     depth = case.context_len - n_new
     lines = [f"{case.case_id}  {case.label()}  (backend {backend})",
              f"{case.model}: one {what} at depth {depth}, every part timed on its own"]  # fmt: skip
-    head = f"{'part':<16} {'n':>4} {'median ms':>10} {'95% CI ms':>19} {'% step':>7}  what"
+    head = (f"{'part':<16} {'n':>4} {'median ms':>10} {'95% CI ms':>19} {'% step':>7} "
+            f"{'min ms':>9}  what")  # fmt: skip
     for title, key in (("", "step"), ("", "parts"), ("per layer kind", "kinds"),
                        ("framework, measured on its own", "framework")):  # fmt: skip
         if not table[key]:
@@ -103,8 +106,12 @@ def format_breakdown(case: Case, backend: str, n_new: int, table: dict) -> str:
         lines += [head] if key == "step" else []
         for r in table[key]:
             ci = f"{r['ci_low_ms']:.4g} - {r['ci_high_ms']:.4g}" if "ci_low_ms" in r else ""
-            lines.append(f"{r['stage']:<16} {r.get('n', ''):>4} {r['median_ms']:>10.4g} "
-                         f"{ci:>19} {r['pct_of_step']:>6.1f}%  {r['label']}")  # fmt: skip
+            cells = f"{r['median_ms']:>10.4g} {ci:>19} {r['pct_of_step']:>6.1f}% {r['min_ms']:>9.4g}"
+            lines.append(f"{r['stage']:<16} {r.get('n', ''):>4} {cells}  {r['label']}")
+    lines.append(
+        "min ms: the least sample, what a part costs when nothing else interferes (on a "
+        "shared machine the medians of parts timed at different moments need not add up)"
+    )
     return "\n".join(lines)
 
 
