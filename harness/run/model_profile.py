@@ -106,7 +106,9 @@ def format_breakdown(case: Case, backend: str, n_new: int, table: dict) -> str:
         lines += [head] if key == "step" else []
         for r in table[key]:
             ci = f"{r['ci_low_ms']:.4g} - {r['ci_high_ms']:.4g}" if "ci_low_ms" in r else ""
-            cells = f"{r['median_ms']:>10.4g} {ci:>19} {r['pct_of_step']:>6.1f}% {r['min_ms']:>9.4g}"
+            cells = (
+                f"{r['median_ms']:>10.4g} {ci:>19} {r['pct_of_step']:>6.1f}% {r['min_ms']:>9.4g}"
+            )
             lines.append(f"{r['stage']:<16} {r.get('n', ''):>4} {cells}  {r['label']}")
     lines.append(
         "min ms: the least sample, what a part costs when nothing else interferes (on a "
