@@ -163,3 +163,37 @@ def test_every_engine_state_carries_the_case_resolved(axes):
     assert state.resolved.k_fmt.name == "int8"
     # the engine's declared allocation is the resolved cells' exact bytes (no block table)
     assert state.alloc_bytes == state.resolved.cache_bytes - state.resolved.block_table_bytes
+
+
+# Where a format's nbytes may be called: the formula itself, one-row checks, the formats, and a
+# real model's cache (fp16 sinks and residual windows: its own structure, kernels/model/spec.py)
+NBYTES_CALLS = {
+    "kernels/stores/footprint.py": "the row byte formula, once",
+    "kernels/formats/protocol.py": "bits per element from one row",
+    "harness/spec/validate.py": "one row: does the format take this head_dim",
+    "harness/spec/plan.py": "one row: the format's check and its split into data and scales",
+    "kernels/model/spec.py": "a real model's cache: fp16 sinks and residual beside the format",
+    "kernels/model/cache.py": "a real model's residual window, flushed in groups",
+}
+
+
+def nbytes_callers(root) -> set[str]:
+    import re
+
+    found = set()
+    for top in ("harness", "kernels", "scripts"):
+        for path in (root / top).rglob("*.py"):
+            if re.search(r"\.nbytes\(", path.read_text()):
+                found.add(str(path.relative_to(root)))
+    return found
+
+
+def test_the_row_byte_formula_is_written_once(tmp_path):
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    assert nbytes_callers(root) <= set(NBYTES_CALLS)
+    # planted: an engine that writes the formula again is caught
+    (tmp_path / "harness").mkdir()
+    (tmp_path / "harness" / "x.py").write_text("b = 2 * L * fmt.nbytes(cells * hkv, d)\n")
+    assert nbytes_callers(tmp_path) == {"harness/x.py"}

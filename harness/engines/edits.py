@@ -42,6 +42,7 @@ from kvbench.kernels.stores.edits import (
     rerotate,
     rope,
 )
+from kvbench.kernels.stores.footprint import row_bytes
 from kvbench.kernels.stores.layouts import KV_PAD, LayoutStore, cells_from_tokens
 from kvbench.kernels.stores.workloads import build_layout
 from kvbench.spec import resolved
@@ -134,7 +135,9 @@ class Run:
 def traffic(case: Case, run: Run) -> tuple[int, int]:
     """(read, written) of one edit: the moved keys (rotate) or keys and values (move), format
     bytes, every layer; each read once and written once."""
-    per = run.fmt.nbytes(run.units * case.n_kv_heads, case.head_dim) * case.n_layers
+    kv = row_bytes(run.fmt, run.units, n_layers=case.n_layers, n_kv_heads=case.n_kv_heads,
+                   head_dim=case.head_dim)  # fmt: skip
+    per = kv // 2  # the keys (or the values) alone
     moved = per if run.kind == "rotate" else 2 * per
     return moved, moved
 

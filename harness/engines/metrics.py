@@ -37,9 +37,10 @@ def traffic_bytes(case: Case, fmt) -> tuple[int, int]:
     act = fmt.compute_dtype.size  # queries, outputs and incoming K/V travel in this dtype
     new = 1 if case.phase == "decode" else ctx  # positions written this call
     span = attended(case) if case.phase == "decode" else ctx
-    kv_cache = 2 * fmt.nbytes(b * hkv * span, d)  # K and V over the attended span, as stored
+    one = {"n_layers": 1, "n_kv_heads": hkv, "head_dim": d}  # one layer's K and V rows
+    kv_cache = footprint.row_bytes(fmt, b * span, **one)  # over the attended span, as stored
     kv_new_in = 2 * b * hkv * new * d * act
-    kv_new_stored = 2 * fmt.nbytes(b * hkv * new, d)
+    kv_new_stored = footprint.row_bytes(fmt, b * new, **one)
     q_and_out = b * hq * new * d * act
     read = kv_cache + kv_new_in + q_and_out
     written = kv_new_stored + q_and_out

@@ -37,6 +37,7 @@ from kvbench.engines.parity import compare_outputs, parity_gate
 from kvbench.kernels.attention.registry import KERNELS
 from kvbench.kernels.attention.tiled import DEFAULT_TILE_KV
 from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.stores.footprint import row_bytes
 from kvbench.kernels.stores.paged import (
     TABLE_ENTRY_BYTES,
     PagedStore,
@@ -174,7 +175,7 @@ def traffic(case: Case, run: Run, touched: int) -> tuple[int, int]:
     table = sum(math.prod(t.shape) * TABLE_ENTRY_BYTES for t, _ in run.inputs)
     mask = sum(math.prod(m.shape) for _, m in run.inputs)
     per_layer_read = 2 * s * hkv * d * act + s * hq * d * act + mask + table
-    per_layer_written = 2 * fmt.nbytes(s * hkv, d) + s * hq * d * act
+    per_layer_written = row_bytes(fmt, s, n_layers=1, n_kv_heads=hkv, head_dim=d) + s * hq * d * act
     copy = touched if case.page_read == "gather" else 0
     read = touched + copy + case.n_layers * per_layer_read
     return read, copy + case.n_layers * per_layer_written

@@ -38,6 +38,7 @@ from kvbench.kernels.attention.gpu.launch import Problem
 from kvbench.kernels.attention.registry import KERNELS, reference
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.stores.footprint import row_bytes
 from kvbench.kernels.stores.layouts import KV_PAD, Layout, LayoutStore
 from kvbench.kernels.stores.workloads import Replay, Workload, build_layout
 from kvbench.spec import resolved
@@ -210,7 +211,7 @@ def traffic(case: Case, run: Run, touched: int) -> tuple[int, int]:
     s, hq, hkv, d = case.n_seqs, case.n_q_heads, case.n_kv_heads, case.head_dim
     mask = sum(math.prod(m.shape) for m in run.masks)  # bool: 1 byte each, read per layer
     per_layer_read = 2 * s * hkv * d * act + s * hq * d * act + mask
-    per_layer_written = 2 * fmt.nbytes(s * hkv, d) + s * hq * d * act
+    per_layer_written = row_bytes(fmt, s, n_layers=1, n_kv_heads=hkv, head_dim=d) + s * hq * d * act
     return touched + case.n_layers * per_layer_read, case.n_layers * per_layer_written
 
 

@@ -36,6 +36,7 @@ from kvbench.kernels.attention.registry import KERNELS, reference
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.stores.cache import ALL, KVStore
+from kvbench.kernels.stores.footprint import row_bytes
 from kvbench.kernels.stores.window import Ring
 from kvbench.spec import resolved
 
@@ -100,7 +101,7 @@ def traffic(case: Case, fmt, touched: int) -> tuple[int, int]:
     s, hq, hkv, d = case.n_seqs, case.n_q_heads, case.n_kv_heads, case.head_dim
     mask = case.sink_tokens + case.window  # bool, one byte a cell, shared by the sequences
     read = 2 * s * hkv * d * act + s * hq * d * act + mask
-    written = 2 * fmt.nbytes(s * hkv, d) + s * hq * d * act
+    written = row_bytes(fmt, s, n_layers=1, n_kv_heads=hkv, head_dim=d) + s * hq * d * act
     return touched + case.n_layers * read, case.n_layers * written
 
 
