@@ -40,7 +40,9 @@ class Resolved:
     cells: int  # positions x sequences of one layer's K, as the layout allocates them
     pages: int | None  # paged: pages in the pool
     block_table_bytes: int  # paged: int32 block tables, once for all layers
-    cache_bytes: int  # exact: K and V, all layers, per-tensor scales, block tables
+    # exact bytes the layout allocates: K and V, all layers, per-tensor scales, block tables
+    # (capacity and padding included; an engine's kv_bytes counts the cells the case holds)
+    cache_bytes: int
     planned: dict  # the planned peak: cache, source, transient, total (bytes)
     layer_cells: tuple | None = None  # per layer, where a model's window layers hold fewer
 
