@@ -101,8 +101,13 @@ def test_explicit_shape_and_sizes():
         # a budget that holds more than the search's limit (#27: was a TypeError)
         ["--model", "llama-3-8b", "--budget", "1000000000TiB"],
         ["--model", "tiny", "--budget", "1000000000TiB", "--layout", "paged", "--page-size", "16"],
+        # query heads: positive, and a multiple of the KV heads
+        ["--n-layers", "2", "--n-kv-heads", "4", "--head-dim", "64", "--n-q-heads", "0",
+         "--context", "8"],
+        ["--n-layers", "2", "--n-kv-heads", "4", "--head-dim", "64", "--n-q-heads", "6",
+         "--context", "8"],
     ],
-)
+)  # fmt: skip
 def test_bad_input_is_one_line_exit_2(args, capsys):
     assert main(["plan", *args]) == 2
     err = capsys.readouterr().err
