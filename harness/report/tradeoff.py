@@ -114,4 +114,4 @@ def tradeoff(cur: pd.DataFrame) -> Figure | None:
         "has no time. The findings name the configurations never on a frontier."
     )
     title = "The trade-off: what each bit buys (KL, retrieval and decode time vs bits)"
-    return Figure("tradeoff", title, style(fig, 160 + 360 * nrow), table(d, NAMES), note)
+    return Figure("tradeoff", title, style(fig, 160 + 480 * nrow), table(d, NAMES), note)
