@@ -456,13 +456,17 @@ def check_retrieval(path: str, case: Case) -> None:
     model not fetched yet is checked when its engine builds the prompts."""
     from kvbench.kernels.model.fetch import model_path
     from kvbench.kernels.model.load import ModelError
+    from kvbench.kernels.model.passkey import prompt_sizes as passkey_sizes
     from kvbench.kernels.model.retrieval import prompt_sizes
 
     if case.model in MODELS and model_path(case.model) is None:
         return
     try:
-        prompt_sizes(case.model, case.task, case.context_len, case.depth,
-                               case.trials, case.seed)  # fmt: skip
+        if case.task == PASSKEY_LLAMACPP:  # llama.cpp's own prompt (kernels/model/passkey.py)
+            passkey_sizes(case.model, case.context_len, case.depth, case.trials)
+        else:
+            prompt_sizes(case.model, case.task, case.context_len, case.depth,
+                                   case.trials, case.seed)  # fmt: skip
     except (ModelError, ValueError) as e:
         raise SuiteError(path, "context_len", str(e)) from None
 

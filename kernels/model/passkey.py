@@ -18,6 +18,7 @@ whole prompt (a binary search). The needle goes before repetition round(depth x 
 
 from __future__ import annotations
 
+from kvbench.kernels.model import retrieval
 from kvbench.kernels.model.retrieval import Prompt, encode
 
 TASK = "passkey-llamacpp"
@@ -77,3 +78,12 @@ def prompt(tokenizer, context_len: int, depth: float, trial: int = 0) -> Prompt:
     head = len(encode(tokenizer, PREFIX, True))
     span = (head, len(tokens) - len(encode(tokenizer, SUFFIX, False)))
     return Prompt(tokens, needle_at, span, n_junk, LLAMACPP_KEY, N_PREDICT)
+
+
+def prompt_sizes(name: str, context_len: int, depth: float, trials: int) -> list[int]:
+    """The token count of every trial's prompt (ValueError naming context_len when not one
+    filler repetition fits), with the model's own tokenizer (retrieval.tokenizer_of)."""
+    if name not in retrieval._TOKENIZERS:
+        retrieval._TOKENIZERS[name] = retrieval.tokenizer_of(name)
+    tokenizer = retrieval._TOKENIZERS[name][0]
+    return [len(prompt(tokenizer, context_len, depth, i).tokens) for i in range(trials)]
