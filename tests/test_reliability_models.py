@@ -343,6 +343,7 @@ CONFIGS = {  # used to: TypeError, ZeroDivisionError or AttributeError traceback
     "vocab -1": (_config(vocab_size=-1), "vocab_size: must be a positive integer"),
     "kv heads 3 of 4": (_config(num_key_value_heads=3), "num_key_value_heads: 3 does not divide"),
     "rope NaN": (_config(rope_theta=float("nan")), "rope_theta: must be a positive finite"),
+    "layers 1e12": (_config(num_hidden_layers=10**12), "num_hidden_layers: 1,000,000,000,000 is"),
 }
 
 

@@ -184,6 +184,12 @@ def read_config(path: Path) -> dict:
     return cfg
 
 
+# far above any published model (a few hundred layers, a few hundred heads); a config past them
+# would have mlx-lm build a list of that many layers while its shape is read (a MemoryError)
+SHAPE_LIMITS = {"num_hidden_layers": 10_000, "num_attention_heads": 100_000,
+                "num_key_value_heads": 100_000}  # fmt: skip
+
+
 def _positive_int(v) -> bool:
     return isinstance(v, int) and not isinstance(v, bool) and v > 0
 
@@ -204,6 +210,10 @@ def check_config(cfg: dict, name) -> None:
         v = get(key)
         if v is not None and not _positive_int(v):
             raise ModelError(f"{name(key)}: must be a positive integer, got {v!r}")
+    for key, limit in SHAPE_LIMITS.items():
+        if get(key) is not None and get(key) > limit:
+            why = "not a model kvbench can build (mlx-lm makes an object per layer)"
+            raise ModelError(f"{name(key)}: {get(key):,} is more than {limit:,}: {why}")
     heads, kv = get("num_attention_heads"), get("num_key_value_heads")
     if kv is not None and heads % kv:
         raise ModelError(f"{name('num_key_value_heads')}: {kv} does not divide the "
