@@ -3,8 +3,9 @@
 
 examples/passkey/passkey.cpp (llama.cpp b11434) builds one string: its instruction, then
 `n_junk` repetitions of its filler sentence, the needle placed before repetition `i_pos`,
-then its question; no chat template; tokenized whole with the vocabulary's BOS
-(common_tokenize(ctx, prompt, true)); greedy decoding of at most 16 tokens. Its key is
+then its question; no chat template; tokenized whole with the vocabulary's special tokens
+(common_tokenize(ctx, prompt, true): a BOS where the vocabulary adds one, as Gemma's does and
+SmolLM2's does not); greedy decoding of at most 16 tokens. Its key is
 `rand() % 50000 + 1`, never seeded: with `--pos` given, the first rand() of the C library,
 which glibc answers 39384 (LLAMACPP_KEY; another C library gives another key, and the peer
 reads the key llama-passkey prints).
@@ -50,8 +51,15 @@ def position(n_junk: int, depth: float, trial: int = 0) -> int:
     return (min(n_junk - 1, round(depth * n_junk)) + trial) % n_junk
 
 
+def tokens(tokenizer, body: str) -> list[int]:
+    """`body` tokenized as common_tokenize(ctx, body, add_special=true) does: BOS only where the
+    vocabulary adds one (kvbench's tokenizer's own add_bos; a Hugging Face tokenizer's default
+    special tokens)."""
+    return list(tokenizer.encode(body))
+
+
 def n_tokens(tokenizer, n_junk: int) -> int:
-    return len(encode(tokenizer, text(n_junk, 0), True))
+    return len(tokens(tokenizer, text(n_junk, 0)))
 
 
 def fit_junk(tokenizer, context_len: int) -> int:
@@ -72,12 +80,10 @@ def prompt(tokenizer, context_len: int, depth: float, trial: int = 0) -> Prompt:
     before it), the haystack's span, n_junk as `units`, the key as the answer."""
     n_junk = fit_junk(tokenizer, context_len)
     i_pos = position(n_junk, depth, trial)
-    tokens = encode(tokenizer, text(n_junk, i_pos), True)
-    before = PREFIX + JUNK * i_pos
-    needle_at = len(encode(tokenizer, before, True))
-    head = len(encode(tokenizer, PREFIX, True))
-    span = (head, len(tokens) - len(encode(tokenizer, SUFFIX, False)))
-    return Prompt(tokens, needle_at, span, n_junk, LLAMACPP_KEY, N_PREDICT)
+    ids = tokens(tokenizer, text(n_junk, i_pos))
+    needle_at = len(tokens(tokenizer, PREFIX + JUNK * i_pos))
+    span = (len(tokens(tokenizer, PREFIX)), len(ids) - len(encode(tokenizer, SUFFIX, False)))
+    return Prompt(ids, needle_at, span, n_junk, LLAMACPP_KEY, N_PREDICT)
 
 
 def prompt_sizes(name: str, context_len: int, depth: float, trials: int) -> list[int]:
