@@ -118,3 +118,15 @@ def test_the_tradeoff_figure_renders_in_headless_chromium(tmp_path):
     assert [o for o in got["overlaps"] if o[0] == "plot-tradeoff"] == [], got["overlaps"]
     text = out.read_text()
     assert "The trade-off: what each bit buys" in text and "never on one: q4_0" in text
+
+
+def test_the_tradeoff_suite_covers_every_format_of_the_registry():
+    from pathlib import Path
+
+    from kvbench.kernels.formats.registry import FORMATS
+    from kvbench.spec.suite import expand, load_suite
+
+    cases = expand(load_suite(Path(__file__).resolve().parent.parent / "suites/tradeoff.yaml"))
+    quality = {c.kv_dtype for c in cases if c.phase == "quality"}
+    decode = {c.kv_dtype for c in cases if c.phase == "decode"}
+    assert quality == decode == set(FORMATS)
