@@ -47,7 +47,7 @@ def _side(df: pd.DataFrame, peer: bool) -> pd.DataFrame:
     ok = df[(df["status"] == "ok") & (df["phase"] == "quality")]
     ok = ok[(ok["kernel"] == PEER) == peer]
     keys = [k for k in PAIR_KEYS if k in ok.columns]
-    return ok.assign(**{k: ok[k].fillna("") for k in keys}).set_index(keys)
+    return ok.assign(**{k: ok[k].astype(object).fillna("") for k in keys}).set_index(keys)
 
 
 def truth_table(df: pd.DataFrame) -> pd.DataFrame:
