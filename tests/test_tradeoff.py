@@ -78,11 +78,18 @@ def test_dominance_keeps_identical_points_and_drops_equal_bits_worse_score():
 def test_fastest_kernel_per_format_at_the_context_with_most_formats():
     times, where = tradeoff.decode_times(rows(), "smollm2-135m")
     assert where == "model_decode of smollm2-135m at ctx 1K on cpu"
+    m = "smollm2-135m"
     assert times.to_dict("index") == {
-        "fp16": {"kernel": "sdpa", "median_ms": 50.0},
-        "q4_0": {"kernel": "tiled", "median_ms": 65.0},
-        "tq4_mse": {"kernel": "tiled", "median_ms": 90.0},
+        "fp16": {"kernel": "sdpa", "median_ms": 50.0, "timed_model": m},
+        "q4_0": {"kernel": "tiled", "median_ms": 65.0, "timed_model": m},
+        "tq4_mse": {"kernel": "tiled", "median_ms": 90.0, "timed_model": m},
     }
+    # a model with quality rows and no decode rows of its own borrows them, and says whose
+    other = rows().assign(
+        model=lambda d: d["model"].where(d["phase"] == "model_decode", "gemma3-270m")
+    )
+    titles = [a.text for a in tradeoff_fig(other).fig.layout.annotations]
+    assert titles[-1] == "gemma3-270m: ms per step, fastest kernel (smollm2-135m's decode rows)"
 
 
 def test_finding_names_formats_never_on_a_frontier():

@@ -6,6 +6,8 @@ per model, the time per decode step of each format's fastest kernel against the 
 
 from __future__ import annotations
 
+import math
+
 import pandas as pd
 from plotly.subplots import make_subplots
 
@@ -31,19 +33,24 @@ NAMES = {
     "kernel": "fastest decode kernel",
     "step_ms": "ms per decode step",
     "timed_at": "timed at",
+    "timed_model": "timed on",
 }
 
 
 def _panels(d: pd.DataFrame) -> list[tuple]:
-    """(model, context, metric) panels, then one decode-time panel per model that has times."""
+    """(model, context, metric) panels, then one decode-time panel per model that has times
+    (its context slot holds the model whose decode rows gave them)."""
     out = list(dict.fromkeys(zip(d["model"], d["context_len"], d["metric"])))
     timed = d.dropna(subset=["step_ms"]) if "step_ms" in d else d[:0]
-    return out + [(m, None, "time") for m in dict.fromkeys(timed["model"])]
+    pairs = dict.fromkeys(zip(timed["model"], timed["timed_model"]))
+    return out + [(m, t, "time") for m, t in pairs]
 
 
 def _title(panel: tuple) -> str:
     model, ctx, metric = panel
-    if metric == "time":
+    if metric == "time":  # ctx: the model whose decode rows were timed
+        if ctx != model:
+            return f"{model}: ms per step, fastest kernel ({ctx}'s decode rows)"
         return f"{model}: time per decode step (fastest kernel)"
     what = "KL" if metric == "KL" else "retrieval"
     return f"{model} · ctx {ctx_text(ctx)}: {what} vs bits"
@@ -100,8 +107,10 @@ def tradeoff(cur: pd.DataFrame) -> Figure | None:
                             **pos)  # fmt: skip
             fig.update_yaxes(type="log" if metric == "KL" else "linear",
                              title_text=Y_TITLE[metric], **pos)  # fmt: skip
+        bits = d.loc[d["model"] == model, "bits"]
+        span = [math.log10(bits.min() / 1.12), math.log10(bits.max() * 1.12)]  # room at the ends
         fig.update_xaxes(title_text="stored bits per K/V element (log)", type="log",
-                         tickvals=BITS_TICKS, **pos)  # fmt: skip
+                         tickvals=BITS_TICKS, range=span, **pos)  # fmt: skip
     note = (
         "Each cache configuration of the run is a point: its median KL divergence of next-token "
         "distributions against a float32 cache (or the share of retrieval answers found) "

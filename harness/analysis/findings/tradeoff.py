@@ -87,7 +87,7 @@ def decode_times(cur: pd.DataFrame, model: str) -> tuple[pd.DataFrame, str]:
     at = at[at["context_len"] == ctx]
     best = at.sort_values("median_ms").groupby("fmt", sort=False).head(1)
     where = f"{phase} of {m} at ctx {ctx_text(ctx)}" + (f" on {dev}" if dev else "")
-    return best[["fmt", "kernel", "median_ms"]].set_index("fmt"), where
+    return best[["fmt", "kernel", "median_ms"]].set_index("fmt").assign(timed_model=m), where
 
 
 def table(cur: pd.DataFrame) -> pd.DataFrame:
@@ -105,6 +105,7 @@ def table(cur: pd.DataFrame) -> pd.DataFrame:
             kernel=list(got["kernel"]) if got is not None else None,
             step_ms=list(got["median_ms"]) if got is not None else None,
             timed_at=where,
+            timed_model=list(got["timed_model"]) if got is not None else None,
         )
         out.append(p)
     return pd.concat(out, ignore_index=True)
