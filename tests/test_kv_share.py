@@ -57,7 +57,7 @@ def test_bytes_beside_time_and_the_finding_lines():
     )
     lines = [f.text for f in topic.find(rows())]
     assert any("int8/g32 · dequant_sdpa" in t and "between measured contexts" in t for t in lines)
-    assert any("at ctx 4096: KV bytes 0.50x fp16's, KV time 3.14x" in t for t in lines)
+    assert any("at ctx 4096: KV bytes 0.50x fp16's, KV time 3.14x fp16" in t for t in lines)
 
 
 def test_rows_without_the_kv_parts_give_no_figure_or_finding():
@@ -66,3 +66,14 @@ def test_rows_without_the_kv_parts_give_no_figure_or_finding():
     fig = kv_share_figure(rows())
     assert set(fig.table["cache · kernel"]) == {"fp16 · sdpa", "int8/g32 · dequant_sdpa"}
     assert len(fig.fig.data) == 4
+
+
+def test_the_base_is_fp16s_fastest_kernel_and_one_context_has_no_trend():
+    """Two fp16 kernels at 1K (KV 11 ms sdpa, 40 ms reference): int8's ratio is against 11."""
+    d = rows()
+    d = pd.concat([d, pd.DataFrame([row("fp16", 1024, 20, 20, 100, 2000 * 1024,
+                                        kernel="reference")])])  # fmt: skip
+    bt = kv_share.bytes_vs_time(d).set_index("context_len")
+    assert bt.loc[1024, "kv_ms_base"] == 11 and bt.loc[1024, "kernel_base"] == "sdpa"
+    one = pd.DataFrame([row("fp32", 1024, 1, 1, 100, 1)])
+    assert kv_share.half_context(kv_share.share_rows(one)) == (None, "one context")

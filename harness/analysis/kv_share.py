@@ -46,7 +46,8 @@ def _fit(x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
 
 def half_context(g: pd.DataFrame) -> tuple[float | None, str]:
     """(context, how) where the KV share passes one half for one configuration's rows; how is
-    "measured", "extrapolated", "never" or "below" (already past half at the least context)."""
+    "measured", "extrapolated", "never", "below" (already past half at the least context) or
+    "one context" (below half, no trend to read)."""
     p = g.groupby("context_len")[["kv_ms", "rest_ms", "kv_share"]].median().sort_index()
     x, s = p.index.to_numpy(dtype=float), p["kv_share"].to_numpy()
     if s[0] >= HALF:
@@ -57,7 +58,7 @@ def half_context(g: pd.DataFrame) -> tuple[float | None, str]:
                 "measured"
             )
     if len(x) < 2:
-        return None, "never"
+        return None, "one context"
     a, b = _fit(x, p["kv_ms"].to_numpy())
     c, d = _fit(x, p["rest_ms"].to_numpy())
     if b <= d:
@@ -83,13 +84,16 @@ def half_table(cur: pd.DataFrame) -> pd.DataFrame:
 
 
 def bytes_vs_time(cur: pd.DataFrame, base: str = "fp16") -> pd.DataFrame:
-    """Per (model, context, configuration) against the `base` format's row of the same model,
-    context and kernel family: the KV bytes ratio beside the KV time ratio (kv_ms)."""
+    """Per (model, context, configuration) against the `base` format's fastest KV part (its
+    least kv_ms over kernels) at the same model and context: the KV bytes ratio beside the KV
+    time ratio, and which base kernel that was."""
     d = share_rows(cur)
     if d.empty:
         return d
-    b = d[d["kv_dtype"] == base].groupby(["model", "context_len"])[["kv_bytes", "kv_ms"]].median()
-    b = b.rename(columns={"kv_bytes": "kv_bytes_base", "kv_ms": "kv_ms_base"})
+    b = d[d["kv_dtype"] == base].sort_values("kv_ms").groupby(["model", "context_len"]).first()
+    b = b[["kv_bytes", "kv_ms", "kernel"]].rename(
+        columns={"kv_bytes": "kv_bytes_base", "kv_ms": "kv_ms_base", "kernel": "kernel_base"}
+    )
     o = d[d["kv_dtype"] != base].join(b, on=["model", "context_len"])
     o = o[o["kv_ms_base"].notna()]
     return o.assign(bytes_ratio=o["kv_bytes"] / o["kv_bytes_base"],

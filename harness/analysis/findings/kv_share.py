@@ -23,6 +23,7 @@ def half_line(r) -> str:
         "extrapolated": f"would pass half at ctx ~{_ctx(r.half_ctx or 0)} (extrapolated from "
         "straight-line fits of the KV part and the rest over the measured contexts)",
         "never": "does not pass half on these contexts' trend (the rest grows as fast or faster)",
+        "one context": "is under half (one context measured: no trend to extrapolate)",
         "below": f"is past half already at ctx {r.ctx_min}",
     }[r.half_how]
     span = (f"{r.share_min:.0%} of the step at ctx {r.ctx_min}"
@@ -38,7 +39,7 @@ def find(cur: pd.DataFrame) -> list[Finding]:
         return out
     for r in bt.sort_values(["model", "config", "context_len"]).itertuples():
         text = (f"{r.model}, {r.config} at ctx {int(r.context_len)}: KV bytes {r.bytes_ratio:.2f}x "
-                f"fp16's, KV time {r.time_ratio:.2f}x ({r.kv_ms:.3g} ms against "
-                f"{r.kv_ms_base:.3g} ms)")  # fmt: skip
+                f"fp16's, KV time {r.time_ratio:.2f}x fp16's fastest ({r.kv_ms:.3g} ms against "
+                f"{r.kv_ms_base:.3g} ms with {r.kernel_base})")  # fmt: skip
         out.append(Finding(TOPIC, text, "kvshare", False))
     return out
