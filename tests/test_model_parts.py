@@ -108,3 +108,20 @@ def test_ubatch_is_refused_where_it_means_nothing(tmp_path):
         profile(str(suite), "", ubatch=64)
     with pytest.raises(UserError, match="only a model_decode case has a prefill micro-batch"):
         profile(str(suite), "", ubatch=8)
+
+
+def test_profile_of_a_model_decode_case_goes_part_by_part(tmp_path, monkeypatch):
+    """`kvbench profile` hands a model_decode case (a GGUF model) to the model profile, with
+    the suite's settings and --ubatch."""
+    gguf = write_gguf(tmp_path / "t.gguf", weights(seed=3))
+    suite = tmp_path / "s.yaml"
+    suite.write_text(f"name: s\nfixed: {{model: {gguf}, phase: model_decode, kernel: sdpa}}\n"
+                     "sweep:\n  context_len: [32]\n")  # fmt: skip
+    seen = {}
+
+    def fake(case, settings, backend, n_new):
+        seen.update(n=n_new)
+        return "parts"
+
+    monkeypatch.setattr(model_profile, "profile_model", fake)
+    assert profile(str(suite), "", ubatch=8) == "parts" and seen == {"n": 8}

@@ -117,7 +117,7 @@ def profile(
     if ubatch is not None and not 1 <= ubatch < case.context_len:
         raise UserError(f"{suite_path}: --ubatch {ubatch}: must be from 1 to context_len - 1 "
                         f"({case.context_len - 1}) of case {case.case_id}")  # fmt: skip
-    if engines.engine_for(case).build is model_engine.build and case.phase == "model_decode":
+    if engines.engine_for(case).claims is model_engine.claims and case.phase == "model_decode":
         text = model_profile.profile_model(case, suite.settings, backend, ubatch or 1)
         if metal_capture is not None:
             write_capture(case, metal_capture)
