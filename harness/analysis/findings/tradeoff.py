@@ -34,31 +34,27 @@ def on_frontier(bits: pd.Series, score: pd.Series, lower_is_better: bool = True)
     return pd.Series(out, index=bits.index)
 
 
+def _per_config(rows: pd.DataFrame, **figures) -> pd.DataFrame:
+    """rows grouped per (model, context, config): its format, median bits and `figures`."""
+    return rows.groupby(["model", "context_len", "config"], sort=False).agg(
+        kv_dtype=("kv_dtype", "first"),
+        group_size=("group_size", "first"),
+        bits=("bits_per_elem", "median"),
+        **figures,
+    )
+
+
 def points(cur: pd.DataFrame) -> pd.DataFrame:
     """One row per (model, context, metric, config): kv_dtype, bits, value (median KL, or the
     share found), tokens or trials, and whether it is on its panel's frontier."""
     parts = []
     q = task_rows(cur, "quality", "kl_mean")
     if not q.empty and "bits_per_elem" in q:
-        keys = ["model", "context_len", "config"]
-        g = q.groupby(keys, sort=False).agg(
-            kv_dtype=("kv_dtype", "first"),
-            group_size=("group_size", "first"),
-            bits=("bits_per_elem", "median"),
-            value=("kl_mean", "median"),
-            n=("n_scored", "sum"),
-        )
+        g = _per_config(q, value=("kl_mean", "median"), n=("n_scored", "sum"))
         parts.append(g.reset_index().assign(metric="KL"))
     r = task_rows(cur, "retrieval", "n_correct")
     if not r.empty and "bits_per_elem" in r:
-        keys = ["model", "context_len", "config"]
-        g = r.groupby(keys, sort=False).agg(
-            kv_dtype=("kv_dtype", "first"),
-            group_size=("group_size", "first"),
-            bits=("bits_per_elem", "median"),
-            found=("n_correct", "sum"),
-            n=("n_trials", "sum"),
-        )
+        g = _per_config(r, found=("n_correct", "sum"), n=("n_trials", "sum"))
         g = g.assign(value=g["found"] / g["n"]).drop(columns="found")
         parts.append(g.reset_index().assign(metric="retrieval"))
     if not parts:
