@@ -22,6 +22,7 @@ from pathlib import Path
 
 from kvbench.kernels.model.text import default_text
 from kvbench.peers import llamacpp as lc
+from kvbench.peers import llamacpp_perplexity as lp
 
 PAIRS = [("f16", "f16"), ("q8_0", "q8_0"), ("q4_0", "q4_0"), ("q8_0", "q4_0"), ("q4_1", "q4_1")]
 
@@ -58,13 +59,13 @@ def quality(args, model: Path, text: Path) -> list[dict]:
     base = lc.cache_root() / "llamacpp" / f"kl-base-{tag}.bin"
     common = dict(ctx=args.ctx, chunks=args.chunks, threads=args.threads, flash_attn=True)
     raw = args.raw / f"perplexity-{tag}-f16.txt"
-    ref = lc.run_perplexity(model, text_path=text, kl_base=base, save_to=raw, **common)
+    ref = lp.run_perplexity(model, text_path=text, kl_base=base, save_to=raw, **common)
     print(f"| f16 | f16 | {ref['ppl']:.4f} ± {ref['ppl_err']:.4f} | – | – | – |", flush=True)
     rows = [ref]
     for k, v in PAIRS[1:]:
         raw = args.raw / f"kl-{tag}-{k}-{v}.txt"
         kw = dict(kl_base=base, kl=True, type_k=k, type_v=v, save_to=raw)
-        kl = lc.run_perplexity(model, **kw, **common)
+        kl = lp.run_perplexity(model, **kw, **common)
         print(
             f"| {k} | {v} | {kl['ppl']:.4f} ± {kl['ppl_err']:.4f} "
             f"| {kl['kl_mean']:.6f} ± {kl['kl_mean_err']:.6f} | {kl['kl_p99']:.6f} "

@@ -16,6 +16,7 @@ import pytest
 
 from kvbench.peers import llamacpp as lc
 from kvbench.peers import llamacpp_build as lb
+from kvbench.peers import llamacpp_perplexity as lp
 
 DATA = Path(__file__).parent / "data" / "llamacpp"
 
@@ -175,7 +176,7 @@ def test_parse_bench_json_errors():
 
 
 def test_parse_perplexity_real():
-    res = lc.parse_perplexity((DATA / "perplexity-c512-n4-f16.txt").read_text())
+    res = lp.parse_perplexity((DATA / "perplexity-c512-n4-f16.txt").read_text())
     assert (res["n_chunks"], res["n_ctx"], res["n_batch"], res["n_seq"]) == (4, 512, 2048, 4)
     assert len(res["running_ppl"]) == 4
     # the final estimate is exp(mean nll) over all chunks: the last running value
@@ -185,8 +186,8 @@ def test_parse_perplexity_real():
 
 
 def test_parse_kl_real():
-    base = lc.parse_perplexity((DATA / "perplexity-c512-n4-f16.txt").read_text())
-    res = lc.parse_kl((DATA / "kl-c512-n4-q4_0-q4_0.txt").read_text())
+    base = lp.parse_perplexity((DATA / "perplexity-c512-n4-f16.txt").read_text())
+    res = lp.parse_kl((DATA / "kl-c512-n4-q4_0-q4_0.txt").read_text())
     # PPL(base) is recomputed from the saved f16 log-probabilities, which the file keeps as
     # 16-bit values: 17.2781 here against the f16 run's own 17.2877 (0.06 %)
     assert res["ppl_base"] == pytest.approx(base["ppl"], rel=2e-3)
@@ -195,9 +196,9 @@ def test_parse_kl_real():
     assert res["kl_mean_err"] > 0 and 0 < res["same_top_p"] <= 1 and res["same_top_p_err"] > 0
     assert res["ppl_delta"] == pytest.approx(res["ppl"] - res["ppl_base"], abs=2e-3)
     with pytest.raises(ValueError, match="Mean KLD"):
-        lc.parse_kl((DATA / "perplexity-c512-n4-f16.txt").read_text())
+        lp.parse_kl((DATA / "perplexity-c512-n4-f16.txt").read_text())
     with pytest.raises(ValueError, match="Final estimate"):
-        lc.parse_perplexity("nothing here")
+        lp.parse_perplexity("nothing here")
 
 
 def test_commands():
@@ -205,7 +206,7 @@ def test_commands():
     assert " ".join(cmd) == (
         "b -m m.gguf -o json -p 0 -n 16 -d 512 -ctk q8_0 -ctv f16 -fa 1 -t 2 -r 5"
     )
-    kl = lc.perplexity_command(Path("p"), Path("m"), ctx=512, chunks=4, kl_base=Path("f"), kl=True)
+    kl = lp.perplexity_command(Path("p"), Path("m"), ctx=512, chunks=4, kl_base=Path("f"), kl=True)
     assert kl[-3:] == ["--kl-divergence-base", "f", "--kl-divergence"] and "-f" not in kl
 
 

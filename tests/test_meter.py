@@ -1,5 +1,5 @@
 """What a model phase's evidence cost (kernels/model/meter.py), llama.cpp's own timings
-(peers/llamacpp.py perf_info) and the row columns they fill (store/schema.py)."""
+(peers/llamacpp_perplexity.py perf_info) and the row columns they fill (store/schema.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import pytest
 
 from kvbench.engines.llamacpp import cost_fields
 from kvbench.kernels.model import meter
-from kvbench.peers.llamacpp import perf_info
+from kvbench.peers.llamacpp_perplexity import perf_info
 from kvbench.store.schema import COLUMNS
 
 

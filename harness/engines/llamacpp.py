@@ -47,6 +47,7 @@ from kvbench.kernels.model.load import PERMUTED_ARCHS
 from kvbench.kernels.model.text import default_text, text_file
 from kvbench.peers import llamacpp
 from kvbench.peers.llamacpp_passkey import TOOL, run_passkey
+from kvbench.peers.llamacpp_perplexity import run_perplexity
 
 KERNEL = "llama.cpp"
 N_GEN = 16  # decode steps per llama-bench repetition
@@ -178,13 +179,13 @@ def base_logits(gguf: Path, text: str, ctx: int, chunks: int) -> tuple[Path, dic
     base = llamacpp.cache_root() / "kl" / f"{gguf.stem}-{text_path(text).stem}-{ctx}x{chunks}.kld"
     base.parent.mkdir(parents=True, exist_ok=True)
     common = dict(ctx=ctx, chunks=chunks, flash_attn=True, threads=threads())
-    ref = llamacpp.run_perplexity(gguf, text_path=text_path(text), kl_base=base, **common)
+    ref = run_perplexity(gguf, text_path=text_path(text), kl_base=base, **common)
     return base, ref
 
 
 def cost_fields(res: dict) -> dict:
     """The row's cost columns from a llama-perplexity result: the process's wall seconds and
-    its own prefill / decode timings (llamacpp.perf_info), with tokens per second."""
+    its own prefill / decode timings (llamacpp_perplexity.perf_info), with tokens per second."""
     out = {"wall_s": res["wall_s"]}
     for kind in ("prefill", "decode"):
         n, s = res.get(f"{kind}_tokens"), res.get(f"{kind}_s")
@@ -200,7 +201,7 @@ def quality_job(case: Case, gguf: Path):
         if not first:
             return JobResult({}, {})
         base, ref = base_logits(gguf, case.text, case.context_len, case.chunks)
-        got = llamacpp.run_perplexity(
+        got = run_perplexity(
             gguf, text_path=text_path(case.text), kl_base=base, kl=True, ctx=case.context_len,
             chunks=case.chunks, type_k=type_k, type_v=type_v, flash_attn=True, threads=threads(),
             env=rotation_env(case),
