@@ -217,6 +217,48 @@ def test_kernels_run_turbo_caches(name, kernel):
     np.testing.assert_allclose(np.array(out), np.array(want), atol=1e-2)
 
 
+def float32_twin(name: str):
+    """The format computing in float32, so two kernels' difference is the algebra's alone."""
+    fmt = get_format(name)
+    object.__setattr__(fmt, "compute_dtype", mx.float32)  # frozen dataclass: a test-only twin
+    return fmt
+
+
+@pytest.mark.parametrize("d", [64, 256])
+@pytest.mark.parametrize("name", ["tq2_mse", "tq3_mse", "tq4_mse", "tq2_prod", "tq4_prod"])
+@pytest.mark.parametrize("kernel", ["turbo_sdpa", "turbo_tiled"])
+def test_rotated_basis_kernels_equal_dequantize_then_attend(name, kernel, d):
+    """q rotated once (and the output back once) gives what decoding every row gives: in
+    float32 to float32 rounding, over GQA 3, three query positions under a causal mask and
+    tiles of 40 over 100 positions (the last tile short)."""
+    fmt = float32_twin(name)
+    rng = np.random.default_rng(d)
+    q = mx.array(rng.standard_normal((2, 6, 3, d)).astype(np.float32))
+    k, v = (fmt.encode(mx.array(rng.standard_normal((2, 2, 100, d)) * 3)) for _ in range(2))
+    kw = {"mask": "causal", "scale": d**-0.5, "tile_kv": 40}
+    out = np.array(KERNELS[kernel].fn(q, k, v, fmt, **kw))
+    want = np.array(KERNELS["dequant_sdpa"].fn(q, k, v, fmt, **kw))
+    assert np.abs(want).max() > 0.1  # the outputs are not near zero
+    np.testing.assert_allclose(out, want, rtol=0, atol=2e-5 * np.abs(want).max())
+
+
+@pytest.mark.parametrize("name", ["tq3_mse", "tq3_prod"])
+@pytest.mark.parametrize("kernel", ["turbo_sdpa", "turbo_tiled"])
+def test_rotated_basis_kernels_in_float16_match_the_reference(name, kernel):
+    """As the timed cases run them (float16 compute): within float16 rounding of the float32
+    reference over the same stored rows; and the kernels refuse every other format."""
+    fmt = get_format(name)
+    rng = np.random.default_rng(7)
+    q = mx.array(rng.standard_normal((1, 6, 1, 64)).astype(np.float16))
+    k, v = (fmt.encode(mx.array(rng.standard_normal((1, 2, 96, 64)))) for _ in range(2))
+    out = KERNELS[kernel].fn(q, k, v, fmt, mask=None, scale=0.125, tile_kv=32)
+    want = np.array(reference(q.astype(mx.float32), k, v, fmt, scale=0.125))
+    err = np.linalg.norm(np.array(out, dtype=np.float32) - want) / np.linalg.norm(want)
+    assert err < 2e-3, err
+    assert "TurboQuant" in KERNELS[kernel].accepts(get_format("q4_0"))
+    assert KERNELS[kernel].accepts(fmt) is None
+
+
 def test_bad_bit_width_group_or_head_dim():
     with pytest.raises(ValueError, match="bit width 5 not supported"):
         turbo.parse_name("tq5_mse")

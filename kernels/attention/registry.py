@@ -19,6 +19,7 @@ from kvbench.kernels.attention.gpu import kernels as gpu_kernels
 from kvbench.kernels.attention.gpu import launch
 from kvbench.kernels.attention.sharded import decode_only, partial
 from kvbench.kernels.attention.tiled import DEFAULT_TILE_KV, tiled
+from kvbench.kernels.attention.turbo import turbo_only, turbo_sdpa, turbo_tiled
 from kvbench.kernels.formats.rotation import rotate
 
 
@@ -142,6 +143,9 @@ KERNELS = {
     "quantized_matmul": Kernel(quantized_matmul, mlx_modes_only, ("cpu", "metal")),
     "tiled": Kernel(tiled, any_format, default_tile=DEFAULT_TILE_KV),
     "partial": Kernel(partial, any_format, fits=decode_only),  # one rank of a sharded step
+    # TurboQuant read in its rotated basis: q rotated once, not every row (attention/turbo.py)
+    "turbo_sdpa": Kernel(turbo_sdpa, turbo_only),
+    "turbo_tiled": Kernel(turbo_tiled, turbo_only, default_tile=DEFAULT_TILE_KV),
     "metal": Kernel(
         gpu_kernels.metal, gpu_kernels.accepts, ("metal",), gpu_kernels.fits("metal"), GPU_TILE
     ),

@@ -207,6 +207,36 @@ class TurboQuant(Format):
         gamma = stored["rnorms"].astype(mx.float32) * math.sqrt(math.pi / 2) / d
         return y + gamma * (pm1 @ s)
 
+    def basis_rows(self, stored: Stored, dtype: mx.Dtype | None = None) -> mx.array:
+        """The stored rows as kernels/attention/turbo.py reads them, never rotated back:
+        mse n * c [..., d]; prod [n c | n g sign] [..., 2d] with g = sqrt(pi/2)/d * gamma,
+        so that basis_query(q) . basis_rows(k) = q . decode(k) and basis_output(p @ rows) =
+        p @ decode(v) (module docstring of kernels/attention/turbo.py)."""
+        n = stored["norms"].astype(mx.float32)
+        rows = n * self.centroid_rows(stored)  # [..., d]
+        if self.prod:
+            d = rows.shape[-1]
+            pm1 = unpack_bits(stored["signs"], 1).astype(mx.float32) * 2 - 1  # [..., d]
+            g = stored["rnorms"].astype(mx.float32) * (math.sqrt(math.pi / 2) / d)
+            rows = mx.concatenate([rows, (n * g) * pm1], axis=-1)  # [..., 2d]
+        return rows.astype(dtype or self.compute_dtype)
+
+    def basis_query(self, q: mx.array) -> mx.array:
+        """q [..., d] -> float32 [..., d] q R (mse) or [..., 2d] [q R | q R S^T] (prod)."""
+        rot, _, _, _, s = _mx_tables(self.mse_bits, q.shape[-1], self.seed)
+        qr = q.astype(mx.float32) @ rot
+        return mx.concatenate([qr, qr @ s.T], axis=-1) if self.prod else qr
+
+    def basis_output(self, o: mx.array) -> mx.array:
+        """Sum of p_j basis_rows(v)_j [..., d or 2d] -> float32 [..., d] in the model's basis:
+        o R^T (mse), (o[:d] + o[d:] S) R^T (prod)."""
+        d = o.shape[-1] // 2 if self.prod else o.shape[-1]
+        _, back, _, _, s = _mx_tables(self.mse_bits, d, self.seed)
+        o = o.astype(mx.float32)
+        if self.prod:
+            o = o[..., :d] + o[..., d:] @ s
+        return o @ back
+
     def decode(self, stored: Stored, dtype: mx.Dtype | None = None) -> mx.array:
         y = self.rotated_rows(stored)
         back = _mx_tables(self.mse_bits, y.shape[-1], self.seed)[1]
