@@ -28,6 +28,7 @@ import math
 from dataclasses import dataclass
 
 import mlx.core as mx
+import numpy as np
 
 from kvbench.case import Case
 from kvbench.engines import cache as cache_engine
@@ -39,7 +40,7 @@ from kvbench.kernels.attention.registry import KERNELS, reference
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.stores.footprint import row_bytes
-from kvbench.kernels.stores.layouts import KV_PAD, Layout, LayoutStore
+from kvbench.kernels.stores.layouts import KV_PAD, Layout, LayoutStore, cells_from_tokens
 from kvbench.kernels.stores.workloads import Replay, Workload, build_layout
 from kvbench.spec import resolved
 
@@ -184,6 +185,16 @@ def sequence_reference(case: Case, rp: Replay, tables, fmt) -> mx.array:
     return mx.concatenate(outs, axis=0)
 
 
+def stored_saturated(fmt, tokens, tables) -> dict:
+    """kv_saturated: elements of layer 0's K and V the format stores as its largest value
+    (FP8), over the cells of token ids `tokens` [S, L] (-1 empty) as the fill encoded them from
+    the float32 tables: every occupied cell once (a shared prefix once), the step's tokens
+    included (their cells are in the replay). {} for a format that does not saturate."""
+    _, k_tab, v_tab = tables
+    cells = [cells_from_tokens(tokens, tab) for tab in (k_tab, v_tab)]  # [S, Hkv, L, D] each
+    return cache_engine.saturated(fmt, *cells)
+
+
 def counts(case: Case, run: Run) -> dict:
     """The row's cell and byte counts (docs/streams.md)."""
     lay, fmt = run.layout, run.fmt
@@ -271,7 +282,8 @@ def build(case: Case) -> State:
         twin = Run(case, other, tables, 1)
         parity_gate(f"{case.kernel} ({other} layout)", out, twin.output(0), act)
         exact = sequence_reference(case, run.rp, tables, get_format("fp32"))
-        return compare_outputs(out, exact)
+        tokens = np.stack([st.token for st in run.layout.streams])  # [n_stream, size]
+        return compare_outputs(out, exact) | stored_saturated(fmt, tokens, tables)
 
     row = counts(case, run)
     traffic_bytes = traffic(case, run, row["bytes_touched"])

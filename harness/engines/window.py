@@ -171,7 +171,9 @@ def build(case: Case) -> State:
         dense = get_format("fp32")
         exact = reference(q32, {"data": k0}, {"data": v0}, dense, scale=scale)
         decoded = tuple(fmt.decode(x, mx.float32) for x in (ks, vs))
-        return {**compare_outputs(out, exact), "kv_recon_err": recon_err(decoded, (k0, v0))}
+        # FP8: what layer 0's ring holds after the step (each cell's last position)
+        sat = cache_engine.saturated(fmt, cells_of(k_act, ring.pos), cells_of(v_act, ring.pos))
+        return {**compare_outputs(out, exact), "kv_recon_err": recon_err(decoded, (k0, v0))} | sat
 
     row = counts(case, ring, fmt)
     return State(
