@@ -106,12 +106,41 @@ def test_explicit_shape_and_sizes():
          "--context", "8"],
         ["--n-layers", "2", "--n-kv-heads", "4", "--head-dim", "64", "--n-q-heads", "6",
          "--context", "8"],
+        # an FP8 scale that is no mode and no positive finite number, or on another format
+        *(["--model", "tiny", "--context", "8", "--kv-dtype", "fp8_e4m3", "--fp8-scale", bad]
+          for bad in ("0", "-1", "inf", "nan", "big")),
+        ["--model", "tiny", "--context", "8", "--kv-dtype", "q4_0", "--fp8-scale", "per_head"],
     ],
 )  # fmt: skip
 def test_bad_input_is_one_line_exit_2(args, capsys):
     assert main(["plan", *args]) == 2
     err = capsys.readouterr().err
     assert err.startswith("kvbench: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize(
+    "scale, per_k, shown",
+    [("one", 4, "float32 per tensor (1)"), ("0.25", 4, "float32 per tensor (0.25)"),
+     ("calibrated", 4, "calibrated on the first prefill"), ("per_head", 32, "per KV head")],
+)  # fmt: skip
+def test_fp8_scale_bytes_per_mode_by_hand(scale, per_k, shown, capsys):
+    """Llama-3-8B (32 layers, 8 KV heads, D 128), context 1024, fp8_e4m3: K and V 1024 x 8 x
+    128 = 1,048,576 B a layer each; one float32 scale for a layer's K and one for its V (4 B
+    each), or one per KV head (8 x 4 = 32 B each): scales 8 or 64 B a layer, 256 or 2,048 B
+    for the model."""
+    argv = ["plan", "--model", "llama-3-8b", "--context", "1024", "--kv-dtype", "fp8_e4m3"]
+    assert main([*argv, "--fp8-scale", scale, "--json"]) == 0
+    got = json.loads(capsys.readouterr().out)
+    assert got["layer"] == {"k_data": 1048576, "v_data": 1048576, "scales": 2 * per_k,
+                            "biases": 0, "total": 2 * 1048576 + 2 * per_k}  # fmt: skip
+    assert got["model_bytes"]["scales"] == 32 * 2 * per_k
+    assert got["total_bytes"] == 32 * (2 * 1048576 + 2 * per_k)
+    assert got["tensor_scale_bytes"] == per_k and got["fp8_scale"] == scale
+    assert main([*argv, "--fp8-scale", scale]) == 0
+    text = capsys.readouterr().out
+    assert shown in text.splitlines()[0]
+    assert f"fp8_scale {scale}: {per_k} B for each layer's K" in text
+    assert f"{32 * 2 * per_k:,} B for the model" in text
 
 
 def test_user_error_type():

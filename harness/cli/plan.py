@@ -20,6 +20,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     plan.add_argument("--context", type=int, help="context length in tokens")
     plan.add_argument("--kv-dtype", default="fp16", help="cache format (default fp16)")
     plan.add_argument("--group-size", type=int, help="scale group size (default: per row/mode)")
+    plan.add_argument(
+        "--fp8-scale",
+        default="one",
+        help="FP8 formats: one (default), calibrated, per_head or a number: the scale's bytes",
+    )
     plan.add_argument("--n-seqs", type=int, default=1, help="sequences (default 1)")
     plan.add_argument("--layout", default="per-stream", help="per-stream, unified, paged or window")
     plan.add_argument("--page-size", type=int, help="paged: slots per page (8-256)")
@@ -45,7 +50,7 @@ def run(args) -> int:
     la = LayoutArgs(args.page_size, args.window, args.sinks, args.prefix)
     plan = make_plan(
         shape, args.kv_dtype, args.group_size, args.n_seqs, args.context, budget, args.layout, la,
-        args.shards, args.shard_by, available_bytes(),
+        args.shards, args.shard_by, available_bytes(), args.fp8_scale,
     )  # fmt: skip
     print(to_json(plan) if args.json else render(plan))
     return 0

@@ -41,6 +41,7 @@ from dataclasses import asdict, dataclass
 
 from kvbench.errors import UserError
 from kvbench.kernels.attention.sharded import BY, split_bounds, split_reason
+from kvbench.kernels.formats import fp8
 from kvbench.kernels.formats.registry import FORMATS, get_format
 from kvbench.kernels.stores.footprint import LayoutArgs, cache_bytes, row_bytes
 from kvbench.kernels.stores.layouts import KV_PAD
@@ -103,6 +104,8 @@ class Plan:
     # a model's sliding-window layers (per-stream): positions each layer holds; `layer` above
     # is then a layer that keeps the whole context
     layer_positions: list | None = None
+    fp8_scale: str = "one"  # FP8: the scale mode (or number) whose bytes are counted
+    tensor_scale_bytes: int = 0  # FP8: bytes of one layer's K scale (and of its V's)
 
 
 def parse_size(text: str) -> int:
@@ -169,11 +172,17 @@ def resolve_shape(
     return KVShape(model or "custom", **base, n_q_heads=n_q_heads, windows=windows)
 
 
-def _format(kv_dtype: str, group_size: int | None, head_dim: int):
+def _format(kv_dtype: str, group_size: int | None, head_dim: int, fp8_scale="one"):
     if kv_dtype not in FORMATS:
-        raise UserError(f"--format: unknown {kv_dtype!r}; known: {', '.join(FORMATS)}")
+        raise UserError(f"--kv-dtype: unknown {kv_dtype!r}; known: {', '.join(FORMATS)}")
     try:
-        fmt = get_format(kv_dtype, group_size)
+        fp8.parse_scale(fp8_scale)
+        if fp8_scale != "one" and kv_dtype not in fp8.KINDS:
+            raise ValueError(f"applies to {', '.join(fp8.KINDS)}, not {kv_dtype}")
+    except ValueError as e:
+        raise UserError(f"--fp8-scale: {str(e).removeprefix('fp8_scale ')}") from None
+    try:
+        fmt = get_format(kv_dtype, group_size, fp8_scale)
         fmt.nbytes(1, head_dim)
     except ValueError as e:
         raise UserError(f"--group-size: {e}") from None
@@ -287,6 +296,7 @@ def make_plan(
     shards: int = 1,
     shard_by: str = "context",
     available: tuple[int, str] | None = None,
+    fp8_scale="one",
 ) -> Plan:
     """Bytes at `context_len`, or at the longest context that fits `budget_bytes` (per device
     when sharded over `shards` ranks); `available`: the device's (bytes, source) the memory
@@ -300,7 +310,7 @@ def make_plan(
         raise UserError(f"--shards: sharding is planned for layout per-stream, not {layout}")
     if shards > 1 and shape.windows:
         raise UserError("--shards: a model with sliding-window layers is not planned sharded")
-    fmt = _format(kv_dtype, group_size, shape.head_dim)
+    fmt = _format(kv_dtype, group_size, shape.head_dim, fp8_scale)
     per_token = rank_token_bytes(shape, fmt, n_seqs, 1, "context")  # all layers, K and V
     rank_per_token = rank_token_bytes(shape, fmt, n_seqs, shards, shard_by)
     if shards > 1:
@@ -371,6 +381,8 @@ def make_plan(
         available_bytes=available[0] if available else None,
         available_source=available[1] if available else None,
         layer_positions=[c // n_seqs for c in res.layer_cells] if res.layer_cells else None,
+        fp8_scale=str(fp8_scale),
+        tensor_scale_bytes=tensor,
     )
 
 
@@ -427,6 +439,12 @@ def render(plan: Plan) -> str:
             f"sliding-window layers: {n_short} of {plan.n_layers} hold "
             f"{'/'.join(f'{p:,}' for p in short) or 'every'} positions here (min(context, "
             "window)); 'per layer' below is a layer that keeps the whole context"
+        )
+    if plan.tensor_scale_bytes:
+        lines.append(
+            f"fp8_scale {plan.fp8_scale}: {plan.tensor_scale_bytes:,} B for each layer's K and "
+            f"as many for its V (float32{' per KV head' if plan.fp8_scale == 'per_head' else ''}"
+            f"), {2 * plan.tensor_scale_bytes * plan.n_layers:,} B for the model, under scales"
         )
     if plan.shards > 1:
         lines.append(
