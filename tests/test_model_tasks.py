@@ -148,6 +148,47 @@ def test_quantized_kv_start_converts_every_held_position(tiny):
     np.testing.assert_allclose(np.array(fmt.decode(ks, mx.float32)), np.array(want), atol=1e-6)
 
 
+@pytest.fixture(scope="module")
+def tiny_gemma(tmp_path_factory):
+    """gemma3_text, layers 0-2 a sliding window of 8 positions, layer 3 global."""
+    from tiny_model import write_random_mlx_dir
+
+    path = tmp_path_factory.mktemp("g") / "g"
+    return load_model(write_random_mlx_dir(path, "gemma3_text", n_layers=4))
+
+
+def _rings(cache) -> list[int]:
+    return [s.ring.size for s in cache.stores[:3]]
+
+
+@pytest.mark.parametrize("start", [0, 10])
+def test_generate_rings_hold_one_forward_not_the_context(tiny_gemma, start):
+    """generate's caches (the float32 reference, the case's, fp16 before quantized_kv_start and
+    the quantized one after) size a window layer's ring by what one forward writes: window 8 +
+    the prefill's micro-batch of 4 - 1 = 11 cells, not 8 + the capacity of 30 + 6 - 1. The
+    switch at start 10 (after the third piece, 12 positions) writes the held fp16 K/V 4 at a
+    time; the continuation is that of caches whose rings hold the whole capacity (the same
+    tokens; log-probabilities to 1e-3: a ring of another size sums attention in another order,
+    and a last-bit change of the next layer's K can move an int8 code; measured 1.2e-4)."""
+    prompt, n_new = list(TOKENS[:30]), 6
+    ref_tokens, ref_lps = G.reference(tiny_gemma, prompt, n_new, ubatch=4)
+    runs = {}
+    for step in (4, None):  # rings of 8 + 4 - 1 and of 8 + 36 - 1 cells
+        cache = G.make_deferred(CacheSpec("int8"), tiny_gemma.config, 36, start=start,
+                                max_step=step)  # fmt: skip
+        runs[step] = G.free_run(tiny_gemma, cache, prompt, n_new, ubatch=4)
+        late = cache if start == 0 else cache.late
+        assert _rings(late) == [8 + (step or 36) - 1] * 3
+        if start:
+            assert _rings(cache.early) == [8 + (step or 36) - 1] * 3
+    assert runs[4][0] == runs[None][0]
+    for a, b in zip(runs[4][1], runs[None][1]):
+        np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-3)
+    row = G.generate_error(tiny_gemma, [prompt], [(ref_tokens, ref_lps)], CacheSpec("int8"),
+                           n_new, start=start, ubatch=4)  # fmt: skip
+    assert row["gen_tokens_scored"] == n_new and row["gen_kl_mean"] >= 0
+
+
 def test_suite_checks_of_the_task_axes():
     with pytest.raises(SuiteError, match="task: only phase retrieval uses it"):
         check_model("s.yaml", case(phase="quality", task="niah"))

@@ -236,3 +236,95 @@ def test_quality_rows_carry_buckets_that_pool_to_the_mean(tiny):
     assert n == [8, 8, 8, 6] and sum(n) == r["n_scored"]  # 15 per chunk: 4, 4, 4, 3
     pooled = sum(r[f"kl_pos{i}"] * n[i - 1] for i in range(1, 5)) / sum(n)
     assert pooled == pytest.approx(r["kl_mean"], rel=1e-5)
+
+
+# ---- micro-batched chunks (#33): llama-perplexity's n_ubatch, on global and window layers ----
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma(tmp_path_factory):
+    """gemma3_text, layers 0-2 a sliding window of 8 positions, layer 3 global."""
+    from tiny_model import write_random_mlx_dir
+
+    model = load_model(write_random_mlx_dir(tmp_path_factory.mktemp("g") / "g", "gemma3_text",
+                                            n_layers=4))  # fmt: skip
+    assert model.config.windows == ((8, 0), (8, 0), (8, 0), None)
+    return model
+
+
+def _caches(monkeypatch) -> list:
+    """Every cache quality.py makes from now on (to read their rings)."""
+    made = []
+
+    def spy(*a, **kw):
+        made.append(Q.__dict__["_make_cache"](*a, **kw))
+        return made[-1]
+
+    monkeypatch.setitem(Q.__dict__, "_make_cache", Q.make_cache)
+    monkeypatch.setattr(Q, "make_cache", spy)
+    return made
+
+
+@pytest.mark.parametrize("ubatch", [4, 5, 20])
+def test_ubatched_chunk_equals_one_forward(tiny_gemma, monkeypatch, ubatch):
+    """A 40-token chunk fed in micro-batches gives the log-probabilities of one forward over
+    it, to float32 rounding (a float32 cache: the K/V of a 4-token matmul differ from a
+    40-token one's in the last bits only), through the window layers (8 positions: each
+    micro-batch here crosses the window) and the global one; 5 and 20 do not divide the chunk,
+    5 cuts a micro-batch at the scored half's start (20). Each window layer's ring holds
+    8 + ubatch - 1 cells."""
+    chunk = np.random.default_rng(1).integers(0, TINY["vocab"], 40).tolist()
+    made = _caches(monkeypatch)
+    whole = Q.chunk_logprobs(tiny_gemma, chunk, CacheSpec("fp32"))
+    parts = Q.piece_logprobs(tiny_gemma, chunk, CacheSpec("fp32"), ubatch=ubatch)
+    assert sum(p.shape[0] for p in parts) == whole.shape[0] == 19  # positions 20..38
+    np.testing.assert_allclose(np.array(mx.concatenate(parts)), np.array(whole), atol=2e-5)
+    assert [s.ring.size for s in made[0].stores[:3]] == [8 + 40 - 1] * 3  # one forward
+    assert [s.ring.size for s in made[1].stores[:3]] == [8 + ubatch - 1] * 3
+    assert made[1].stores[3].kv.capacity == 40  # the global layer holds the whole chunk
+
+
+def test_ubatched_quality_equals_one_forward(tiny_gemma):
+    """Quantized caches: a last-bit difference of a float32 K can move a q8_0 / q4_0 code by
+    one step, so the logits are not equal to float32 rounding, but the row's figures are (to
+    1e-3 relative, or 1e-6 nats where the KL itself is ~4e-5)."""
+    ch = Q.chunks(np.random.default_rng(0).integers(0, TINY["vocab"], 80).tolist(), 40, 2)
+    ref, ref_ub = Q.reference_run(tiny_gemma, ch), Q.reference_run(tiny_gemma, ch, ubatch=6)
+    assert ref_ub[0].shape == ref[0].shape == (19, TINY["vocab"])
+    for name in ("q8_0", "q4_0"):
+        whole = Q.quality(tiny_gemma, ch, CacheSpec(name), ref)
+        ub = Q.quality(tiny_gemma, ch, CacheSpec(name), ref_ub, ubatch=6)
+        assert ub["n_scored"] == whole["n_scored"] == 2 * 19 and ub["n_pos4"] == whole["n_pos4"]
+        assert ub["ppl"] == pytest.approx(whole["ppl"], rel=1e-5)
+        assert ub["ppl_ref"] == pytest.approx(whole["ppl_ref"], rel=1e-5)
+        for key in ("kl_mean", "kl_pos1", "kl_pos4", "top1_agree"):
+            assert ub[key] == pytest.approx(whole[key], rel=1e-3, abs=1e-6), (name, key)
+        assert whole["kl_mean"] > 1e-5  # the format differs from the reference: teeth
+
+
+def test_the_engine_feeds_quality_in_ubatches_of_512(tiny_gemma, monkeypatch):
+    """The engine's quality rows: chunks of 1024 in micro-batches of 512 (llama-perplexity's
+    n_ubatch), so a window layer's ring is window + sinks + 511 cells; the row says so."""
+    from kvbench.case import Case
+    from kvbench.engines import model as engine
+
+    tokens = tuple(np.random.default_rng(2).integers(0, TINY["vocab"], 1024).tolist())
+    monkeypatch.setattr(engine, "model_of", lambda name: (tiny_gemma, None))
+    monkeypatch.setattr(engine, "tokens_of", lambda name, text: tokens)
+    monkeypatch.setattr(engine, "chunk_bos", lambda name: None)
+    engine.reference_of.cache_clear()
+    made = _caches(monkeypatch)
+    try:
+        c = Case("g", 4, 4, 2, 64, 1024, phase="quality", kv_dtype="fp16", kernel="reference")
+        row = engine.build(c).check()
+        w = Case("g", 4, 4, 2, 64, 1024, phase="quality", kv_dtype="fp16", kernel="reference",
+                 window=16, sink_tokens=4)  # fmt: skip
+        wrow = engine.build(w).check()
+    finally:
+        engine.reference_of.cache_clear()
+    assert row["ubatch"] == wrow["ubatch"] == 512 and row["n_scored"] == 511
+    ref, fp16, windowed = made  # the float32 reference once, then each row's cache
+    for cache in (ref, fp16):
+        assert [s.ring.size for s in cache.stores[:3]] == [8 + 0 + 511] * 3
+    assert [s.ring.size for s in windowed.stores] == [16 + 4 + 511] * 4  # every layer a window
+    assert row["prefill_tokens"] == 1024 and row["prefill_tokens_per_s"] > 0 and row["wall_s"] > 0

@@ -62,8 +62,9 @@ def _case(phase: str, **kw) -> Case:
 
 def test_the_guard_plans_each_layers_allocation():
     """The guard plans what is allocated: a window layer's ring is window + one forward's
-    positions - 1 cells (kernels/stores/window.py): 512 + 511 for the task phases' prefill in
-    ubatches of 512, 512 + 8191 for quality's one forward over an 8192-token chunk."""
+    positions - 1 cells (kernels/stores/window.py): 512 + 511 for every model phase's prefill
+    in ubatches of 512 (quality's chunks too, as llama-perplexity's n_ubatch), not 512 + 8191
+    for one forward over an 8192-token chunk."""
     from kvbench.spec.model_plan import model_plan
 
     task = model_plan(_case("retrieval", task="passkey"), 262144, GEMMA.windows)
@@ -71,7 +72,8 @@ def test_the_guard_plans_each_layers_allocation():
     assert task["cache"] == 2 * cells * FP16_ROW == 40_879_104
     assert task["reference"] == 2 * cells * 256 * 4  # the float32 cache, the same layers
     quality = model_plan(_case("quality"), 262144, GEMMA.windows)
-    assert quality["cache"] == 2 * (3 * 8192 + 15 * 8703) * FP16_ROW
+    assert quality["cache"] == task["cache"] == 2 * (3 * 8192 + 15 * 1023) * FP16_ROW
+    assert quality["scores"] == 2 * 4 * 512 * 8192 * 4  # 4 query heads, 512 queries, float32
     # a case window makes every layer a ring of window + sinks + 511
     win = model_plan(_case("retrieval", task="passkey", window=1000, sink_tokens=24), 1, ())
     assert win["cache"] == 2 * 18 * (1024 + 511) * FP16_ROW

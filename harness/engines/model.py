@@ -12,7 +12,9 @@ cache stored in the case's format through kvbench's own formats and kernels
   the row's chunk_bos; the second half of each chunk is scored); the model runs over each chunk
   with the cache in the case's format and with a float32 cache; the row gets ppl, ppl_ref,
   delta_ppl, kl_mean, kl_p99 (KL divergence of the next-token distributions, nats) and
-  top1_agree. No stage is sampled (n_samples 0); the row states what its evidence cost:
+  top1_agree. Each chunk goes through the model in micro-batches of UBATCH tokens (the row's
+  ubatch), as llama-perplexity's default n_ubatch. No stage is sampled (n_samples 0); the
+  row states what its evidence cost:
   wall_s, prefill tokens / seconds / tokens per second, and ref_wall_s, the float32
   reference's (kernels/model/meter.py).
 * kv_bytes: the exact bytes of the cache after context_len tokens (kernels/model/spec.py kv_bytes:
@@ -44,7 +46,7 @@ from kvbench.spec.cache_spec import MODEL_PHASES, format_of, rotation_blocks, sp
 from kvbench.spec.model_plan import PREFILL_UBATCH
 
 UBATCH = PREFILL_UBATCH  # prefill micro-batch (llama.cpp's default n_ubatch): a window ring holds
-# window + UBATCH - 1 cells (kernels/stores/window.py), not window + the whole prefill
+# window + sinks + UBATCH - 1 cells (kernels/stores/window.py), not window + the whole prefill
 
 
 def claims(case: Case) -> bool:
@@ -101,8 +103,13 @@ def reference_of(name: str, text: str, context_len: int, n_chunks: int):
     model, _ = model_of(name)
     chunks = chunks_of(name, text, context_len, n_chunks)
     with meter.metered() as m:
-        ref = quality.reference_run(model, chunks)
+        ref = quality.reference_run(model, chunks, UBATCH)
     return chunks, ref, m.wall_s
+
+
+def ubatch_of(case: Case) -> int:
+    """Tokens one forward pass of the case's prefill takes at most (the row's ubatch)."""
+    return min(UBATCH, case.context_len)
 
 
 def decode_state(case: Case, n_new: int = 1) -> State:
@@ -191,10 +198,11 @@ def quality_state(case: Case) -> State:
     def check() -> dict:
         chunks, ref, ref_s = reference_of(case.model, case.text, case.context_len, case.chunks)
         with meter.metered() as m:
-            row = quality.quality(model, chunks, spec_of(case), ref, case.kernel, None,
+            row = quality.quality(model, chunks, spec_of(case), ref, case.kernel, UBATCH,
                                   case.tile_kv)  # fmt: skip
         bos = chunk_bos(case.model) is not None
-        return {**row, **m.fields(), "ref_wall_s": ref_s, "chunk_bos": bos}
+        return {**row, **m.fields(), "ref_wall_s": ref_s, "chunk_bos": bos,
+                "ubatch": ubatch_of(case)}  # fmt: skip
 
     return State({}, check, traffic=(0, 0), kv_bytes=kv_bytes(case),
                  bits_per_elem=bits_per_elem(case), effective=effective(case))  # fmt: skip

@@ -101,7 +101,7 @@ def retrieval_state(case: Case) -> State:
         row = answer_fields(case.task, got, list(ref), truth)
         row["prompt_tokens"] = max(len(p.tokens) for p in prompts_of(*key))
         row |= {"kv_saturated": sum(sat)} if spec.saturates else {}
-        return {**row, **m.fields(), "ref_wall_s": ref_s}
+        return {**row, **m.fields(), "ref_wall_s": ref_s, "ubatch": base.ubatch_of(case)}
 
     return State({}, check, traffic=(0, 0), kv_bytes=base.kv_bytes(case),
                  bits_per_elem=base.bits_per_elem(case),
@@ -129,7 +129,8 @@ def generate_state(case: Case) -> State:
                 case.quantized_kv_start, UBATCH,
             )  # fmt: skip
         bos = base.chunk_bos(case.model) is not None
-        return {**row, **m.fields(), "ref_wall_s": ref_s, "chunk_bos": bos}
+        return {**row, **m.fields(), "ref_wall_s": ref_s, "chunk_bos": bos,
+                "ubatch": base.ubatch_of(case)}  # fmt: skip
 
     return State({}, check, traffic=(0, 0), kv_bytes=base.kv_bytes(case),
                  bits_per_elem=base.bits_per_elem(case),

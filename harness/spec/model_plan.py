@@ -10,9 +10,9 @@ MLX's CPU backend segfaulted when the allocation failed. The parts, in bytes:
     window + sinks + one forward's positions - 1 (kernels/stores/footprint.py layer_cells);
   * reference: the float32 cache of the same capacity and layers (quality, retrieval, generate
     compare against it; model_decode has none);
-  * scores: attention scores and probabilities (float32) of the longest forward pass: a whole
-    chunk at once for quality, PREFILL_UBATCH positions at a time for the task phases (and the
-    prefill of model_decode), over every query head;
+  * scores: attention scores and probabilities (float32) of the longest forward pass:
+    PREFILL_UBATCH positions at a time (quality's chunks, the task phases' prompts, the prefill
+    of model_decode), over every query head;
   * logits: float32 log-probabilities kept for the comparison: quality keeps the reference's
     scored half of every chunk and one chunk of its own; generate keeps the reference's
     gen_tokens steps of every chunk and one run of its own.
@@ -29,7 +29,7 @@ from kvbench.kernels.model.spec import kv_bytes
 from kvbench.kernels.stores.footprint import layer_cells
 from kvbench.spec.cache_spec import spec_of
 
-PREFILL_UBATCH = 512  # the prefill micro-batch of the task phases (harness/engines/model_tasks.py)
+PREFILL_UBATCH = 512  # the prefill micro-batch of every model phase (llama.cpp's n_ubatch default)
 F32 = 4
 
 
@@ -43,7 +43,7 @@ def model_plan(case: Case, vocab: int, windows: tuple = ()) -> dict[str, int]:
     `windows`: the model's per-layer windows (kernels/model/load.py Shape.windows)."""
     n = capacity(case)
     layers, heads, dim = case.n_layers, case.n_kv_heads, case.head_dim
-    query = n if case.phase == "quality" else min(PREFILL_UBATCH, n)  # one forward's positions
+    query = min(PREFILL_UBATCH, n)  # one forward's positions
     if case.window is not None:
         windows = ((case.window, case.sink_tokens),) * layers
     cells = Counter(layer_cells(n, windows if len(windows) == layers else (), layers, query))
@@ -69,8 +69,8 @@ def forward_passes(case: Case) -> int:
     decode step is one; the float32 references, shared by the cases of a run, come on top;
     model_decode's timed steps are counted by its samples)."""
     pieces = math.ceil((case.context_len - 1) / PREFILL_UBATCH)
-    if case.phase == "quality":
-        return case.chunks
+    if case.phase == "quality":  # every chunk in micro-batches
+        return case.chunks * math.ceil(case.context_len / PREFILL_UBATCH)
     if case.phase == "generate":  # a free run and a teacher-forced run of every chunk
         return case.chunks * 2 * (pieces + case.gen_tokens)
     if case.phase == "retrieval":  # every trial's prompt and at least one answer token

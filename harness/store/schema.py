@@ -171,6 +171,9 @@ class _Measured:
     # every chunk starts with BOS (its first token overwritten, as llama-perplexity does where
     # the vocabulary adds BOS); False: the chunks are plain slices of the text (no BOS added)
     chunk_bos: bool | None = None
+    # tokens per forward pass of a model phase's prefill (its micro-batch: llama.cpp's
+    # n_ubatch, 512 by default): quality, retrieval and generate rows, llama.cpp's quality rows
+    ubatch: int | None = None
     # the same by position: the scored half of each chunk in 4 equal runs (1 = earliest)
     kl_pos1: float | None = None
     kl_pos2: float | None = None

@@ -33,12 +33,16 @@ FP16 = CacheSpec("fp16")
 class DeferredCache:
     """fp16 until `start` positions are held, then the spec's cache (mlx-lm's
     quantized_kv_start). A StoredCache (kernels/model/protocol.py): no mark / rewind, the
-    generate phase never rewinds."""
+    generate phase never rewinds. `max_step`: the most tokens one forward writes (the prefill's
+    micro-batch), which sizes both caches' window rings (make_cache; default capacity)."""
 
-    def __init__(self, spec, config, capacity, kernel="reference", tile_kv=None, start=0):
+    def __init__(
+        self, spec, config, capacity, kernel="reference", tile_kv=None, start=0, max_step=None
+    ):
         self.spec, self.config, self.capacity = spec, config, capacity
         self.kernel, self.tile_kv, self.start = kernel, tile_kv, start
-        self.early = make_cache(FP16, config, capacity, "reference")
+        self.max_step = max_step or capacity
+        self.early = make_cache(FP16, config, capacity, "reference", max_step=self.max_step)
         self.late = None
         self.held: list[list[mx.array]] = [[] for _ in range(2 * config.n_layers)]
         self.offset = 0
@@ -64,18 +68,20 @@ class DeferredCache:
 
     def _switch(self) -> None:
         """Every held position (its fp16 value, as mlx-lm converts its fp16 cache) written into
-        a cache in the spec's format."""
-        self.late = make_cache(self.spec, self.config, self.capacity, self.kernel, self.tile_kv)
-        if self.offset == 0:
-            return
+        a cache in the spec's format, max_step positions per write (a window layer's ring
+        takes no more at once)."""
+        self.late = make_cache(self.spec, self.config, self.capacity, self.kernel, self.tile_kv,
+                               max_step=self.max_step)  # fmt: skip
         c = self.config
         q = mx.zeros((1, c.n_heads, 1, c.head_dim), dtype=mx.float32)
-        for layer in range(c.n_layers):
-            k = mx.concatenate(self.held[2 * layer], axis=2).astype(mx.float32)
-            v = mx.concatenate(self.held[2 * layer + 1], axis=2).astype(mx.float32)
-            self.late.attend(layer, q, k, v, c.head_dim**-0.5)  # the write; output unused
-        self.late.advance(self.offset)
-        mx.eval(self.late.arrays())
+        held = [mx.concatenate(h, axis=2) for h in self.held] if self.offset else []
+        for s in range(0, self.offset, self.max_step):
+            for layer in range(c.n_layers):
+                k, v = (held[2 * layer + i][:, :, s : s + self.max_step] for i in (0, 1))
+                k, v = k.astype(mx.float32), v.astype(mx.float32)
+                self.late.attend(layer, q, k, v, c.head_dim**-0.5)  # the write; output unused
+            self.late.advance(k.shape[2])
+            mx.eval(self.late.arrays())
 
     def arrays(self) -> list[mx.array]:
         return (self.late or self.early).arrays()
@@ -85,11 +91,12 @@ class DeferredCache:
         return self.late.saturated() if self.switched else 0
 
 
-def make_deferred(spec, config, capacity, kernel="reference", tile_kv=None, start=0):
-    """The spec's cache, fp16 until `start` positions are held (start 0: the plain cache)."""
+def make_deferred(spec, config, capacity, kernel="reference", tile_kv=None, start=0, max_step=None):
+    """The spec's cache, fp16 until `start` positions are held (start 0: the plain cache);
+    max_step: the most tokens one forward writes (None: capacity)."""
     if start == 0:
-        return make_cache(spec, config, capacity, kernel, tile_kv)
-    return DeferredCache(spec, config, capacity, kernel, tile_kv, start)
+        return make_cache(spec, config, capacity, kernel, tile_kv, max_step=max_step)
+    return DeferredCache(spec, config, capacity, kernel, tile_kv, start, max_step)
 
 
 def _log_softmax(logits: mx.array) -> mx.array:
@@ -144,7 +151,8 @@ def kl_along(ref_lps: list, lps: list) -> np.ndarray:
 
 def reference(model, prompt: list[int], n_new: int, ubatch=None) -> tuple[list[int], list]:
     """The float32 cache's greedy continuation and its log-probabilities."""
-    cache = make_cache(CacheSpec("fp32"), model.config, len(prompt) + n_new, "reference")
+    cache = make_cache(CacheSpec("fp32"), model.config, len(prompt) + n_new, "reference",
+                       max_step=ubatch)  # fmt: skip
     return free_run(model, cache, prompt, n_new, ubatch, "the float32 cache")
 
 
@@ -157,12 +165,12 @@ def generate_error(
     diverge, agree, kls, sat = [], [], [], []
     for prompt, (ref_tokens, ref_lps) in zip(prompts, refs):
         cap = len(prompt) + n_new
-        cache = make_deferred(spec, model.config, cap, kernel, tile_kv, start)
+        cache = make_deferred(spec, model.config, cap, kernel, tile_kv, start, ubatch)
         tokens, _ = free_run(model, cache, prompt, n_new, ubatch, f"the {spec.label} cache")
         sat.append(cache.saturated())
         diverge.append(first_divergence(tokens, ref_tokens))
         agree.append(np.mean([a == b for a, b in zip(tokens, ref_tokens)]))
-        cache = make_deferred(spec, model.config, cap, kernel, tile_kv, start)
+        cache = make_deferred(spec, model.config, cap, kernel, tile_kv, start, ubatch)
         forced = teacher_forced(model, cache, prompt, ref_tokens, ubatch, f"the {spec.label} cache")
         kls.append(kl_along(ref_lps, forced))
     kl = np.concatenate(kls)

@@ -3,7 +3,9 @@
 Measured as llama.cpp's `llama-perplexity` does: the token stream is cut into chunks of
 `context_len` tokens, each chunk's first token replaced by BOS where the vocabulary adds one
 (chunks); each chunk starts from an empty cache, is fed in micro-batches of
-`ubatch` tokens (K/V stored in the cache's format on write, attention over the stored cache),
+`ubatch` tokens (K/V stored in the cache's format on write, attention over the stored cache;
+the engine's ubatch is 512, as llama-perplexity's: it decodes a chunk in batches of n_batch
+2048 tokens that llama_decode splits into ubatches of n_ubatch 512, common/common.h b11434),
 and only the second half of each chunk is scored (logits at positions context_len/2 ..
 context_len-2 predict the next token), so every scored token sees at least half a context.
 The float32 cache of the same model is the reference: per scored token, the KL divergence
@@ -52,6 +54,41 @@ def chunks(
     return out if bos_id is None else [[bos_id, *c[1:]] for c in out]
 
 
+def piece_logprobs(
+    model: Model,
+    chunk: list[int],
+    spec: CacheSpec,
+    kernel="reference",
+    ubatch=None,
+    tile_kv=None,
+    saturated: list | None = None,
+) -> list[mx.array]:
+    """float32 log-probabilities at the scored positions of one chunk, one evaluated array
+    [n_i, vocab] per micro-batch of `ubatch` tokens (None: the chunk in one forward) that holds
+    scored positions, in order: together the n_scored rows. The cache's window rings hold what
+    one micro-batch writes (make_cache max_step). The K/V elements the cache stored saturated
+    (FP8) appended to `saturated` when given. Kept apart so that no copy of all the rows is
+    made (Gemma at 8K: 4,095 rows x 262,144 vocabulary = 4.3 GB)."""
+    n = len(chunk)
+    first = n // 2
+    step = min(ubatch or n, n)
+    cache = make_cache(spec, model.config, n, kernel, tile_kv, max_step=step)
+    out = []
+    for s in range(0, n, step):
+        piece = mx.array([chunk[s : s + step]])
+        start = max(first - s, 0)  # logits only where they are scored
+        with meter.timed("prefill", piece.shape[1]):
+            logits = forward(model, piece, cache, logits_from=min(start, piece.shape[1]))[0]
+            mx.eval(logits, cache.arrays())
+        rows = logits[: n - 1 - max(s, first)]  # the chunk's last position has no target
+        if rows.shape[0]:
+            out.append(rows - mx.logsumexp(rows, axis=-1, keepdims=True))
+            mx.eval(out[-1])
+    if saturated is not None:
+        saturated.append(cache.saturated())
+    return out
+
+
 def chunk_logprobs(
     model: Model,
     chunk: list[int],
@@ -61,35 +98,23 @@ def chunk_logprobs(
     tile_kv=None,
     saturated: list | None = None,
 ) -> mx.array:
-    """float32 log-probabilities [n_scored, vocab] at the scored positions of one chunk; the
-    K/V elements the cache stored saturated (FP8) appended to `saturated` when given."""
-    n = len(chunk)
-    first = n // 2
-    step = ubatch or n
-    cache = make_cache(spec, model.config, n, kernel, tile_kv, max_step=step)
-    out = []
-    for s in range(0, n, step):
-        piece = mx.array([chunk[s : s + step]])
-        start = max(first - s, 0)  # logits only where they are scored
-        with meter.timed("prefill", piece.shape[1]):
-            if start < piece.shape[1]:
-                out.append(forward(model, piece, cache, logits_from=start)[0])
-            else:
-                forward(model, piece, cache, logits_from=piece.shape[1])
-            mx.eval(out, cache.arrays())
-    if saturated is not None:
-        saturated.append(cache.saturated())
-    logits = mx.concatenate(out, axis=0)[: n - 1 - first]  # the last position has no target
-    return logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+    """float32 log-probabilities [n_scored, vocab] at the scored positions of one chunk
+    (piece_logprobs, joined)."""
+    return mx.concatenate(piece_logprobs(model, chunk, spec, kernel, ubatch, tile_kv, saturated))
 
 
 def token_stats(ref_lp: mx.array, lp: mx.array, targets: list[int]) -> dict:
     """Per scored token: kl(ref || this), top-1 agreement, nll of the target (numpy arrays)."""
     kl = mx.sum(mx.exp(ref_lp) * (ref_lp - lp), axis=-1)
     agree = mx.argmax(ref_lp, axis=-1) == mx.argmax(lp, axis=-1)
-    nll = -mx.take_along_axis(lp, mx.array(targets)[:, None], axis=-1)[:, 0]
+    nll = nll_of(lp, targets)
     mx.eval(kl, agree, nll)
     return {"kl": np.array(kl), "agree": np.array(agree), "nll": np.array(nll)}
+
+
+def nll_of(lp: mx.array, targets: list[int]) -> mx.array:
+    """Negative log-likelihood of each target under log-probabilities lp [n, vocab] (lazy)."""
+    return -mx.take_along_axis(lp, mx.array(targets)[:, None], axis=-1)[:, 0]
 
 
 def targets_of(chunk: list[int]) -> list[int]:
@@ -168,13 +193,18 @@ def quality(
 ) -> dict:
     """ppl, ppl_ref, delta_ppl, kl_mean, kl_p99, top1_agree, n_scored of `spec` against `ref`
     (reference_run of the same chunks); with an FP8 format, kv_saturated: the K/V elements
-    stored saturated over every chunk, layer and head."""
+    stored saturated over every chunk, layer and head. Compared micro-batch by micro-batch, so
+    only one chunk's rows of each side are held."""
     stats, ref_nll, sat = [], [], []
     for i, (chunk, ref_lp) in enumerate(zip(token_chunks, ref)):
-        lp = chunk_logprobs(model, chunk, spec, kernel, ubatch, tile_kv, sat)
-        check_finite(lp, f"the {spec.label} cache, chunk {i}", len(chunk) // 2)
-        tg = targets_of(chunk)
-        stats.append(token_stats(ref_lp, lp, tg))
-        ref_nll.append(token_stats(ref_lp, ref_lp, tg)["nll"])
+        tg, at, parts = targets_of(chunk), 0, []
+        for lp in piece_logprobs(model, chunk, spec, kernel, ubatch, tile_kv, sat):
+            m = lp.shape[0]
+            check_finite(lp, f"the {spec.label} cache, chunk {i}", len(chunk) // 2 + at)
+            r = ref_lp[at : at + m]
+            parts.append(token_stats(r, lp, tg[at : at + m]))
+            ref_nll.append(np.array(nll_of(r, tg[at : at + m])))
+            at += m
+        stats.append({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
     out = summarize(stats, np.concatenate(ref_nll))
     return out | ({"kv_saturated": sum(sat)} if spec.saturates else {})
