@@ -7,7 +7,7 @@ import pytest
 
 from kvbench.engines.llamacpp import cost_fields
 from kvbench.kernels.model import meter
-from kvbench.peers.llamacpp_perplexity import perf_info
+from kvbench.peers.llamacpp_perplexity import pass_info, perf_info, setup_info
 from kvbench.store.schema import COLUMNS
 
 
@@ -60,3 +60,23 @@ def test_llama_cpp_cost_fields():
     assert row["decode_tokens"] == 1 and row["decode_tokens_per_s"] is None  # 0 ms: no rate
     assert set(row) <= set(COLUMNS)
     assert cost_fields({"wall_s": 3.0})["prefill_s"] is None
+
+
+# llama-perplexity at its default verbosity (b11434, SmolLM2, -c 128 --chunks 1): the setup line
+# and its own clock of the first pass, run into the next log line as it prints them
+PASS_LOG = """\
+0.15.814.749 I perplexity: calculating perplexity over 1 chunks, n_ctx=128, batch_size=2048, n_seq=16
+0.33.928.702 I perplexity: 18.11 seconds per pass - ETA 0.34.031.399 I Final estimate: PPL = 6.4009 +/- 2.15434
+"""  # noqa: E501
+
+
+def test_llama_cpp_first_pass_by_hand():
+    """The pass it times holds min(n_seq, n_chunks) chunks of n_ctx tokens: 1 x 128 here."""
+    setup = setup_info(PASS_LOG)
+    assert pass_info(PASS_LOG, setup) == {"prefill_s": 18.11, "prefill_tokens": 128}
+    two = PASS_LOG.replace("over 1 chunks, n_ctx=128", "over 40 chunks, n_ctx=512")
+    two = two.replace("n_seq=16", "n_seq=4")
+    assert pass_info(two, setup_info(two))["prefill_tokens"] == 4 * 512
+    assert pass_info("no pass here", setup) == {} and pass_info(PASS_LOG, {}) == {}
+    row = cost_fields({"wall_s": 30.0, **pass_info(PASS_LOG, setup)})
+    assert row["prefill_tokens_per_s"] == pytest.approx(128 / 18.11)

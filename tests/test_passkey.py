@@ -69,10 +69,26 @@ main: passkey = 39384, inserted at position 8 / 80 (token pos: ~198)
 def test_parse_and_command():
     got = parse_passkey(" 39384. The grass is green. The sky is blue\n\n\n", STDERR)
     assert got == {"answer_text": " 39384. The grass is green. The sky is blue", "key": "39384",
-                   "i_pos": 8, "n_junk": 80, "prompt_tokens": 1984}  # fmt: skip
+                   "i_pos": 8, "n_junk": 80, "prompt_tokens": 1984, "decode_tokens": None,
+                   "decode_s": None}  # fmt: skip
+    # its own clock of the answer (examples/passkey/passkey.cpp's closing line)
+    timed = parse_passkey("", STDERR + "main: decoded 15 tokens in 0.60 s, speed: 25.00 t/s\n")
+    assert (timed["decode_tokens"], timed["decode_s"]) == (15, 0.6)
     cmd = passkey_command("lp", "m.gguf", n_junk=80, i_pos=8, type_k="q4_0", type_v="q4_0")
     assert cmd[1:] == ["-m", "m.gguf", "--junk", "80", "--pos", "8", "-ctk", "q4_0", "-ctv",
                        "q4_0", "-fa", "1", "-t", "1"]  # fmt: skip
+
+
+def test_passkey_cost_by_hand():
+    runs = [
+        {"wall_s": 3.0, "prompt_tokens": 1984, "decode_tokens": 15, "decode_s": 0.6},
+        {"wall_s": 2.0, "prompt_tokens": 1990, "decode_tokens": 5, "decode_s": 0.2},
+    ]
+    got = llama_engine.passkey_cost(runs)
+    assert got["wall_s"] == 5.0 and got["prefill_tokens"] == 3974
+    assert got["decode_tokens"] == 20 and got["decode_tokens_per_s"] == pytest.approx(20 / 0.8)
+    untimed = llama_engine.passkey_cost([{**runs[0], "decode_tokens": None, "decode_s": None}])
+    assert untimed["decode_s"] is None and untimed["decode_tokens_per_s"] is None
 
 
 def test_llamacpp_engine_runs_only_this_retrieval_task():

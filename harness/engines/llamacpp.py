@@ -185,7 +185,8 @@ def base_logits(gguf: Path, text: str, ctx: int, chunks: int) -> tuple[Path, dic
 
 def cost_fields(res: dict) -> dict:
     """The row's cost columns from a llama-perplexity result: the process's wall seconds and
-    its own prefill / decode timings (llamacpp_perplexity.perf_info), with tokens per second."""
+    its own prefill timing (llamacpp_perplexity.pass_info: the first pass, the one it times; else
+    perf_info's closing timings), with tokens per second."""
     out = {"wall_s": res["wall_s"]}
     for kind in ("prefill", "decode"):
         n, s = res.get(f"{kind}_tokens"), res.get(f"{kind}_s")
@@ -215,6 +216,8 @@ def quality_job(case: Case, gguf: Path):
             "n_scored": case.chunks * (case.context_len // 2 - 1),  # second half, less one
             # llama-perplexity starts every chunk with BOS where the GGUF's vocabulary adds one
             "chunk_bos": model_engine.chunk_bos(case.model) is not None,
+            # no -ub given: llama-perplexity's n_ubatch default (common/common.h), per chunk
+            "ubatch": model_engine.ubatch_of(case),
         }  # fmt: skip
         accuracy |= cost_fields(got) | {"ref_wall_s": ref["wall_s"]}
         return JobResult({}, accuracy, extra={"peer_kv_types": f"{type_k}/{type_v}"})
@@ -235,6 +238,22 @@ def passkey_answer(gguf: Path, n_junk: int, i_pos: int, type_k: str, type_v: str
                        flash_attn=True, threads=threads(), env=dict(env))  # fmt: skip
 
 
+def passkey_cost(runs: list[dict]) -> dict:
+    """A passkey row's cost columns: the llama-passkey processes' wall seconds, their prompts'
+    tokens (prefill, which the tool does not time) and their answers' tokens and seconds by
+    the tool's own clock (decode), with tokens per second. A run shared with an earlier row
+    (the same prompt and cache: passkey_answer's cache) counts its first run's figures."""
+    decode_n = sum(r.get("decode_tokens") or 0 for r in runs)
+    decode_s = sum(r.get("decode_s") or 0.0 for r in runs)
+    return {
+        "wall_s": sum(r["wall_s"] for r in runs),
+        "prefill_tokens": sum(r["prompt_tokens"] for r in runs),
+        "decode_tokens": decode_n,
+        "decode_s": decode_s if decode_n else None,
+        "decode_tokens_per_s": decode_n / decode_s if decode_n and decode_s > 0 else None,
+    }
+
+
 def retrieval_job(case: Case, gguf: Path):
     type_k, type_v = types_of(case)
     env = tuple(sorted(rotation_env(case).items()))
@@ -252,6 +271,7 @@ def retrieval_job(case: Case, gguf: Path):
         truth = [r["key"] for r in runs]
         row = model_tasks.answer_fields(case.task, texts, [r["answer_text"] for r in refs], truth)
         row["prompt_tokens"] = max(r["prompt_tokens"] for r in runs)
+        row |= passkey_cost(runs) | {"ref_wall_s": sum(r["wall_s"] for r in refs)}
         return JobResult({}, row, extra={"peer_kv_types": f"{type_k}/{type_v}"})
 
     return job

@@ -12,6 +12,7 @@ attention and the rotation switch (LLAMA_ATTN_ROT_DISABLE) are the other llama.c
 from __future__ import annotations
 
 import re
+import time
 from pathlib import Path
 
 from kvbench.peers.llamacpp import LlamaCppError, fa_flag, llamacpp_bin, missing_reason, run_tool
@@ -19,6 +20,8 @@ from kvbench.peers.llamacpp import LlamaCppError, fa_flag, llamacpp_bin, missing
 TOOL = "llama-passkey"
 KEY_RE = re.compile(r"passkey = (\d+), inserted at position (\d+) / (\d+)")
 PROMPT_RE = re.compile(r"prompt tokens: (\d+)")
+# its own clock of the greedy answer (not of the prefill, which it does not time)
+DECODED_RE = re.compile(r"decoded (\d+) tokens in ([0-9.]+) s")
 
 
 def passkey_command(
@@ -43,19 +46,24 @@ def parse_passkey(stdout: str, stderr: str) -> dict:
     if key is None or prompt is None:
         tail = " | ".join(stderr.strip().splitlines()[-3:])
         raise LlamaCppError(f"{TOOL}: no passkey / prompt tokens line in its log: {tail}")
+    decoded = DECODED_RE.search(stderr)
     return {
         "answer_text": stdout.strip("\n"),
         "key": key.group(1),
         "i_pos": int(key.group(2)),
         "n_junk": int(key.group(3)),
         "prompt_tokens": int(prompt.group(1)),
+        "decode_tokens": int(decoded.group(1)) if decoded else None,
+        "decode_s": float(decoded.group(2)) if decoded else None,
     }
 
 
 def run_passkey(model: Path, timeout_s: float = 1800, env=None, **kwargs) -> dict:
-    """Run llama-passkey (passkey_command's keyword arguments) and parse it (parse_passkey)."""
+    """Run llama-passkey (passkey_command's keyword arguments) and parse it (parse_passkey), with
+    wall_s: the process's wall seconds (model load and prefill included)."""
     binary = llamacpp_bin(TOOL)
     if binary is None:
         raise LlamaCppError(missing_reason(TOOL))
+    t0 = time.perf_counter()
     stdout, stderr = run_tool(passkey_command(binary, model, **kwargs), timeout_s, env)
-    return parse_passkey(stdout, stderr)
+    return {**parse_passkey(stdout, stderr), "wall_s": time.perf_counter() - t0}

@@ -131,7 +131,7 @@ def run_perplexity(
     if save_to is not None:
         Path(save_to).write_text(text)
     res = parse_kl(text) if kwargs.get("kl") else parse_perplexity(text)
-    res.update(perf_info(text), wall_s=wall_s)
+    res.update(pass_info(text, res) or perf_info(text), wall_s=wall_s)
     # b11434 logs the cache's types only when verbose: else record the types it was given
     res.setdefault("type_k", kwargs.get("type_k", "f16"))
     res.setdefault("type_v", kwargs.get("type_v", "f16"))
@@ -141,6 +141,21 @@ def run_perplexity(
 # llama_perf_context_print (src/llama-context.cpp, b11434): batches of more than one token count
 # as prompt eval, single-token batches as eval
 PERF_RE = re.compile(rf"llama_perf_context_print: +(prompt eval|eval) time = +{NUM} ms / +(\d+) ")
+
+
+# llama-perplexity's own clock (tools/perplexity/perplexity.cpp, b11434), printed at the default
+# verbosity: its first pass (n_seq chunks of n_ctx tokens), from clearing the cache to the logits
+PASS_RE = re.compile(rf"{NUM} seconds per pass")
+
+
+def pass_info(text: str, setup: dict) -> dict:
+    """prefill_s / prefill_tokens of llama-perplexity's first pass (the one it times: its n_seq
+    chunks of n_ctx tokens; setup: setup_info's n_ctx, n_seq, n_chunks); {} without the line."""
+    m = PASS_RE.search(text)
+    if m is None or not {"n_ctx", "n_seq", "n_chunks"} <= set(setup):
+        return {}
+    tokens = setup["n_ctx"] * min(setup["n_seq"], setup["n_chunks"])
+    return {"prefill_s": float(m.group(1)), "prefill_tokens": tokens}
 
 
 def perf_info(text: str) -> dict:
