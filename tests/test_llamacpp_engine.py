@@ -78,3 +78,7 @@ def test_a_real_quality_row_compares_with_the_f16_cache():
     assert fp16.kl_mean < 1e-3 and int4.kl_mean > fp16.kl_mean
     assert int4.ppl_ref == pytest.approx(fp16.ppl_ref, rel=1e-3)  # the same saved f16 base
     assert int4.n_scored == 2 * 63  # llama-perplexity prints no KL summary for tiny runs
+    # its cost (#33 item 8): the process's wall time and the pass it times itself, the first:
+    # at -c 128 it runs n_seq = 2048 / 128 = 16 chunks at once, so both chunks of 128 tokens
+    assert int4.wall_s > 0 and int4.ubatch == 128
+    assert int4.prefill_tokens == 256 and int4.prefill_tokens_per_s > 0

@@ -89,6 +89,7 @@ def test_task_rows_state_what_their_evidence_cost(tiny):
     assert row["prefill_tokens"] == sum(len(p.tokens) - 1 for p in prompts)
     assert 2 <= row["decode_tokens"] <= sum(p.gen_tokens for p in prompts)
     assert 0 < row["prefill_s"] + row["decode_s"] <= row["wall_s"] and row["ref_wall_s"] > 0
+    assert row["ubatch"] == min(512, c.context_len) and row["decode_tokens_per_s"] > 0
     gen = engine.build(case(phase="generate", context_len=48, gen_tokens=8, chunks=2)).check()
     assert gen["prefill_tokens"] == 2 * 2 * 47 and gen["decode_tokens"] == 2 * 2 * 8
     assert gen["decode_tokens_per_s"] == pytest.approx(32 / gen["decode_s"])
