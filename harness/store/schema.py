@@ -108,6 +108,9 @@ class _Measured:
     flops: int | None = None
     tflops: float | None = None
     tokens_per_s: float | None = None
+    # model_decode rows: how the step's one-token weight products ran: "blocked" (row blocks
+    # the BLAS runs fast, kernels/model/matvec.py) or "gemm" (x @ W.T as mlx-lm writes it)
+    matvec: str | None = None
     # memory
     # kv_bytes: exact format bytes of the K/V the case holds: n_seqs x context_len for the
     # cache engine, the occupied cells for a workload

@@ -11,9 +11,10 @@ attention kernels through mlx-lm's one attention function (kernels/model/seam.py
   (`gguf.get_tensor_name_map`, the one llama.cpp's converter writes with) maps each mlx-lm
   parameter name onto its GGUF tensor, and the config.json mlx-lm wants is rebuilt from the
   GGUF metadata (GGUF_CONFIG). Dense float32 weights: the CPU path runs plain matmuls, no
-  quantized matmul, and the float32 cache that quality is measured against is the model's own
-  precision. llama.cpp's converter permutes the Q and K rows of `llama` models so that its
-  interleaved RoPE (x[2i] with x[2i+1]) computes what Hugging Face's half-split RoPE computes;
+  quantized matmul (one token's products in row blocks: kernels/model/matvec.py), and the
+  float32 cache that quality is measured against is the model's own precision. llama.cpp's
+  converter permutes the Q and K rows of `llama` models so that its interleaved RoPE (x[2i]
+  with x[2i+1]) computes what Hugging Face's half-split RoPE computes;
   the loader undoes that (PERMUTED_ARCHS), so K/V are cached in the channel order mlx-lm and
   Hugging Face hold them (this matters for group-wise and per-channel key scales).
 """
@@ -31,6 +32,8 @@ from pathlib import Path
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
+
+from kvbench.kernels.model.matvec import use_blocked
 
 PERMUTED_ARCHS = ("llama",)  # archs whose GGUF Q/K rows llama.cpp permutes for its RoPE
 
@@ -400,8 +403,8 @@ def load_model(path: str | Path) -> Model:
     if not path.exists():
         raise ModelError(f"{path}: no such file or directory")
     check_model_path(path)
-    if path.is_dir():
-        return load_mlx_dir(path)
-    if path.suffix != ".gguf":
+    if path.suffix != ".gguf" and not path.is_dir():
         raise ModelError(f"{path}: not a .gguf file or a model directory")
-    return load_gguf(path)
+    model = load_mlx_dir(path) if path.is_dir() else load_gguf(path)
+    use_blocked(model.net)  # one token's weight products on the CPU (kernels/model/matvec.py)
+    return model
