@@ -7,8 +7,9 @@ flash_decode_combine.inc) compiles as C++ and, run as written with the launch pl
 threadgroups and the arrays' strides, matches the float32 reference and the numpy emulation
 (kernels/attention/gpu/emulate.py: the same order of operations, so partials agree to float32
 rounding).
-Covers dense / fp4 / int4, GQA 1/4/8, D 64/128, lengths under and not a multiple of the tile,
-B*Hkv*L < 8, several splits and sliced (strided) caches. The Metal and CUDA preludes are not
+Covers dense / fp4 / int4 / iq4_nl / fp8_e4m3 / fp8_e5m2 (FP8 at a per-tensor and a per-head
+scale), GQA 1/2/4/8, D 64/128, all three vector widths, lengths under and not a multiple of the
+tile, B*Hkv*L < 8, several splits and sliced (strided) caches. The Metal and CUDA preludes are not
 exercised: only a GPU can do that. Skipped without g++.
 """
 
@@ -31,9 +32,11 @@ from kvbench.kernels.formats.registry import get_format
 
 ROOT = Path(__file__).resolve().parent.parent
 SIM = ROOT / "tests" / "cpu_sim" / "flash_decode_sim.cpp"
+SIM_PRELUDE = SIM.with_name("sim_prelude.h")
 GXX = shutil.which("g++")
 pytestmark = pytest.mark.skipif(GXX is None, reason="needs g++ (C++20) to build the simulation")
 SIM_TYPES = {"float16": ("_Float16", np.float16), "float32": ("float", np.float32)}
+C_TYPES = {"float16": "_Float16", "float32": "float", "uint32": "uint32_t", "uint8": "uint8_t"}
 
 # (kv_dtype, G, D, tile, threads, group_size, (B, Hkv, kv_len, capacity), n_splits)
 CONFIGS = [
@@ -44,19 +47,41 @@ CONFIGS = [
     ("fp16", 1, 64, 32, 128, None, (1, 2, 3, 16), None),  # B*Hkv*L = 6, sliced
     ("int4", 4, 64, 32, 128, 64, (1, 1, 1, 4), None),  # one position
     ("fp16", 2, 8, 32, 64, None, (1, 2, 5, 9), 2),  # D = 8: one lane per row, 32 slots
+    ("iq4_nl", 1, 128, 32, 128, None, (1, 2, 70, 80), 2),  # 16-byte vectors = one block, sliced
+    ("iq4_nl", 2, 64, 16, 64, None, (2, 1, 45, 45), 3),  # 8-byte vectors: half a block
+    ("iq4_nl", 4, 128, 32, 128, None, (1, 2, 3, 3), None),  # 4-byte vectors, L < tile
+    ("fp8_e4m3@0.25", 1, 128, 32, 128, None, (1, 2, 50, 64), 2),  # per tensor, sliced
+    ("fp8_e4m3@per_head", 4, 64, 16, 64, None, (2, 2, 37, 37), 2),  # per KV head
+    ("fp8_e5m2@per_head", 8, 128, 32, 128, None, (1, 2, 40, 48), None),  # 4-byte vectors
+    ("fp8_e5m2", 2, 64, 32, 128, None, (1, 1, 2, 2), None),  # scale 1, B*Hkv*L*D/4 words < 8
 ]
 
 
-def build(plan: launch.LaunchPlan, code: str, tmp: Path) -> Path:
+def problem_code(fmt) -> str:
+    return gpu_kernels.kv_code(fmt)
+
+
+def make_format(kv_dtype: str, gs, x: mx.array):
+    """'name' or 'name@fp8_scale'; a per_head FP8 scale calibrated on x (the kernel takes one
+    scale per KV head for K and V alike)."""
+    name, _, fp8_scale = kv_dtype.partition("@")
+    fmt = get_format(name, gs, fp8_scale=fp8_scale or "one")
+    return fmt.calibrate(x, "k")
+
+
+def build(plan: launch.LaunchPlan, code: str, tmp: Path, kt: str, st: str) -> Path:
+    """The simulation for `plan`; kt, st: the numpy dtype names of K/V data and scales."""
     t = dict(plan.template)
     defines = {
         "KV_CODE": launch.KV_CODES[code],
         "SIM_T": SIM_TYPES[t["T"]][0],
+        "SIM_KT": C_TYPES[kt],
+        "SIM_ST": C_TYPES[st],
         **{f"SIM_{n}": t[n] for n in ("G", "D", "THREADS", "GS", "VEC")},
         "SIM_TILE": t["TILE_KV"],
     }
     flags = [f"-D{k}={v}" for k, v in defines.items()]
-    sources = [SIM, gpu_kernels.COMMON, gpu_kernels.BODY, gpu_kernels.COMBINE_BODY]
+    sources = [SIM, SIM_PRELUDE, gpu_kernels.COMMON, gpu_kernels.BODY, gpu_kernels.COMBINE_BODY]
     key = hashlib.sha1("".join(flags).encode() + b"".join(p.read_bytes() for p in sources))
     exe = tmp / f"sim-{key.hexdigest()[:12]}"
     if exe.exists():
@@ -64,8 +89,8 @@ def build(plan: launch.LaunchPlan, code: str, tmp: Path) -> Path:
     cmd = [GXX, "-std=c++20", "-O1", "-fno-strict-aliasing", "-pthread", "-Wall", "-Werror"]
     cmd += ["-Wno-unused-parameter", "-Wno-unused-variable", "-Wno-unused-but-set-variable"]
     part = exe.with_suffix(".part")
-    inc = f"-I{gpu_kernels.COMMON.parent}"
-    subprocess.run([*cmd, inc, *flags, str(SIM), "-o", str(part)], check=True, text=True)
+    inc = [f"-I{gpu_kernels.COMMON.parent}", f"-I{SIM.parent}"]
+    subprocess.run([*cmd, *inc, *flags, str(SIM), "-o", str(part)], check=True, text=True)
     part.rename(exe)
     return exe
 
@@ -86,10 +111,10 @@ def write_array(work: Path, name: str, view: np.ndarray) -> None:
 
 
 def run_sim(exe, work: Path, q, k: dict, v: dict, plan, scale: float, dtype):
+    """k, v: {"data", "scales"} as the split kernel takes them (gpu_kernels.scale_inputs)."""
     work.mkdir()
-    dummy = np.zeros(1, np.float16)
     views = {"q": q, "k": k["data"], "v": v["data"]}
-    views |= {"k_scales": k.get("scales", dummy), "v_scales": v.get("scales", dummy)}
+    views |= {"k_scales": k["scales"], "v_scales": v["scales"]}
     for name, a in views.items():
         write_array(work, name, a)
     np.array(plan.params, np.int32).tofile(work / "params.bin")
@@ -117,19 +142,25 @@ def bin_dir(request, tmp_path_factory):
 def test_shared_source_on_cpu_threads(
     bin_dir, tmp_path, kv_dtype, group, d, tile, threads, gs, shape, n_splits
 ):
-    fmt = get_format(kv_dtype, gs)
     b, hkv, kv_len, cap = shape
     kq, kk, kv = mx.random.split(mx.random.key(1), 3)
+    k_raw = mx.random.normal((b, hkv, cap, d), key=kk) * mx.arange(1, hkv + 1)[:, None, None]
+    fmt = make_format(kv_dtype, gs, k_raw)  # heads of different size: per_head scales differ
     q = mx.random.normal((b, hkv * group, 1, d), key=kq).astype(fmt.compute_dtype)
-    full_k = fmt.encode(mx.random.normal((b, hkv, cap, d), key=kk))
+    full_k = fmt.encode(k_raw)
     full_v = fmt.encode(mx.random.normal((b, hkv, cap, d), key=kv))
     k = {n: a[:, :, :kv_len] for n, a in full_k.items()}  # mx views, as KVCache.view
     v = {n: a[:, :, :kv_len] for n, a in full_v.items()}
     np_view = lambda s: {n: np.array(a)[:, :, :kv_len] for n, a in s.items()}  # noqa: E731
     kn, vn = np_view(full_k), np_view(full_v)
+    if problem_code(fmt) in launch.FP8_CODES:  # float32 [Hkv], as the wrapper passes them
+        ks, vs = (np.array(s) for s in gpu_kernels.scale_inputs(k, v, fmt))
+    else:  # the stored group scales, sliced views of the full cache (or a dummy for dense)
+        ks, vs = (s.get("scales", np.zeros(1, np.float16)) for s in (kn, vn))
+    kn, vn = {"data": kn["data"], "scales": ks}, {"data": vn["data"], "scales": vs}
     problem = gpu_kernels.problem_of(q, k, fmt)
     plan = launch.plan(problem, tile, threads, launch.CUDA, n_splits=n_splits, n_cores=4)
-    exe = build(plan, problem.kv_code, bin_dir)
+    exe = build(plan, problem.kv_code, bin_dir, kn["data"].dtype.name, ks.dtype.name)
     scale = 1 / math.sqrt(d)
     dtype = SIM_TYPES[problem.dtype][1]
     parts, out = run_sim(exe, tmp_path / "run", np.array(q), kn, vn, plan, scale, dtype)
@@ -150,7 +181,7 @@ def test_sim_prelude_defines_what_the_gpu_preludes_define():
         macros = set(re.findall(r"#define (\w+)", text))
         return macros | set(re.findall(r"(?:KV_FN|inline) \w+ (\w+)\(", text))
 
-    sim = names(SIM.read_text())
+    sim = names(SIM.read_text() + SIM_PRELUDE.read_text())
     for backend in ("metal", "cuda"):
         prelude = gpu_kernels._parts(backend)[0]
         assert names(prelude) <= sim, names(prelude) - sim

@@ -8,8 +8,9 @@
 // threads and barriers, reading K/V through strides as the kernel does; the Metal / CUDA
 // preludes and entries (address spaces, intrinsics, MLX's generated signature) are not
 // exercised. Built and run by tests/test_cpu_sim.py.
-// Compile-time configuration (-D): KV_CODE, SIM_T, SIM_G, SIM_D, SIM_TILE, SIM_THREADS, SIM_GS,
-// SIM_VEC.
+// Compile-time configuration (-D): KV_CODE, SIM_T, SIM_KT (K/V storage type), SIM_ST (the
+// scales' type: _Float16 group scales, float FP8 head scales), SIM_G, SIM_D, SIM_TILE,
+// SIM_THREADS, SIM_GS, SIM_VEC.
 #include <algorithm>
 #include <barrier>
 #include <cmath>
@@ -23,60 +24,17 @@
 
 using std::min;
 
-#define KV_FN inline
-#define DEV_PTR
-#define TG_MEM static
-#define BARRIER() g_tg_barrier->arrive_and_wait()
-#define KV_EXP std::exp
-#define KV_FMAX std::fmax
-#define KV_NEG_INF (-INFINITY)
-#define KV_UNROLL
-
-struct alignas(16) uint4 {
-  uint32_t x, y, z, w;
-};
-struct alignas(8) uint2 {
-  uint32_t x, y;
-};
-
-inline float bits_to_float(uint32_t w) {
-  float f;
-  std::memcpy(&f, &w, 4);
-  return f;
-}
-
-inline float elem_of(uint32_t w, int j, _Float16 tag) {
-  const uint16_t bits = uint16_t(j ? (w >> 16) : (w & 0xFFFFu));
-  _Float16 h;
-  std::memcpy(&h, &bits, 2);
-  return float(h);
-}
-
-static std::unique_ptr<std::barrier<>> g_tg_barrier;
-static std::vector<std::unique_ptr<std::barrier<>>> g_simd_barrier;
-static float g_exchange[32][32];  // [simdgroup][lane]
-thread_local int t_lane, t_sg;
-
-inline float lane_xor(float v, int off) {
-  g_exchange[t_sg][t_lane] = v;
-  g_simd_barrier[t_sg]->arrive_and_wait();
-  const float other = g_exchange[t_sg][t_lane ^ off];
-  g_simd_barrier[t_sg]->arrive_and_wait();
-  return other;
-}
+#include "sim_prelude.h"
 
 #include "flash_decode_common.h"
 
-#if KV_CODE == 0
-using KT = SIM_T;
-#else
-using KT = uint32_t;
-#endif
+using KT = SIM_KT;
+using ST = SIM_ST;
 
 template <typename T, int G, int D, int TILE_KV, int THREADS, int GS, int VEC>
 void run_thread(const T* q, const int64_t* q_strides, const KT* k, const int64_t* k_strides,
-                const KT* v, const int64_t* v_strides, const _Float16* k_scales,
-                const int64_t* k_scales_strides, const _Float16* v_scales,
+                const KT* v, const int64_t* v_strides, const ST* k_scales,
+                const int64_t* k_scales_strides, const ST* v_scales,
                 const int64_t* v_scales_strides, const int* params, const float* scale,
                 float* o_part, float* m_part, float* l_part, int tid, int split, int bh) {
   // entry: what the Metal / CUDA entry lines define
@@ -138,8 +96,8 @@ int main(int argc, char** argv) {
   auto q = read_file<SIM_T>(path("q"));
   auto k = read_file<KT>(path("k"));
   auto v = read_file<KT>(path("v"));
-  auto ks = read_file<_Float16>(path("k_scales"));
-  auto vs = read_file<_Float16>(path("v_scales"));
+  auto ks = read_file<ST>(path("k_scales"));
+  auto vs = read_file<ST>(path("v_scales"));
   auto st = [&](const char* n) { return read_file<int64_t>(path(std::string(n) + "_strides")); };
   auto qst = st("q"), kst = st("k"), vst = st("v"), kss = st("k_scales"), vss = st("v_scales");
   auto params = read_file<int32_t>(path("params"));

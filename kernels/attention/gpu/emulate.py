@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvbench.kernels.attention.gpu.launch import SIMD_WIDTH, LaunchPlan, Problem
+from kvbench.kernels.attention.gpu.launch import FP8_CODES, SIMD_WIDTH, LaunchPlan, Problem
+from kvbench.kernels.formats.fp8 import _table_np as fp8_table
+from kvbench.kernels.formats.ggml import IQ4_NL_VALUES
 
 F32 = np.float32
 FP4_MAG2 = np.array([(0xC8643210 >> (4 * c)) & 0xF for c in range(8)], dtype=F32)  # 2*|v|
@@ -29,12 +31,25 @@ NP_DTYPES = {"float16": np.float16, "float32": np.float32}
 
 def nibble_value(code: np.ndarray, kv_code: str) -> np.ndarray:
     """4-bit codes -> the kernel's value before scaling: fp4 2*value (the 1/2 is folded into
-    the scale), int4 the integer in [-8, 7]; float32."""
+    the scale), int4 the integer in [-8, 7], iq4_nl its codebook value; float32."""
     code = code.astype(np.int64)
     if kv_code == "fp4":
         mag2 = FP4_MAG2[code & 7]
         return np.where(code & 8, -mag2, mag2).astype(F32)
+    if kv_code == "iq4_nl":
+        return np.array(IQ4_NL_VALUES, F32)[code]
     return ((code ^ 8) - 8).astype(F32)
+
+
+def vector_columns(problem: Problem, epv: int, vpr: int) -> np.ndarray:
+    """[VPR, EPV]: the row column of each vector's elements in storage order (the kernel's
+    elem_col): in order, except iq4_nl, whose byte t of a 32-column block holds columns t (low
+    nibble) and t + 16 (high)."""
+    v, x = np.arange(vpr)[:, None], np.arange(epv)[None, :]
+    if problem.kv_code != "iq4_nl":
+        return v * epv + x
+    byte = v * (epv // 2) + x // 2
+    return (byte // 16) * 32 + byte % 16 + 16 * (x % 2)
 
 
 def decode_rows(stored: dict, problem: Problem) -> tuple[np.ndarray, np.ndarray]:
@@ -45,6 +60,16 @@ def decode_rows(stored: dict, problem: Problem) -> tuple[np.ndarray, np.ndarray]
     if problem.kv_code == "dense":
         vals = data.astype(F32).reshape(bh, data.shape[2], -1)
         return vals, np.ones((*vals.shape[:2], 1), F32)
+    if problem.kv_code in FP8_CODES:  # bytes; "scales": the float32 scale of each KV head
+        vals = fp8_table(problem.kv_code)[data].reshape(bh, data.shape[2], -1)
+        heads = np.tile(stored["scales"].astype(F32), data.shape[0])  # [B*Hkv]
+        return vals, np.broadcast_to(heads[:, None, None], (*vals.shape[:2], 1))
+    if problem.kv_code == "iq4_nl":  # ggml's blocks: 16 bytes, low nibbles then high ones
+        blocks = data.reshape(bh, data.shape[2], -1, 16)
+        codes = np.concatenate([blocks & 15, blocks >> 4], axis=-1)
+        vals = nibble_value(codes, "iq4_nl").reshape(bh, data.shape[2], -1)
+        scales = stored["scales"]
+        return vals, scales.astype(F32).reshape(bh, scales.shape[2], -1)
     words = data.astype(np.uint64).reshape(bh, data.shape[2], -1)  # [bh, L, D/8]
     codes = (words[..., None] >> (4 * np.arange(8, dtype=np.uint64))) & 0xF  # element j of a word
     vals = nibble_value(codes, problem.kv_code).reshape(bh, data.shape[2], -1)
@@ -75,14 +100,14 @@ def merge_weight(m: np.ndarray, m_all: np.ndarray) -> np.ndarray:
         return np.where(m == -np.inf, F32(0), np.exp(m - m_all)).astype(F32)
 
 
-def scores(qr, kt, ks, lay) -> np.ndarray:
-    """qr [bh, 1, 1, 1, 1, G, D]; kt [bh, S, NS, RPS, STEPS, 1, D]; ks [..., 1, VPR] ->
-    the slot's score [bh, S, NS, RPS, STEPS, G] (per-lane dots, group scale, butterfly)."""
+def scores(qr, kt, ks, lay, cols: np.ndarray) -> np.ndarray:
+    """qr [bh, 1, 1, 1, 1, G, D]; kt [bh, S, NS, RPS, STEPS, 1, D]; ks [..., 1, VPR]; cols
+    [VPR, EPV] (vector_columns) -> the slot's score [bh, S, NS, RPS, STEPS, G] (per-lane dots
+    in storage order, group scale, butterfly)."""
     epv, vpr, lpr = lay.elems_per_vec, lay.vecs_per_row, lay.lanes_per_row
-    cols = np.arange(vpr) * epv
     dots = np.zeros(np.broadcast_shapes(qr.shape, kt.shape)[:-1] + (vpr,), F32)
     for x in range(epv):
-        dots = dots + qr[..., cols + x] * kt[..., cols + x]  # [..., G, VPR]
+        dots = dots + qr[..., cols[:, x]] * kt[..., cols[:, x]]  # [..., G, VPR]
     part = np.zeros(dots.shape[:-1] + (lpr,), F32)
     for i in range(lay.vecs_per_lane):
         v = np.arange(lpr) + lpr * i  # lane j's i-th vector
@@ -128,18 +153,20 @@ def split_state(q, k, v, problem: Problem, plan: LaunchPlan, scale: float):
     acc = np.zeros((*shape, d), F32)
     tile = dict(plan.template)["TILE_KV"]
     group = d if problem.kv_code == "dense" else problem.scale_group  # dense: one "scale" 1
+    cols = vector_columns(problem, lay.elems_per_vec, lay.vecs_per_row)
     for it in range(-(-split_len // tile)):
         rows, ok = tile_rows(plan, start + it * tile, end)
         kt, ks = gather(kvals, kscl, rows, ok, lay, group)
         vt, vs = gather(vvals, vscl, rows, ok, lay, group)
-        sc = scores(qr, kt, ks, lay)  # [bh, S, NS, RPS, STEPS, G]
+        sc = scores(qr, kt, ks, lay, cols)  # [bh, S, NS, RPS, STEPS, G]
         okb = np.broadcast_to(ok[None, ..., None], sc.shape)
         m_new = m
         for st in range(lay.steps):
             m_new = np.where(okb[..., st, :], np.maximum(m_new, sc[..., st, :]), m_new)
         alpha = merge_weight(m, m_new)
         l_, acc, m = l_ * alpha, acc * alpha[..., None], m_new
-        elem_vec = np.arange(d) // lay.elems_per_vec  # the vector of each element
+        elem_vec = np.empty(d, np.int64)  # the vector of each element (column)
+        elem_vec[cols] = np.arange(lay.vecs_per_row)[:, None]
         for st in range(lay.steps):
             p = np.exp(np.where(okb[..., st, :], sc[..., st, :] - m, F32(0))).astype(F32)
             pv = p[..., None] * vs[..., st, :, :][..., elem_vec]  # [..., G, D]

@@ -51,10 +51,12 @@ MX_DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 
 
 def kv_code(fmt) -> str | None:
-    """The kernel's tile loader for a format: dense, fp4, int4, or None (unsupported)."""
+    """The kernel's row decoder for a format: dense, or the quantized format's own name where
+    the kernel decodes it (launch.KV_CODES: fp4, int4, fp8_e4m3, fp8_e5m2, iq4_nl); None when
+    it cannot. TurboQuant is not there: see `accepts`."""
     if not fmt.quantized:
         return "dense"
-    return fmt.name if fmt.name in ("fp4", "int4") else None
+    return fmt.name if fmt.name in launch.KV_CODES else None
 
 
 def _parts(backend: str) -> tuple[str, str, str]:
@@ -115,7 +117,7 @@ def problem_of(q, k: dict, fmt) -> launch.Problem:
         kv_len=lk,
         dtype=DTYPE_NAMES.get(q.dtype, str(q.dtype)),
         kv_code=kv_code(fmt) or fmt.name,
-        group_size=fmt.group_size if fmt.quantized else None,  # one compile for dense
+        group_size=getattr(fmt, "group_size", None) if fmt.quantized else None,  # dense: 1 compile
         q_len=lq,
     )
 
@@ -134,14 +136,35 @@ def device_sized(data: mx.array) -> mx.array:
     return mx.pad(data, [(0, 0), (0, 0), (0, extra), (0, 0)])
 
 
-def launch_inputs(q, k: dict, v: dict, plan: launch.LaunchPlan, scale: float) -> list:
-    dummy = mx.zeros((1,), dtype=mx.float16)  # dense caches have no scales
+def head_scales(fmt, n_kv_heads: int) -> mx.array:
+    """FP8's scale as the kernel reads it: float32 [Hkv], one per KV head (a per-tensor scale
+    repeated). The same for K and V: a format holds one scale (the model cache passes FP8 at
+    scale 1 and folds each layer's K and V scales around the kernel, registry.kv_scaled)."""
+    s = fmt.tensor_scale()
+    if len(s) not in (1, n_kv_heads):
+        raise launch.TileConfigError(f"{fmt.name}: {len(s)} head scales for {n_kv_heads} KV heads")
+    return mx.array(s * (n_kv_heads if len(s) == 1 else 1), dtype=mx.float32)
+
+
+def scale_inputs(k: dict, v: dict, fmt) -> tuple[mx.array, mx.array]:
+    """(k_scales, v_scales) as the split kernel takes them: the stored float16 group scales
+    (4-bit), FP8's float32 head scales, or a dummy (dense: no scales)."""
+    if fmt is not None and fmt.quantized and fmt.name in launch.FP8_CODES:
+        s = head_scales(fmt, k["data"].shape[1])
+        return s, s
+    dummy = mx.zeros((1,), dtype=mx.float16)
+    return k.get("scales", dummy), v.get("scales", dummy)
+
+
+def launch_inputs(q, k: dict, v: dict, plan: launch.LaunchPlan, scale: float, fmt=None) -> list:
+    """The split kernel's inputs, in INPUTS order (fmt None: a format without head scales)."""
+    k_scales, v_scales = scale_inputs(k, v, fmt)
     return [
         q,
         device_sized(k["data"]),
         device_sized(v["data"]),
-        k.get("scales", dummy),
-        v.get("scales", dummy),
+        k_scales,
+        v_scales,
         mx.array(plan.params, dtype=mx.int32),
         mx.array([scale], dtype=mx.float32),
     ]
@@ -169,7 +192,7 @@ def flash_decode(backend: str, q, k, v, fmt, *, scale: float, tile_kv=None, **co
     plan = plan_for(backend, q, k, fmt, tile_kv=tile_kv, **config)  # refuses before launch
     as_mx = lambda t: [(n, MX_DTYPES[x] if n == "T" else x) for n, x in t]  # noqa: E731
     parts = compiled(backend, problem.kv_code)(
-        inputs=launch_inputs(q, k, v, plan, scale),
+        inputs=launch_inputs(q, k, v, plan, scale, fmt),
         template=as_mx(plan.template),
         grid=plan.grid,
         threadgroup=plan.threadgroup,
@@ -206,9 +229,23 @@ def cuda(q, k, v, fmt, *, mask=None, scale: float, tile_kv=None, threads=None, n
     return flash_decode("cuda", q, k, v, fmt, scale=scale, tile_kv=tile_kv, **config)
 
 
+# docs/kernels.md: tq2/tq4_mse would fit (q rotated once outside, a 2^b-entry codebook input,
+# the row norm as a one-group scale); tq3's codes straddle the 32-bit words a lane decodes and
+# tq*_prod's QJL sketch needs q projected by a second d x d matrix and a second accumulator
+TURBO_REASON = (
+    "TurboQuant has no GPU tile loader yet (tq3 codes straddle 32-bit words; tq*_prod needs a "
+    "second projection of q); the tiled kernel reads every tq format"
+)
+
+
 def accepts(fmt) -> str | None:
-    """Formats the kernels load: any dense dtype, fp4 and int4 (packed, fused dequant)."""
-    return None if kv_code(fmt) else f"no tile loader for {fmt.name} (dense, fp4, int4 only)"
+    """Formats the kernels load: any dense dtype, fp4, int4, iq4_nl and FP8 (decoded in
+    registers, fused)."""
+    if kv_code(fmt):
+        return None
+    if fmt.name.startswith("tq"):
+        return TURBO_REASON
+    return f"no tile loader for {fmt.name} ({', '.join(launch.KV_CODES)} only)"
 
 
 def fits(backend: str):

@@ -28,7 +28,8 @@ DEFAULT_THREADS = 128
 VEC_CHOICES = (16, 8, 4)  # bytes of one vector load, widest first
 REG_ELEMS = 64  # most q elements a lane holds over the G heads (as many accumulators again)
 # 4-bit rows decode in registers too: NVRTC 13 (sm_80 / sm_90a) gave 186-198 registers at G=4
-# with 8-byte vectors (16 nibbles per lane) and 128 with 4-byte ones, so 4-bit keeps fewer
+# with 8-byte vectors (16 nibbles per lane) and 128 with 4-byte ones, so 4-bit keeps fewer;
+# FP8 (decoded in registers as well) takes the same limit
 REG_ELEMS_4BIT = 32
 MAX_INFLIGHT_WORDS = 64  # most 32-bit K/V words a lane holds per tile (loads in flight)
 # q and accumulators (2 per q element) plus the words in flight: NVRTC 13 spilled (255
@@ -37,9 +38,14 @@ MAX_INFLIGHT_WORDS = 64  # most 32-bit K/V words a lane holds per tile (loads in
 MAX_LANE_WORDS = 160
 TG_PER_CORE = 4  # threadgroups the split planner wants resident per core / SM
 MIN_SPLIT_ROWS = 256  # a split reads at least this many rows: partials stay small beside K/V
-KV_CODES = {"dense": 0, "fp4": 1, "int4": 2}  # the kernel's KV_CODE: how a row is decoded
+# the kernel's KV_CODE: how a row is decoded (flash_decode_common.h KV_DENSE .. KV_IQ4_NL)
+KV_CODES = {"dense": 0, "fp4": 1, "int4": 2, "fp8_e4m3": 3, "fp8_e5m2": 4, "iq4_nl": 5}
+NIBBLE_CODES = ("fp4", "int4", "iq4_nl")  # 8 codes per 32-bit word, float16 group scales
+FP8_CODES = ("fp8_e4m3", "fp8_e5m2")  # 4 bytes per word, one float32 scale per KV head
+FIXED_GROUP = {"iq4_nl": 32}  # ggml's block: the scale group whatever the format's group_size
 ELEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
 SCALE_BYTES = 2  # 4-bit group scales are float16
+HEAD_SCALE_BYTES = 4  # an FP8 head's scale is float32
 
 
 class TileConfigError(ValueError):
@@ -71,7 +77,7 @@ class Problem:
     head_dim: int
     kv_len: int
     dtype: str = "float16"  # compute dtype: of q, the output and dense K/V storage
-    kv_code: str = "dense"  # dense | fp4 | int4
+    kv_code: str = "dense"  # a key of KV_CODES
     group_size: int | None = None  # 4-bit scale group (None: one scale per row, G = D)
     q_len: int = 1
 
@@ -81,14 +87,24 @@ class Problem:
 
     @property
     def scale_group(self) -> int:
-        return self.group_size or self.head_dim
+        """Elements per stored scale: iq4_nl's block (32) whatever group_size says, else
+        group_size, else the row (FP8's head scale counts as one per row here)."""
+        return FIXED_GROUP.get(self.kv_code) or self.group_size or self.head_dim
 
     @property
     def row_bytes(self) -> int:
-        """Bytes of one stored K (or V) row: D elements, or D/2 for 4-bit (scales apart)."""
+        """Bytes of one stored K (or V) row: D elements, D/2 for 4-bit, D for FP8 (scales
+        apart)."""
         if self.kv_code == "dense":
             return self.head_dim * ELEM_BYTES[self.dtype]
-        return self.head_dim // 2
+        return self.head_dim if self.kv_code in FP8_CODES else self.head_dim // 2
+
+    @property
+    def elems_per_word(self) -> int:
+        """Elements one 32-bit word of a stored row holds (the kernel's EPW)."""
+        if self.kv_code == "dense":
+            return 4 // ELEM_BYTES[self.dtype]
+        return 4 if self.kv_code in FP8_CODES else 8
 
 
 @dataclass(frozen=True)
@@ -106,8 +122,7 @@ class LaneLayout:
 
 
 def lane_layout(problem: Problem, vec_bytes: int, threads: int, tile_kv: int) -> LaneLayout:
-    epw = 8 if problem.kv_code != "dense" else 4 // ELEM_BYTES[problem.dtype]
-    epv = vec_bytes // 4 * epw
+    epv = vec_bytes // 4 * problem.elems_per_word
     vpr = problem.head_dim // epv
     lpr = min(vpr, SIMD_WIDTH)
     n_simd = threads // SIMD_WIDTH
@@ -132,8 +147,8 @@ def layout_refusal(problem: Problem, vec_bytes: int) -> str | None:
 
 def choose_vec(problem: Problem) -> int | None:
     """The widest vector whose per-lane q elements over G heads fit REG_ELEMS (16 bytes for
-    fp16 up to G = 8; REG_ELEMS_4BIT for 4-bit), or the narrowest valid one; None when no width
-    tiles the row."""
+    fp16 up to G = 8; REG_ELEMS_4BIT for 4-bit and FP8), or the narrowest valid one; None when
+    no width tiles the row."""
     valid = [v for v in VEC_CHOICES if layout_refusal(problem, v) is None]
     limit = REG_ELEMS if problem.kv_code == "dense" else REG_ELEMS_4BIT
     for v in valid:
@@ -155,10 +170,10 @@ def _problem_refusal(problem: Problem) -> str | None:
     if problem.dtype not in ELEM_BYTES:
         return f"compute dtype {problem.dtype} not supported"
     if problem.kv_code not in KV_CODES:
-        return f"kv format {problem.kv_code} not supported (dense, fp4, int4)"
+        return f"kv format {problem.kv_code} not supported ({', '.join(KV_CODES)})"
     if problem.n_q_heads % problem.n_kv_heads:
         return f"n_q_heads {problem.n_q_heads} not divisible by n_kv_heads {problem.n_kv_heads}"
-    if problem.kv_code != "dense":
+    if problem.kv_code in NIBBLE_CODES:
         gs = problem.scale_group
         if problem.head_dim % 8 or gs % 8 or problem.head_dim % gs:
             return (

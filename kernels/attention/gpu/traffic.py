@@ -23,6 +23,8 @@ from __future__ import annotations
 
 from kvbench.kernels.attention.gpu.launch import (
     ELEM_BYTES,
+    FP8_CODES,
+    HEAD_SCALE_BYTES,
     SCALE_BYTES,
     SIMD_WIDTH,
     LaneLayout,
@@ -52,6 +54,10 @@ def _kv(problem: Problem, plan: LaunchPlan) -> dict:
     out = {"kv_read_bytes": 2 * rows * problem.row_bytes}
     if problem.kv_code == "dense":
         return out | {"scale_read_bytes": 0, "scale_min_bytes": 0}
+    if problem.kv_code in FP8_CODES:  # K's and V's head scale, once per threadgroup (one address)
+        n_tg = plan.threadgroups[0] * plan.threadgroups[1]
+        out["scale_read_bytes"] = 2 * n_tg * HEAD_SCALE_BYTES
+        return out | {"scale_min_bytes": 2 * problem.n_kv_heads * HEAD_SCALE_BYTES}
     loads = scale_loads_per_row(plan.layout, problem.scale_group)
     n_groups = problem.head_dim // problem.scale_group
     out["scale_read_bytes"] = 2 * rows * loads * SCALE_BYTES
