@@ -63,6 +63,29 @@ def test_emulated_kernel_matches_reference(group, d, lk, kv_dtype):
     assert close(out, ref, fmt)
 
 
+@pytest.mark.parametrize("group", [1, 4, 8])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("kv_dtype", ["iq4_nl", "fp8_e4m3@per_head", "fp8_e5m2@0.5"])
+def test_emulated_kernel_reads_fp8_and_iq4_nl(group, d, kv_dtype):
+    """FP8 (a float32 scale per KV head, as the wrapper passes it) and iq4_nl (ggml's nibble
+    order: the emulation sums each vector in the kernel's storage order)."""
+    name, _, fp8_scale = kv_dtype.partition("@")
+    fmt = get_format(name, fp8_scale=fp8_scale or "one")
+    kq, kk, kv = mx.random.split(mx.random.key(3), 3)
+    q = mx.random.normal((1, 2 * group, 1, d), key=kq).astype(fmt.compute_dtype)
+    k32 = mx.random.normal((1, 2, 100, d), key=kk) * mx.array([1.0, 20.0])[:, None, None]
+    fmt = fmt.calibrate(k32, "k")
+    k, v = fmt.encode(k32), fmt.encode(mx.random.normal((1, 2, 100, d), key=kv))
+    ks, vs = gpu_kernels.scale_inputs(k, v, fmt)
+    kn = {"data": np.array(k["data"]), "scales": np.array(ks)}
+    vn = {"data": np.array(v["data"]), "scales": np.array(vs)}
+    problem = gpu_kernels.problem_of(q, k, fmt)
+    plan = launch.plan(problem, 16, 128, launch.CUDA, n_splits=3)
+    scale = 1 / math.sqrt(d)
+    out = gpu_emulate.flash_decode(np.array(q), kn, vn, problem, plan, scale)
+    assert close(out, reference(q, k, v, fmt, scale=scale), fmt)
+
+
 @pytest.mark.parametrize("kv_dtype", ["fp16", "fp4", "int4"])
 @pytest.mark.parametrize("lk,capacity", [(77, 128), (1, 8), (33, 40)])
 def test_emulated_sliced_cache_is_read_in_place(kv_dtype, lk, capacity):

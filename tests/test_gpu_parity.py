@@ -33,8 +33,12 @@ if GPU is None and os.environ.get("KVBENCH_GPU") == "1":
 REALISTIC = [(1, 32, 8, 128, 4096, 4096), (1, 32, 32, 128, 8192, 8192),
              (2, 32, 4, 128, 1000, 1000), (1, 32, 8, 128, 3000, 4096)]  # fmt: skip
 TINY = [(1, 1, 1, 4, 1, 1), (1, 2, 1, 8, 3, 3), (1, 4, 1, 64, 3, 3), (1, 2, 1, 32, 3, 8)]
+# FP8 and iq4_nl (the custom kernels read them since 2026-11-27; compiled and decode-checked on
+# the CPU only, never run on a GPU yet): name@fp8_scale as get_format's fp8_scale
 FORMATS = [("fp16", None), ("bf16", None), ("fp32", None), ("fp4", None), ("int4", None),
-           ("int4", 32), ("mxfp4", None), ("affine4", None)]  # fmt: skip
+           ("int4", 32), ("mxfp4", None), ("affine4", None), ("iq4_nl", None),
+           ("fp8_e4m3", None), ("fp8_e4m3@per_head", None), ("fp8_e5m2@0.25", None),
+           ("fp8_e5m2@per_head", None)]  # fmt: skip
 GPU_KERNELS = ["sdpa", "ops", "tiled", "dequant_sdpa", "quantized_matmul", "metal", "cuda"]
 
 
@@ -44,14 +48,15 @@ def check_parity(device_backend: str, kernel: str, fmt, shape) -> dict | None:
     problem = Problem(b, hq, hkv, d, n_kv, dtype=str(fmt.compute_dtype).rsplit(".", 1)[-1],
                       kv_code=fmt.name if fmt.quantized else "dense",
                       group_size=getattr(fmt, "group_size", None))  # fmt: skip
+    act = fmt.compute_dtype
     try:
         if unsupported_reason(kernel, fmt, device_backend, problem, None):
             return None
         q32, k32, v32 = make_qkv("gaussian", (b, hq, 1, d), (b, hkv, capacity, d), 0, None)
+        fmt = fmt.calibrate(k32.astype(act), "k")  # FP8 per_head: one scale per KV head
         cache = KVCache(fmt, 1, b, hkv, capacity, d)
     except ValueError:  # a 4-bit format at a head_dim it cannot pack (raised by the cache's
         return None  # allocation: the H200 run of 2026-11-26 failed 27 tests here, not skipped)
-    act = fmt.compute_dtype
     cache.fill(k32.astype(act), v32.astype(act))
     k, v = cache.view(0, n_kv)  # [B, Hkv, n_kv, ...], a slice when capacity > n_kv
     scale = 1.0 / math.sqrt(d)
@@ -59,6 +64,12 @@ def check_parity(device_backend: str, kernel: str, fmt, shape) -> dict | None:
     with mx.stream(mx.cpu):
         ref = reference(q32, k, v, fmt, mask=None, scale=scale)
         return parity_gate(kernel, mx.array(out), ref, act)
+
+
+def parity_format(name: str, gs):
+    """get_format of 'name' or 'name@fp8_scale'."""
+    base, _, fp8_scale = name.partition("@")
+    return get_format(base, gs, fp8_scale=fp8_scale or "one")
 
 
 def _cases():
@@ -73,7 +84,7 @@ def _cases():
 @pytest.mark.parametrize("kernel,name,gs,shape", list(_cases()))
 def test_gpu_kernel_matches_reference(kernel, name, gs, shape):
     try:
-        fmt = get_format(name, gs)
+        fmt = parity_format(name, gs)
     except ValueError as e:
         pytest.skip(str(e))
     with mx.stream(mx.gpu):
@@ -100,6 +111,10 @@ def test_check_parity_on_cpu_kernels():
             parity = check_parity("cpu", kernel, get_format(name), shape)
             assert parity is not None and parity["rel_err"] < 1e-2
         assert check_parity("cpu", "metal", get_format("fp16"), (1, 1, 1, 4, 1, 1)) is None
+        # the new formats' parity cases run their set-up here: FP8 calibrated per head, iq4_nl
+        for name in ("fp8_e4m3@per_head", "fp8_e5m2@0.25", "iq4_nl"):
+            parity = check_parity("cpu", "tiled", parity_format(name, None), (1, 4, 2, 64, 40, 64))
+            assert parity is not None and parity["rel_err"] < 1e-2, (name, parity)
         # formats that cannot pack a head_dim are skipped, not failed (seen first on a GPU)
         for name, shape in [("fp4", (1, 1, 1, 4, 1, 1)), ("mxfp4", (1, 2, 1, 8, 3, 3)),
                             ("affine4", (1, 2, 1, 32, 3, 8))]:  # fmt: skip

@@ -81,3 +81,23 @@ def test_a_gpu_kernel_row_records_its_planned_launch_and_traffic(monkeypatch):
     assert f["traffic_excess"] >= 0 and f["gpu_cores"] == 132
     assert f["gpu_threads"] == launch.DEFAULT_THREADS and f["gpu_splits"] >= 1
     assert gpu_fields(Case("tiny", 2, 8, 2, 64, 1024, kernel="sdpa")) == {}
+
+
+def test_fp8_and_iq4_nl_by_hand():
+    # FP8: one byte per element, one float32 scale per KV head read once per threadgroup
+    problem = Problem(1, 32, 8, 128, 4096, kv_code="fp8_e4m3")
+    plan = launch.plan(problem, 32, 128, CUDA, n_splits=4)
+    assert plan.layout.vec_bytes == 8 and plan.layout.elems_per_vec == 8  # G=4: 32 per lane
+    t = traffic_bytes(problem, plan)
+    assert t["kv_read_bytes"] == 2 * 8 * 4096 * 128 == 8_388_608
+    assert t["scale_read_bytes"] == 2 * (8 * 4) * 4 == 256  # 32 threadgroups, K's and V's
+    assert t["scale_min_bytes"] == 2 * 8 * 4 == 64
+    # iq4_nl: ggml's 18-byte block = 16 bytes of nibbles + an fp16 scale per 32 elements,
+    # group 32 whatever the case's group_size; G=1, D=128: 16-byte vectors, one block each
+    problem = Problem(1, 8, 8, 128, 1000, kv_code="iq4_nl")
+    assert problem.scale_group == 32
+    plan = launch.plan(problem, 32, 128, CUDA, n_splits=2)
+    assert plan.layout.vec_bytes == 16
+    t = traffic_bytes(problem, plan)
+    assert t["kv_read_bytes"] == 2 * 8 * 1000 * 64
+    assert t["scale_read_bytes"] == t["scale_min_bytes"] == 2 * 8 * 1000 * 4 * 2

@@ -36,10 +36,14 @@ ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = ("cuda", "metal")
 # (kv_dtype, group_size, head_dim, gqa, kv_len), one sequence and one kv head: dense D=4 L=1
 # makes q, k and v 4 elements; 4-bit D=8 L=3 makes the packed k, v and per-row scales 3 words
-# (B*Hkv*L < 8: MLX passes them as Metal `constant`); int4/32 with D=32 has 3 scales
+# (B*Hkv*L < 8: MLX passes them as Metal `constant`); int4/32 with D=32 has 3 scales. FP8 D=4
+# L=1: 4 bytes of K (padded to 8 by the wrapper) and one head scale (`constant`); iq4_nl D=32
+# L=3: 3 block scales; FP8 and iq4_nl at D=128, GQA 4 and 8 (4- and 8-byte vectors)
 TINY = [("fp16", None, 4, 1, 1), ("bf16", None, 4, 2, 1), ("fp32", None, 4, 1, 1),
         ("fp4", None, 8, 1, 3), ("int4", None, 8, 1, 3), ("int4", 32, 32, 2, 3),
-        ("fp16", None, 64, 4, 3)]  # fmt: skip
+        ("fp16", None, 64, 4, 3), ("fp8_e4m3", None, 4, 1, 1), ("fp8_e5m2", None, 8, 2, 1),
+        ("iq4_nl", None, 32, 1, 3), ("fp8_e4m3", None, 128, 4, 3), ("fp8_e5m2", None, 128, 8, 3),
+        ("iq4_nl", None, 128, 4, 3), ("iq4_nl", None, 128, 1, 3)]  # fmt: skip
 
 
 def suite_cases(backend: str) -> list[tuple[str, Case]]:
