@@ -11,11 +11,27 @@ half-written append back (harness/files.py), so what is on disk stays whole.
 
 A signal is also remembered: `check()` raises for one that some library's bare `except:`
 swallowed, so an early Ctrl-C can never be lost while the suite runs on.
+
+Python runs a signal's handler only between bytecodes of the main thread, so none of the above
+happens while the main thread is inside one long C call: MLX's `mx.eval` of a model's forward
+pass (a quality chunk, a prefill piece at 8K under load) does not return for minutes, and until
+it does every signal only waits (a SIGTERM and two SIGINTs once needed SIGKILL). MLX releases the
+GIL while it evaluates, so a watcher thread hears each signal at once (`signal.set_wakeup_fd`):
+when a signal has waited STUCK_S for its handler, the main thread is in such a call; the watcher
+says so on stderr (the run stops when the evaluation returns), and on a second signal it ends
+the process at once (`os._exit`, exit 128 + the first signal) unless a deferred block is being
+written. Rows are written whole as cases finish, so what is on disk stays whole; only the case
+in progress is lost, as it would be by the first signal.
 """
 
 from __future__ import annotations
 
+import os
+import select
 import signal
+import sys
+import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -32,7 +48,8 @@ class Interrupted(KeyboardInterrupt):
         return 128 + self.signum
 
 
-_state = {"count": 0, "signum": None, "defer": 0, "pending": False}
+_state = {"count": 0, "signum": None, "defer": 0, "pending": False, "kept": None}
+STUCK_S = 1.0  # a signal whose handler has not run this long: the main thread is in a C call
 
 
 FORCE_COUNT = 3  # the signal that stops at once, even while the finished rounds are written
@@ -54,7 +71,8 @@ def _handler(signum, frame) -> None:
 def handling() -> Iterator[None]:
     """Install the handler for SIGINT, SIGTERM and SIGHUP; restore the previous ones after."""
     previous = {s: signal.signal(s, _handler) for s in SIGNALS}
-    _state.update(count=0, signum=None, defer=0, pending=False)
+    _state.update(count=0, signum=None, defer=0, pending=False, kept=None)
+    stop_watching = _watch()
     try:
         yield
     finally:
@@ -64,9 +82,10 @@ def handling() -> Iterator[None]:
             # (exit by SIGINT, not 130) while it reports what it kept; a third still stops it
             _state.update(defer=0, pending=False)
         else:
+            stop_watching()
             for s, h in previous.items():
                 signal.signal(s, h)
-            _state.update(count=0, signum=None, defer=0, pending=False)
+            _state.update(count=0, signum=None, defer=0, pending=False, kept=None)
 
 
 def check() -> None:
@@ -91,3 +110,75 @@ def deferred() -> Iterator[None]:
         if _state["pending"] and not _state["defer"]:
             _state["pending"] = False
             raise Interrupted(_state["signum"])
+
+
+def on_hard_exit(kept) -> None:
+    """kept() -> text: called by the watcher just before it ends the process (the run discards
+    an empty claim and says what it keeps)."""
+    _state["kept"] = kept
+
+
+# ---- the watcher: signals that wait behind a long C call (module docstring) ----------------------
+
+
+def _watch():
+    """Start the watcher thread; returns the function that stops it (and restores the previous
+    wakeup fd). Nothing is watched where the wakeup fd cannot be set (not the main thread)."""
+    r, w = os.pipe()
+    os.set_blocking(w, False)
+    try:
+        previous = signal.set_wakeup_fd(w, warn_on_full_buffer=False)
+    except ValueError:  # not the main thread
+        os.close(r)
+        os.close(w)
+        return lambda: None
+    threading.Thread(target=_watcher, args=(r,), daemon=True, name="kvbench-signals").start()
+
+    def stop() -> None:
+        signal.set_wakeup_fd(previous, warn_on_full_buffer=False)
+        os.close(w)  # the watcher reads end-of-file and closes r
+
+    return stop
+
+
+def _watcher(r: int) -> None:
+    arrived: list[tuple[float, int]] = []  # (monotonic time, signal number) of each of ours
+    said = False
+    while True:
+        waiting = len(arrived) > _state["count"]  # a signal whose handler has not run yet
+        if select.select([r], [], [], 0.1 if waiting else None)[0]:
+            data = os.read(r, 64)
+            if not data:
+                os.close(r)
+                return
+            arrived += [(time.monotonic(), b) for b in data if b in SIGNALS]
+        handled = _state["count"]
+        if handled >= len(arrived) or time.monotonic() - arrived[handled][0] < STUCK_S:
+            continue
+        first = signal.Signals(arrived[0][1]).name
+        if len(arrived) >= 2 and not _state["defer"]:
+            _hard_exit(first, 128 + arrived[0][1])
+        if not said:
+            said = True
+            _say(
+                f"kvbench: {first}: the run stops when MLX's evaluation in progress returns "
+                "(it cannot be cut); a second signal stops at once, keeping the rows written"
+            )
+
+
+def _hard_exit(name: str, code: int) -> None:
+    try:
+        kept = _state["kept"]() if _state.get("kept") else "the rows written before it are kept"
+    except Exception as e:  # noqa: BLE001 - the exit must happen whatever the report does
+        kept = f"the rows written before it are kept ({e})"
+    _say(f"kvbench: interrupted ({name}) inside a computation that cannot be cut (MLX "
+         f"evaluating): stopped at once; {kept}")  # fmt: skip
+    os._exit(code)
+
+
+def _say(line: str) -> None:
+    try:
+        sys.stderr.write(line + "\n")
+        sys.stderr.flush()
+    except (OSError, ValueError):
+        pass

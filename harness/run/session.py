@@ -63,6 +63,7 @@ def run_suite(
     inputs.prepare_models(cases)  # once, before anything is measured
     ctx = run_context()
     writer = prepare_output(out_dir, cases, suite.settings, ctx["commit"])
+    interrupt.on_hard_exit(lambda: _kept_at_hard_exit(writer, suite.settings.rounds))
     try:
         _run_cases(suite, cases, writer, ctx, progress)
     except BaseException as exc:
@@ -71,6 +72,11 @@ def run_suite(
             exc.kept = kept_text(writer, suite.settings.rounds)  # the CLI's last line
         raise
     return writer
+
+
+def _kept_at_hard_exit(writer: ResultsWriter, rounds: int) -> str:
+    writer.discard_if_empty()
+    return kept_text(writer, rounds)
 
 
 def kept_text(writer: ResultsWriter, rounds: int) -> str:
