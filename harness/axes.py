@@ -182,6 +182,10 @@ TABLE: tuple[Axis, ...] = (
     Axis("q_quant", "str", "none", "choice:q_quants", label="q:{}", column="q-quant",
          hide_default=True, doc="a real model's queries rounded through q8_0 before the key dot "
          "product, as llama.cpp's CPU flash attention does against a quantized K", role="detail"),
+    Axis("peer_weights", "str", "gguf", "choice:peer_weights", label="w:{}", column="peer-w",
+         hide_default=True, doc="llama.cpp rows: the GGUF's weights as stored (gguf: products "
+         "with q8-rounded activations) or dequantized to float32 first (f32: the float weights "
+         "kvbench's model engine runs)", role="detail"),
     Axis("fp8_scale", "str", "one", "fp8_scale", label="fp8s:{}", column="fp8-scale",
          hide_default=True, doc="fp8_e4m3 / fp8_e5m2's float32 scale: one (1.0), a positive "
          "number, calibrated (vLLM's, per layer on the first prefill) or per_head",

@@ -109,6 +109,7 @@ class Case:
     rot_block_v: int | None = None
     k_order: str = "hf"
     q_quant: str = "none"
+    peer_weights: str = "gguf"
     fp8_scale: str = "one"
     task: str = "none"
     depth: float = 0.5

@@ -12,8 +12,13 @@ rows of the same model, depth, text and K/V types (docs/peers.md).
   f16 cache saving its log-probabilities (--kl-divergence-base, once per text, context and
   chunks), then with the case's K/V types against them (--kl-divergence): ppl, ppl_ref (the f16
   cache's), delta_ppl, kl_mean, kl_p99, top1_agree. llama-perplexity scores the second half of
-  each chunk, as the model engine does; its reference is an f16 cache and the logits of its base
-  run are saved in 16 bits, where kvbench's reference is a float32 cache.
+  each chunk, as the model engine does; its reference is an f16 cache (peer_ref_kv_types: with
+  -fa an f32 cache is cast to f16 before the attention, src/llama-graph.cpp, so an f32 base
+  computes the same) and the logits of its base run are saved in 16 bits, where kvbench's
+  reference is a float32 cache.
+* peer_weights f32: llama.cpp runs the GGUF dequantized to float32 (harness/peers/
+  llamacpp_weights.py, made once), the weights kvbench's model engine runs; on the GGUF as
+  stored its products round activations to q8 and amplify any small change (docs/peers.md).
 * retrieval, task passkey-llamacpp only: `llama-passkey --junk N --pos P` per trial
   (harness/peers/llamacpp_passkey.py), N and P those of kvbench's prompt of the same context,
   depth and trial (kernels/model/passkey.py), so both answer one prompt; its f16 cache's answers
@@ -48,6 +53,7 @@ from kvbench.kernels.model.text import default_text, text_file
 from kvbench.peers import llamacpp
 from kvbench.peers.llamacpp_passkey import TOOL, run_passkey
 from kvbench.peers.llamacpp_perplexity import run_perplexity
+from kvbench.peers.llamacpp_weights import weights_file
 
 KERNEL = "llama.cpp"
 N_GEN = 16  # decode steps per llama-bench repetition
@@ -171,7 +177,9 @@ def decode_job(case: Case, gguf: Path):
     return job
 
 
-@lru_cache(maxsize=8)
+REF_KV = "f16"  # the base pass's cache: -ctk f32 with -fa is cast to f16 (llama-graph.cpp)
+
+
 @lru_cache(maxsize=8)
 def base_logits(gguf: Path, text: str, ctx: int, chunks: int) -> tuple[Path, dict]:
     """The f16-cache run that saves the log-probabilities KL is measured against (once per
@@ -179,7 +187,8 @@ def base_logits(gguf: Path, text: str, ctx: int, chunks: int) -> tuple[Path, dic
     base = llamacpp.cache_root() / "kl" / f"{gguf.stem}-{text_path(text).stem}-{ctx}x{chunks}.kld"
     base.parent.mkdir(parents=True, exist_ok=True)
     common = dict(ctx=ctx, chunks=chunks, flash_attn=True, threads=threads())
-    ref = run_perplexity(gguf, text_path=text_path(text), kl_base=base, **common)
+    ref = run_perplexity(gguf, text_path=text_path(text), kl_base=base, type_k=REF_KV,
+                         type_v=REF_KV, **common)  # fmt: skip
     return base, ref
 
 
@@ -220,7 +229,8 @@ def quality_job(case: Case, gguf: Path):
             "ubatch": model_engine.ubatch_of(case),
         }  # fmt: skip
         accuracy |= cost_fields(got) | {"ref_wall_s": ref["wall_s"]}
-        return JobResult({}, accuracy, extra={"peer_kv_types": f"{type_k}/{type_v}"})
+        extra = {"peer_kv_types": f"{type_k}/{type_v}", "peer_ref_kv_types": f"{REF_KV}/{REF_KV}"}
+        return JobResult({}, accuracy, extra=extra)
 
     return job
 
@@ -281,7 +291,8 @@ JOBS = {"model_decode": decode_job, "quality": quality_job, "retrieval": retriev
 
 
 def build(case: Case) -> State:
-    gguf = require_model(case.model)
+    # peer_weights f32: the GGUF dequantized to float32 (harness/peers/llamacpp_weights.py)
+    gguf = weights_file(require_model(case.model), case.peer_weights)
     model, _ = model_engine.model_of(case.model)
     info = llamacpp.build_info()
     extra = {"peer_version": f"llama.cpp {info.get('tag', info.get('version', '?'))}",

@@ -26,6 +26,7 @@ from kvbench.kernels.model.spec import Q_QUANTS
 from kvbench.kernels.stores.layouts import LAYOUT_KINDS
 from kvbench.kernels.stores.paged import PAGE_SIZES
 from kvbench.kernels.stores.workloads import ORDERS
+from kvbench.peers.llamacpp_weights import PEER_WEIGHTS
 from kvbench.peers.registry import EXTERNAL_PEERS, PEERS
 from kvbench.spec.cache_spec import MODEL_PHASES, format_of, spec_of
 from kvbench.spec.presets import PRESETS
@@ -146,6 +147,7 @@ CHOICES = {
     "rotations": rotation.ROTATIONS,
     "k_orders": rotation.K_ORDERS,
     "q_quants": Q_QUANTS,
+    "peer_weights": PEER_WEIGHTS,
     "retrieval_tasks": ("none", *RETRIEVAL_TASKS, PASSKEY_LLAMACPP),
     "context_limits": ("trained", "beyond"),
 }
@@ -238,6 +240,9 @@ def check_case(path: str, case: Case) -> None:
         except ValueError as e:
             raise SuiteError(path, "kv_file", str(e)) from None
     check_rotation(path, case)
+    if case.peer_weights != "gguf" and case.kernel != "llama.cpp":
+        why = "only llama.cpp rows choose their weights (kvbench's model runs float32 ones)"
+        raise SuiteError(path, "peer_weights", f"{why}, not kernel {case.kernel}")
 
 
 def check_fp8_scale(path: str, case: Case) -> None:

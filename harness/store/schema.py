@@ -69,6 +69,7 @@ class _CaseColumns:
     rot_block_v: int | None = None
     k_order: str | None = None
     q_quant: str | None = None
+    peer_weights: str | None = None
     fp8_scale: str | None = None
     task: str | None = None
     depth: float | None = None
@@ -242,6 +243,9 @@ class _Measured:
     blas_gflops: float | None = None
     peer_version: str | None = None  # peer kernels: their package and version ("mlx-lm 0.32.2")
     peer_kv_types: str | None = None  # llama.cpp rows: the K/V cache types it ran ("q8_0/q4_0")
+    # llama.cpp quality rows: its reference (base) pass's K/V types ("f16/f16": with -fa an f32
+    # cache is cast to f16 before the attention, src/llama-graph.cpp build_attn_mha)
+    peer_ref_kv_types: str | None = None
     peer_threads: int | None = None  # llama.cpp rows: threads
     # llama.cpp rows: its own memory figures, from its log (MiB with 2 decimals: +-5 KiB)
     peer_kv_bytes: int | None = None  # its KV buffer (cells allocated, K and V)
