@@ -15,13 +15,14 @@ class WordTokenizer:
     """One token per whitespace-separated word (a line break is a word too): token counts of
     every piece are known by hand."""
 
-    def __init__(self):
+    def __init__(self, add_bos: bool = False):
         self.vocab: dict[str, int] = {}
+        self.add_bos = add_bos  # the vocabulary's own rule, as kvbench's TextTokenizer has it
 
-    def encode(self, text: str, add_bos: bool = False) -> list[int]:
+    def encode(self, text: str, add_bos: bool | None = None) -> list[int]:
         words = text.replace("\n", " \n ").split(" ")
         ids = [self.vocab.setdefault(w, len(self.vocab)) for w in words if w]
-        return ([-1] if add_bos else []) + ids
+        return ([-1] if (self.add_bos if add_bos is None else add_bos) else []) + ids
 
     def decode(self, ids: list[int]) -> str:
         inv = {v: k for k, v in self.vocab.items()}
@@ -70,9 +71,9 @@ def test_depth_by_hand_on_a_small_prompt():
     """passkey at 400 tokens, word tokenizer: head 1 (bos) + 27 words, tail 5 + 4 words,
     needle 13, answer 8: (400 - 28 - 9 - 13 - 8) // 20 = 17 units; depth 0.25 puts the
     needle after round(4.25) = 4 units, i.e. at token 28 + 4 * 20 = 108."""
-    tok = WordTokenizer()
+    tok = WordTokenizer(add_bos=True)  # a vocabulary that adds BOS
     trial = R.make_trial("passkey", 0)
-    assert len(tok.encode(trial.intro, True)) == 28 and len(tok.encode(trial.needles[0])) == 13
+    assert len(tok.encode(trial.intro)) == 28 and len(tok.encode(trial.needles[0], False)) == 13
     p = R.build_prompt(trial, tok, 400, 0.25)
     assert p.units == 17 and p.needle_at == 108
     assert len(p.tokens) == 28 + 17 * 20 + 13 + 9
@@ -151,12 +152,28 @@ def test_chat_frame_from_a_gguf_template():
 
 
 def test_a_chat_template_prompt_gets_no_second_bos():
-    tok = WordTokenizer()
+    tok = WordTokenizer(add_bos=True)
     trial = R.make_trial("passkey", 0)
     plain = R.build_prompt(trial, tok, 400, 0.5)
     chat = R.build_prompt(trial, tok, 400, 0.5, chat=("<s> user:\n", "\nassistant:\n"))
     assert plain.tokens[0] == -1 and -1 not in chat.tokens  # -1: WordTokenizer's BOS
-    assert chat.tokens[0] == tok.encode("<s>")[0]
+    assert chat.tokens[0] == tok.encode("<s>", add_bos=False)[0]
+
+
+def test_a_prompt_without_a_template_gets_bos_only_where_the_vocabulary_adds_one():
+    # used to: a vocabulary that adds no BOS (SmolLM2's GGUF) still got one without a template
+    from tokenizers import Tokenizer, models, pre_tokenizers
+
+    from kvbench.kernels.model.tokenizer import TextTokenizer
+
+    words = Tokenizer(models.WordLevel({"<unk>": 0, "<s>": 1}, unk_token="<unk>"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    trial = R.make_trial("passkey", 0)
+    for adds in (False, True):
+        tok = TextTokenizer(words, bos_id=1, eos_id=None, add_bos=adds)
+        prompt = R.build_prompt(trial, tok, 400, 0.5)
+        assert prompt.tokens.count(1) == int(adds) and (prompt.tokens[0] == 1) == adds
+        assert R.build_prompt(trial, WordTokenizer(adds), 400, 0.5).tokens.count(-1) == int(adds)
 
 
 def test_chat_template_sees_the_gguf_bos_token():

@@ -165,9 +165,10 @@ class Prompt:
 
 
 def encode(tokenizer, text: str, first: bool) -> list[int]:
-    """Token ids of `text`; the tokenizer's BOS only on the prompt's first piece."""
+    """Token ids of `text`; BOS only on the prompt's first piece, and there only where the
+    vocabulary adds one (the tokenizer's own rule: SmolLM2's GGUF adds none, Gemma's does)."""
     try:
-        return list(tokenizer.encode(text, add_bos=first))
+        return list(tokenizer.encode(text, add_bos=None if first else False))
     except TypeError:  # a Hugging Face / mlx-lm tokenizer
         return list(tokenizer.encode(text, add_special_tokens=first))
 
