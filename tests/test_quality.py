@@ -276,7 +276,7 @@ def test_ubatched_chunk_equals_one_forward(tiny_gemma, monkeypatch, ubatch):
     chunk = np.random.default_rng(1).integers(0, TINY["vocab"], 40).tolist()
     made = _caches(monkeypatch)
     whole = Q.chunk_logprobs(tiny_gemma, chunk, CacheSpec("fp32"))
-    parts = Q.piece_logprobs(tiny_gemma, chunk, CacheSpec("fp32"), ubatch=ubatch)
+    parts = list(Q.piece_logprobs(tiny_gemma, chunk, CacheSpec("fp32"), ubatch=ubatch))
     assert sum(p.shape[0] for p in parts) == whole.shape[0] == 19  # positions 20..38
     np.testing.assert_allclose(np.array(mx.concatenate(parts)), np.array(whole), atol=2e-5)
     assert [s.ring.size for s in made[0].stores[:3]] == [8 + 40 - 1] * 3  # one forward
@@ -300,6 +300,15 @@ def test_ubatched_quality_equals_one_forward(tiny_gemma):
         for key in ("kl_mean", "kl_pos1", "kl_pos4", "top1_agree"):
             assert ub[key] == pytest.approx(whole[key], rel=1e-3, abs=1e-6), (name, key)
         assert whole["kl_mean"] > 1e-5  # the format differs from the reference: teeth
+    # the reference kept in pieces (the engine's: no copy of a chunk's rows) gives the same row,
+    # the pieces cut at other places than the row's (4 against 6) so rows_of joins across them
+    pieces = Q.reference_pieces(tiny_gemma, ch, ubatch=4)
+    assert [p.shape[0] for p in pieces[0]] == [4, 4, 4, 4, 3]
+    got = Q.quality(tiny_gemma, ch, CacheSpec("q4_0"), pieces, ubatch=6)
+    assert got["kl_mean"] == pytest.approx(ub["kl_mean"], rel=1e-3, abs=1e-6)
+    assert got["ppl_ref"] == pytest.approx(ub["ppl_ref"], rel=1e-5)
+    joined = [mx.concatenate(p) for p in pieces]
+    assert Q.quality(tiny_gemma, ch, CacheSpec("q4_0"), joined, ubatch=6) == got
 
 
 def test_the_engine_feeds_quality_in_ubatches_of_512(tiny_gemma, monkeypatch):

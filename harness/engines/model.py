@@ -104,7 +104,7 @@ def reference_of(name: str, text: str, context_len: int, n_chunks: int):
     model, _ = model_of(name)
     chunks = chunks_of(name, text, context_len, n_chunks)
     with meter.metered() as m:
-        ref = quality.reference_run(model, chunks, UBATCH)
+        ref = quality.reference_pieces(model, chunks, UBATCH)
     return chunks, ref, m.wall_s
 
 

@@ -21,6 +21,8 @@ depth.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
+
 import mlx.core as mx
 import numpy as np
 
@@ -62,18 +64,18 @@ def piece_logprobs(
     ubatch=None,
     tile_kv=None,
     saturated: list | None = None,
-) -> list[mx.array]:
+) -> Iterator[mx.array]:
     """float32 log-probabilities at the scored positions of one chunk, one evaluated array
     [n_i, vocab] per micro-batch of `ubatch` tokens (None: the chunk in one forward) that holds
-    scored positions, in order: together the n_scored rows. The cache's window rings hold what
-    one micro-batch writes (make_cache max_step). The K/V elements the cache stored saturated
-    (FP8) appended to `saturated` when given. Kept apart so that no copy of all the rows is
-    made (Gemma at 8K: 4,095 rows x 262,144 vocabulary = 4.3 GB)."""
+    scored positions, yielded in order as each is computed: together the n_scored rows. The
+    cache's window rings hold what one micro-batch writes (make_cache max_step). The K/V
+    elements the cache stored saturated (FP8) appended to `saturated` when given, once the
+    last piece is taken. A consumer that keeps none holds one piece at a time (Gemma at 8K:
+    all 4,095 rows x 262,144 vocabulary are 4.3 GB)."""
     n = len(chunk)
     first = n // 2
     step = min(ubatch or n, n)
     cache = make_cache(spec, model.config, n, kernel, tile_kv, max_step=step)
-    out = []
     for s in range(0, n, step):
         piece = mx.array([chunk[s : s + step]])
         start = max(first - s, 0)  # logits only where they are scored
@@ -82,11 +84,11 @@ def piece_logprobs(
             mx.eval(logits, cache.arrays())
         rows = logits[: n - 1 - max(s, first)]  # the chunk's last position has no target
         if rows.shape[0]:
-            out.append(rows - mx.logsumexp(rows, axis=-1, keepdims=True))
-            mx.eval(out[-1])
+            lp = rows - mx.logsumexp(rows, axis=-1, keepdims=True)
+            mx.eval(lp)
+            yield lp
     if saturated is not None:
         saturated.append(cache.saturated())
-    return out
 
 
 def chunk_logprobs(
@@ -100,7 +102,9 @@ def chunk_logprobs(
 ) -> mx.array:
     """float32 log-probabilities [n_scored, vocab] at the scored positions of one chunk
     (piece_logprobs, joined)."""
-    return mx.concatenate(piece_logprobs(model, chunk, spec, kernel, ubatch, tile_kv, saturated))
+    return mx.concatenate(
+        list(piece_logprobs(model, chunk, spec, kernel, ubatch, tile_kv, saturated))
+    )
 
 
 def token_stats(ref_lp: mx.array, lp: mx.array, targets: list[int]) -> dict:
@@ -124,11 +128,35 @@ def targets_of(chunk: list[int]) -> list[int]:
 
 def reference_run(model: Model, token_chunks: list[list[int]], ubatch=None) -> list[mx.array]:
     """The float32-cache log-probabilities of every chunk (computed once, reused per format)."""
-    return [
-        check_finite(chunk_logprobs(model, c, REFERENCE_SPEC, "reference", ubatch),
-                     f"the float32 cache, chunk {i}", len(c) // 2)
-        for i, c in enumerate(token_chunks)
-    ]  # fmt: skip
+    return [mx.concatenate(p) for p in reference_pieces(model, token_chunks, ubatch)]
+
+
+def reference_pieces(
+    model: Model, token_chunks: list[list[int]], ubatch=None
+) -> list[list[mx.array]]:
+    """reference_run's log-probabilities kept as piece_logprobs gives them (no copy of a whole
+    chunk's rows); quality() takes either."""
+    out = []
+    for i, c in enumerate(token_chunks):
+        pieces, at = [], len(c) // 2
+        for lp in piece_logprobs(model, c, REFERENCE_SPEC, "reference", ubatch):
+            pieces.append(check_finite(lp, f"the float32 cache, chunk {i}", at))
+            at += lp.shape[0]
+        out.append(pieces)
+    return out
+
+
+def rows_of(ref: mx.array | list[mx.array], at: int, m: int) -> mx.array:
+    """Rows at .. at+m-1 of a chunk's reference: one array, or its pieces end to end."""
+    if not isinstance(ref, list):
+        return ref[at : at + m]
+    out, start = [], 0
+    for p in ref:
+        lo, hi = max(at - start, 0), min(at + m - start, p.shape[0])
+        if lo < hi:
+            out.append(p[lo:hi])
+        start += p.shape[0]
+    return out[0] if len(out) == 1 else mx.concatenate(out)
 
 
 POS_BUCKETS = 4
@@ -186,22 +214,22 @@ def quality(
     model: Model,
     token_chunks: list[list[int]],
     spec: CacheSpec,
-    ref: list[mx.array],
+    ref: list,
     kernel: str = "reference",
     ubatch: int | None = None,
     tile_kv: int | None = None,
 ) -> dict:
     """ppl, ppl_ref, delta_ppl, kl_mean, kl_p99, top1_agree, n_scored of `spec` against `ref`
-    (reference_run of the same chunks); with an FP8 format, kv_saturated: the K/V elements
-    stored saturated over every chunk, layer and head. Compared micro-batch by micro-batch, so
-    only one chunk's rows of each side are held."""
+    (reference_run or reference_pieces of the same chunks); with an FP8 format, kv_saturated:
+    the K/V elements stored saturated over every chunk, layer and head. Compared micro-batch
+    by micro-batch as each is computed: one micro-batch's rows of this cache are held at once."""
     stats, ref_nll, sat = [], [], []
     for i, (chunk, ref_lp) in enumerate(zip(token_chunks, ref)):
         tg, at, parts = targets_of(chunk), 0, []
         for lp in piece_logprobs(model, chunk, spec, kernel, ubatch, tile_kv, sat):
             m = lp.shape[0]
             check_finite(lp, f"the {spec.label} cache, chunk {i}", len(chunk) // 2 + at)
-            r = ref_lp[at : at + m]
+            r = rows_of(ref_lp, at, m)
             parts.append(token_stats(r, lp, tg[at : at + m]))
             ref_nll.append(np.array(nll_of(r, tg[at : at + m])))
             at += m
