@@ -259,6 +259,26 @@ def test_rotated_basis_kernels_in_float16_match_the_reference(name, kernel):
     assert KERNELS[kernel].accepts(fmt) is None
 
 
+@pytest.mark.parametrize("kernel", ["turbo_sdpa", "turbo_tiled"])
+def test_model_caches_run_the_rotated_basis_kernels(kernel):
+    """A model's cache (kernels/model/cache.py) over tq3_mse through each rotated-basis kernel:
+    a causal prefill of 20 positions, then decode steps, within float16 rounding of the same
+    cache read by the float32 reference kernel."""
+    from kvbench.kernels.model.cache import PlainCache
+    from kvbench.kernels.model.spec import CacheSpec
+
+    rng = np.random.default_rng(8)
+    caches = [PlainCache(CacheSpec("tq3_mse"), 1, 3, 64, 40, kern, 8)
+              for kern in (kernel, "reference")]  # fmt: skip
+    for n in (20, 1, 3):
+        q, k, v = (mx.array(rng.standard_normal((1, h, n, 64)).astype(np.float32))
+                   for h in (9, 3, 3))  # fmt: skip
+        got, want = (np.array(c.attend(0, q, k, v, 0.125)) for c in caches)
+        assert np.linalg.norm(got - want) < 3e-3 * np.linalg.norm(want)
+        for c in caches:
+            c.advance(n)
+
+
 def test_bad_bit_width_group_or_head_dim():
     with pytest.raises(ValueError, match="bit width 5 not supported"):
         turbo.parse_name("tq5_mse")
