@@ -74,6 +74,9 @@ def test_the_guard_plans_each_layers_allocation():
     quality = model_plan(_case("quality"), 262144, GEMMA.windows)
     assert quality["cache"] == task["cache"] == 2 * (3 * 8192 + 15 * 1023) * FP16_ROW
     assert quality["scores"] == 2 * 4 * 512 * 8192 * 4  # 4 query heads, 512 queries, float32
+    # the reference's 4,096 scored rows of 262,144 log-probabilities and one 512-row micro-batch
+    # of the row's own (compared as each is computed), not a second chunk's: 4.8 GB, not 8.6
+    assert quality["logits"] == (4096 + 512) * 262144 * 4 == 4_831_838_208
     # a case window makes every layer a ring of window + sinks + 511
     win = model_plan(_case("retrieval", task="passkey", window=1000, sink_tokens=24), 1, ())
     assert win["cache"] == 2 * 18 * (1024 + 511) * FP16_ROW

@@ -14,8 +14,9 @@ MLX's CPU backend segfaulted when the allocation failed. The parts, in bytes:
     PREFILL_UBATCH positions at a time (quality's chunks, the task phases' prompts, the prefill
     of model_decode), over every query head;
   * logits: float32 log-probabilities kept for the comparison: quality keeps the reference's
-    scored half of every chunk and one chunk of its own; generate keeps the reference's
-    gen_tokens steps of every chunk and one run of its own.
+    scored half of every chunk and one micro-batch of its own (kernels/model/quality.py compares
+    each as it is computed); generate keeps the reference's gen_tokens steps of every chunk and
+    one run of its own.
 The model's weights are loaded once per process and are not part of a case's plan.
 """
 
@@ -52,7 +53,8 @@ def model_plan(case: Case, vocab: int, windows: tuple = ()) -> dict[str, int]:
     reference = 0 if case.phase == "model_decode" else ref
     logits = 0
     if case.phase == "quality":
-        logits = (case.chunks + 1) * (case.context_len // 2) * vocab * F32
+        scored = case.context_len // 2
+        logits = (case.chunks * scored + min(PREFILL_UBATCH, scored)) * vocab * F32
     elif case.phase == "generate":
         logits = (case.chunks + 1) * case.gen_tokens * vocab * F32
     parts = {
