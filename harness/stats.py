@@ -1,4 +1,5 @@
-"""Statistics on raw timing samples, mlx-free (compare, history and import use them too).
+"""Statistics on raw timing samples, mlx-free (compare, history and import use them too), and
+the paired bootstrap of two quality configurations' per-token values (analysis/truth.py).
 
 Timing samples are skewed and often bimodal (preemption, frequency changes), so everything
 here is distribution-free: medians with binomial order-statistic CIs, the Mann-Whitney U rank
@@ -157,3 +158,59 @@ def wilson(k: int, n: int, z: float = Z95) -> tuple[float, float]:
     mid = (p + z * z / (2 * n)) / den
     half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
     return (0.0 if k == 0 else max(0.0, mid - half), 1.0 if k == n else min(1.0, mid + half))
+
+
+# ---- per-token quality: two configurations on the same tokens --------------------------------
+
+TOKEN_RESAMPLES = 2000
+TOKEN_SEED = 0
+
+
+def token_block(n: int) -> int:
+    """Tokens per bootstrap block: ceil(n^(1/3)) (11 at 1,023 tokens, 16 at 4,095), the
+    moving-block rule analysis/paired.py uses; adjacent tokens of one text are not independent
+    (a hard passage raises the error of several tokens in a row)."""
+    return max(1, math.ceil(n ** (1 / 3)))
+
+
+def paired_token_ratio(
+    a, b, kind: str, confidence: float = 0.95, resamples: int = TOKEN_RESAMPLES,
+    seed: int = TOKEN_SEED, block: int | None = None,
+) -> tuple[float, float, float]:  # fmt: skip
+    """(ratio, low, high) of two per-token arrays of the same scored tokens: kind "ppl" (a, b
+    are NLLs: exp(mean a) / exp(mean b)) or "kl" (mean a / mean b). The interval is the
+    percentile interval of a paired moving-block bootstrap: every resample draws token positions
+    (blocks of `block` consecutive tokens, default token_block(n), circular) and takes both
+    arrays at the same positions, so what the two sides share (the text's hard tokens) cancels.
+    NaN where undefined (fewer than 2 tokens, a mean of b not above 0 for kl)."""
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    if a.shape != b.shape or a.ndim != 1:
+        raise ValueError(f"per-token arrays of shapes {a.shape} and {b.shape}: not one length")
+    n = a.size
+    stat = _PAIRED_STATS[kind]
+    ratio = stat(a.mean(), b.mean())
+    if n < 2 or not math.isfinite(ratio):
+        return ratio, math.nan, math.nan
+    block = block or token_block(n)
+    rng = np.random.default_rng(seed)
+    starts = rng.integers(0, n, size=(resamples, math.ceil(n / block)))
+    idx = ((starts[:, :, None] + np.arange(block)) % n).reshape(resamples, -1)[:, :n]
+    ratios = stat(a[idx].mean(axis=1), b[idx].mean(axis=1))  # [resamples]
+    tail = (1 - confidence) / 2 * 100
+    lo, hi = np.percentile(ratios, [tail, 100 - tail])
+    return ratio, float(lo), float(hi)
+
+
+def _kl_ratio(a, b):
+    a, b = np.asarray(a, dtype=np.float64), np.asarray(b, dtype=np.float64)
+    with np.errstate(divide="ignore", invalid="ignore"):
+        out = np.where(b > 0, a / b, np.nan)
+    return out if out.ndim else float(out)
+
+
+def _ppl_ratio(a, b):
+    out = np.exp(np.asarray(a, dtype=np.float64) - b)
+    return out if out.ndim else float(out)
+
+
+_PAIRED_STATS = {"ppl": _ppl_ratio, "kl": _kl_ratio}

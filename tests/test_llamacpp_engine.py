@@ -3,15 +3,19 @@ real decode and quality row when llama.cpp is built and the model fetched (else 
 
 from __future__ import annotations
 
+import numpy as np
+import pandas as pd
 import pytest
 
 from kvbench.case import Case
 from kvbench.engines import engine_for
 from kvbench.engines import llamacpp as engine
+from kvbench.engines import model as model_engine
 from kvbench.kernels.model.fetch import model_path
 from kvbench.peers import llamacpp
 from kvbench.run import runner
 from kvbench.spec.suite import Settings
+from kvbench.store.tokens import TOKEN_COLUMNS
 
 
 def case(**kw) -> Case:
@@ -53,10 +57,12 @@ def _needs_real():
         pytest.skip("SmolLM2 not fetched (kvbench model fetch)")
 
 
-def _row(c: Case):
+def _row(c: Case, tokens: list | None = None):
     run = runner.CaseRun(c)
     settings = Settings(warmup_s=0, min_samples=2, max_samples=2, budget_s=0.1, rounds=1)
     runner.measure_round(run, settings, 0)
+    if tokens is not None:
+        tokens += run.token_rows
     return runner.finish(run, settings, {})
 
 
@@ -74,7 +80,9 @@ def test_a_real_decode_row_has_one_sample_per_repetition():
 def test_a_real_quality_row_compares_with_the_f16_cache():
     _needs_real()
     fp16 = _row(case(phase="quality", kv_dtype="fp16", context_len=128, chunks=2))
-    int4 = _row(case(phase="quality", kv_dtype="int4", group_size=32, context_len=128, chunks=2))
+    got: list = []
+    int4 = _row(case(phase="quality", kv_dtype="int4", group_size=32, context_len=128, chunks=2),
+                got)  # fmt: skip
     assert fp16.kl_mean < 1e-3 and int4.kl_mean > fp16.kl_mean
     assert int4.ppl_ref == pytest.approx(fp16.ppl_ref, rel=1e-3)  # the same saved f16 base
     assert int4.n_scored == 2 * 63  # llama-perplexity prints no KL summary for tiny runs
@@ -82,3 +90,12 @@ def test_a_real_quality_row_compares_with_the_f16_cache():
     # at -c 128 it runs n_seq = 2048 / 128 = 16 chunks at once, so both chunks of 128 tokens
     assert int4.wall_s > 0 and int4.ubatch == 128
     assert int4.prefill_tokens == 256 and int4.prefill_tokens_per_s > 0
+    # the per-token values read from the two saved passes are llama.cpp's: their means are what
+    # llama-perplexity printed (KL to within the saved log p's rounding; the nll's sum is the
+    # printed ppl's once floored tokens get theirs back), on kvbench's tokens
+    t = pd.DataFrame(got, columns=TOKEN_COLUMNS)
+    assert len(t) == int4.n_scored and t["kl"].mean() == pytest.approx(int4.kl_mean, abs=2e-4)
+    assert np.exp(t["nll"].mean()) == pytest.approx(int4.ppl, rel=1e-6)
+    chunks = model_engine.chunks_of("smollm2-135m", "default", 128, 2)
+    assert t["token"].tolist() == [tok for c in chunks for tok in c[65:]]
+    assert t["position"].tolist() == list(range(64, 127)) * 2

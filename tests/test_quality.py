@@ -337,3 +337,16 @@ def test_the_engine_feeds_quality_in_ubatches_of_512(tiny_gemma, monkeypatch):
         assert [s.ring.size for s in cache.stores[:3]] == [8 + 0 + 511] * 3
     assert [s.ring.size for s in windowed.stores] == [16 + 4 + 511] * 4  # every layer a window
     assert row["prefill_tokens"] == 1024 and row["prefill_tokens_per_s"] > 0 and row["wall_s"] > 0
+
+
+def test_per_token_values_are_the_rows_tokens(tiny):
+    # each scored token's nll and kl, at its chunk position and with its true next token; their
+    # means are the row's figures
+    ch = Q.chunks(TOKS, 32)
+    r = Q.quality(tiny, ch, CacheSpec("int4"), Q.reference_run(tiny, ch), keep_tokens=True)
+    t = r["per_token"]
+    assert t["chunk"].tolist() == [0] * 15 + [1] * 15
+    assert t["position"].tolist() == list(range(16, 31)) * 2  # logits 16..30 of each chunk
+    assert t["token"].tolist() == Q.targets_of(ch[0]) + Q.targets_of(ch[1])
+    assert np.exp(t["nll"].mean()) == pytest.approx(r["ppl"], rel=1e-6)
+    assert t["kl"].mean() == pytest.approx(r["kl_mean"], rel=1e-6)

@@ -147,3 +147,23 @@ def test_stage_shares_split_the_budget():
     assert sum(shares.values()) == pytest.approx(1.0)
     assert shares["step"] == pytest.approx(4 * shares["write"]) and shares["step"] == 2 / 3
     assert runner.stage_shares(["step", "write", "attend"], False) == {"step": 1.0}
+
+
+def test_per_token_lines_go_to_their_own_file_before_the_row(tmp_path):
+    from kvbench.store.schema import make_record
+    from kvbench.store.tokens import read_tokens, token_rows
+    from kvbench.store.writer import ResultsWriter
+
+    w = ResultsWriter.claim(tmp_path, "r")
+    w.add(make_record(run_id="r", case_id="x", status="ok"), [("x", "step", 0, 0, 1.5)])
+    assert not w.tokens_path.exists()  # no row kept per-token values: no file
+    arrays = dict(chunk=[0, 0], position=[8, 9], token=[5, 6], nll=[2.0, 1.0], kl=[0.1, -1e-5])
+    w.add(make_record(run_id="r", case_id="y", status="ok"), [], token_rows("y", arrays))
+    got = read_tokens(w.csv_path)
+    assert got.to_dict("list") == dict(case_id=["y", "y"], chunk=[0, 0], position=[8, 9],
+                                       token=[5, 6], nll=[2.0, 1.0], kl=[0.1, -1e-5])  # fmt: skip
+    with pytest.raises(ValueError, match="kl is not finite at token 1"):
+        token_rows("y", {**arrays, "kl": [0.1, float("nan")]})
+    (tmp_path / "s-2.tokens.csv").write_text("x")  # a stray per-token file holds s-2
+    assert ResultsWriter.claim(tmp_path, "s").run_id == "s"
+    assert ResultsWriter.claim(tmp_path, "s").run_id == "s-3"

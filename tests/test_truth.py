@@ -5,10 +5,19 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pandas as pd
 import pytest
 
-from kvbench.analysis.truth import markdown, ratio_interval, truth_table
+from kvbench.analysis.truth import (
+    INDEPENDENT,
+    PAIRED,
+    main,
+    markdown,
+    ratio_interval,
+    truth_table,
+)
+from kvbench.store import tokens
 
 
 def test_ratio_interval_by_hand():
@@ -65,3 +74,116 @@ def test_the_truth_suite_pairs_every_kvbench_row():
         if c.kernel != "llama.cpp":
             assert c.k_order == ("gguf" if c.model == "smollm2-135m" else "hf")
             assert c.q_quant == ("none" if c.kv_dtype == "fp16" else "q8_0")
+
+
+# ---- the paired bootstrap over scored tokens ----------------------------------------------------
+
+
+def test_paired_bootstrap_by_hand():
+    from kvbench.stats import paired_token_ratio
+
+    rng = np.random.default_rng(3)
+    kl = rng.exponential(0.1, 1023)
+    nll = rng.exponential(2.5, 1023)
+    # identical arrays: ratio 1 and every resample 1
+    assert paired_token_ratio(kl, kl, "kl") == (1.0, 1.0, 1.0)
+    assert paired_token_ratio(nll, nll, "ppl") == (1.0, 1.0, 1.0)
+    # a known shift: every token's nll 0.01 nats higher is ppl x e^0.01 in every resample; every
+    # token's KL 1.2 times is a KL ratio of 1.2 in every resample
+    r, lo, hi = paired_token_ratio(nll + 0.01, nll, "ppl")
+    assert r == pytest.approx(math.exp(0.01), rel=1e-12)
+    assert (lo, hi) == pytest.approx((math.exp(0.01),) * 2, rel=1e-12)
+    assert paired_token_ratio(1.2 * kl, kl, "kl") == pytest.approx((1.2, 1.2, 1.2), rel=1e-12)
+
+
+def test_paired_bootstrap_interval_is_the_paired_standard_error():
+    # a = 1.1 b + noise, tokens independent (block 1): the 95% interval of mean a / mean b is
+    # about r * exp(+-1.96 se) with se the delta method's on the paired differences
+    # d_i = a_i / mean a - b_i / mean b (sd(d) / sqrt(n)); far narrower than the independent one
+    from kvbench.stats import paired_token_ratio
+
+    rng = np.random.default_rng(4)
+    b = rng.exponential(0.1, 4000)
+    a = 1.1 * b + rng.normal(0, 0.01, b.size)
+    r, lo, hi = paired_token_ratio(a, b, "kl", block=1)
+    d = a / a.mean() - b / b.mean()
+    se = d.std(ddof=1) / math.sqrt(b.size)
+    assert r == pytest.approx(a.mean() / b.mean())
+    assert math.log(hi / lo) / 2 == pytest.approx(1.959964 * se, rel=0.15)
+    sem = lambda x: x.std(ddof=1) / math.sqrt(x.size)  # noqa: E731
+    _, ilo, ihi = ratio_interval(a.mean(), sem(a), b.mean(), sem(b))
+    assert hi - lo < (ihi - ilo) / 10
+    # blocks: the same seed and count, another interval, still about the same for independent
+    # tokens; the resample count and seed make it reproducible
+    assert paired_token_ratio(a, b, "kl") == paired_token_ratio(a, b, "kl")
+    _, blo, bhi = paired_token_ratio(a, b, "kl")
+    assert math.log(bhi / blo) == pytest.approx(math.log(hi / lo), rel=0.2)
+
+
+def tokens_of(run_id, case_id, nll, kl, tokens=None, chunk=0):
+    n = len(nll)
+    token = np.arange(n) if tokens is None else tokens
+    return pd.DataFrame(dict(run_id=run_id, case_id=case_id, chunk=chunk, token=token,
+                             position=np.arange(1024, 1024 + n), nll=nll, kl=kl))  # fmt: skip
+
+
+def test_pairs_on_the_same_tokens_use_the_paired_bootstrap_else_say_why():
+    rng = np.random.default_rng(5)
+    nll, kl = rng.exponential(2.6, 1023), rng.exponential(0.07, 1023)
+    df = pd.DataFrame([
+        row("reference", "q4_0", "hadamard", 0, 0, 0, 0, run_id="a", case_id="k"),
+        row("llama.cpp", "q4_0", "hadamard", 0, 0, 0, 0, run_id="b", case_id="l"),
+        row("reference", "q4_0", "none", 15.0, 0.5, 0.18, 0.01, run_id="a", case_id="m"),
+        row("llama.cpp", "q4_0", "none", 15.1, 0.5, 0.19, 0.01, run_id="b", case_id="n"),
+        row("reference", "q8_0", "none", 15.0, 0.5, 0.01, 0.001, run_id="a", case_id="o"),
+        row("llama.cpp", "q8_0", "none", 15.1, 0.5, 0.011, 0.001, run_id="b", case_id="p"),
+    ])  # fmt: skip
+    df.loc[0, ["ppl", "kl_mean"]] = np.exp((nll + 0.02).mean()), (1.05 * kl).mean()
+    df.loc[1, ["ppl", "kl_mean"]] = np.exp(nll.mean()), kl.mean()
+    other = np.arange(1023)
+    other[600] = 7
+    toks = pd.concat([
+        tokens_of("a", "k", nll + 0.02, 1.05 * kl), tokens_of("b", "l", nll, kl),
+        tokens_of("a", "m", nll, kl), tokens_of("b", "n", nll, kl, tokens=other),
+    ])  # fmt: skip
+    t = truth_table(df, toks).set_index(["kv_dtype", "rotate_k"])
+    rot, plain, q8 = t.loc[("q4_0", "hadamard")], t.loc[("q4_0", "none")], t.loc[("q8_0", "none")]
+    assert rot["interval"] == PAIRED
+    assert (rot["ppl_lo"], rot["ppl_ratio"], rot["ppl_hi"]) == pytest.approx((math.exp(0.02),) * 3)
+    assert (rot["kl_lo"], rot["kl_ratio"], rot["kl_hi"]) == pytest.approx((1.05,) * 3)
+    # another token at one position: refused, the reason named, the rows' ratio without interval
+    assert plain["interval"].startswith("refused: the tokens differ from chunk 0 position 1624")
+    assert "llama.cpp 7" in plain["interval"] and "1 of 1023 differ" in plain["interval"]
+    assert plain["kl_ratio"] == pytest.approx(0.18 / 0.19) and math.isnan(plain["kl_lo"])
+    assert q8["interval"] == INDEPENDENT and q8["kl_lo"] < q8["kl_ratio"] < q8["kl_hi"]
+    text = markdown(truth_table(df, toks))
+    assert "paired bootstrap over scored tokens" in text and "2000 resamples, seed 0" in text
+    assert "blocks of ceil(n^(1/3)) tokens: 11 at 1023" in text and "refused: the tokens" in text
+    # a different count of tokens is refused too
+    short = pd.concat([tokens_of("a", "k", nll[:-1], kl[:-1]), tokens_of("b", "l", nll, kl)])
+    got = truth_table(df, short).set_index(["kv_dtype", "rotate_k"]).loc[("q4_0", "hadamard")]
+    assert got["interval"] == "refused: kvbench kept 1022 scored tokens, llama.cpp 1023"
+
+
+def test_the_command_reads_the_per_token_files_beside_the_runs(tmp_path, capsys):
+    # two runs written by the writer, each row's tokens before it; the command pairs them
+    from kvbench.store.schema import make_record
+    from kvbench.store.tokens import read_tokens, tokens_path
+    from kvbench.store.writer import ResultsWriter
+
+    rng = np.random.default_rng(6)
+    nll, kl = rng.exponential(2.6, 63), rng.exponential(0.07, 63)
+    arrays = dict(chunk=np.zeros(63), position=np.arange(64, 127), token=np.arange(63))
+    for run_id, kernel, f in (("a", "reference", 1.1), ("b", "llama.cpp", 1.0)):
+        w = ResultsWriter.claim(tmp_path, run_id)
+        fields = row(kernel, "q4_0", "none", float(np.exp(nll.mean())), 0.1,
+                     float(f * kl.mean()), 0.01, n_scored=63)  # fmt: skip
+        rec = make_record(run_id=run_id, case_id=run_id + "1", **fields)
+        lines = tokens.token_rows(rec.case_id, {**arrays, "nll": nll, "kl": f * kl})
+        w.add(rec, [], lines)
+        assert len(read_tokens(w.csv_path)) == 63
+    assert not tokens_path(tmp_path / "c.csv").exists()
+    assert main([str(tmp_path / "a.csv"), str(tmp_path / "b.csv")]) == 0
+    out = capsys.readouterr().out
+    assert "| 1.000 [1.000, 1.000] |" in out and "| 1.100 [1.100, 1.100] |" in out
+    assert "paired bootstrap over scored tokens" in out

@@ -121,7 +121,7 @@ def run_in_tree(cwd: Path, suite: Path, results: Path, device: str | None) -> Pa
     ).returncode:
         raise UserError(f"{suite}: the run in {cwd} failed (see above)")
     new = set(results.glob("*.csv")) - before
-    new = [p for p in new if not p.name.endswith(".samples.csv")]
+    new = [p for p in new if not p.name.endswith((".samples.csv", ".tokens.csv"))]
     if len(new) != 1:
         raise UserError(f"{results}: expected one new results file, found {len(new)}")
     return new[0]

@@ -24,6 +24,11 @@ from kvbench.case import Case
 from kvbench.spec import resolved
 from kvbench.spec.resolved import Resolved
 
+# the key under which a check's (or a job's) accuracy dict may hand over per-token values: a dict
+# of equal-length arrays chunk, position, token, nll, kl (store/tokens.py); the runner takes it
+# out of the row's fields and writes it to the run's per-token file
+TOKENS = "per_token"
+
 
 @dataclass
 class JobResult:

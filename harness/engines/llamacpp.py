@@ -19,6 +19,12 @@ rows of the same model, depth, text and K/V types (docs/peers.md).
 * peer_weights f32: llama.cpp runs the GGUF dequantized to float32 (harness/peers/
   llamacpp_weights.py, made once), the weights kvbench's model engine runs; on the GGUF as
   stored its products round activations to q8 and amplify any small change (docs/peers.md).
+  Per-token values (the run's tokens file, store/tokens.py): llama-perplexity prints none, so
+  the case's pass runs once more saving its own log-probabilities (--kl-divergence-base, a file
+  removed once read), and each scored token's nll and KL(base || case) are read from the two
+  files (peers/llamacpp_kl.py token_values), checked against the printed KL mean; a true token
+  more than 16 nats under the top is saved at the file's floor, and its nll is put back from
+  the printed perplexity (floored_nll_fix).
 * retrieval, task passkey-llamacpp only: `llama-passkey --junk N --pos P` per trial
   (harness/peers/llamacpp_passkey.py), N and P those of kvbench's prompt of the same context,
   depth and trial (kernels/model/passkey.py), so both answer one prompt; its f16 cache's answers
@@ -37,20 +43,23 @@ under 1 token/s, docs/peers.md). The byte and FLOP model is the model engine's.
 
 from __future__ import annotations
 
+import math
 import os
 from functools import lru_cache
 from pathlib import Path
 
+import numpy as np
+
 from kvbench.case import Case
 from kvbench.engines import model as model_engine
 from kvbench.engines import model_tasks
-from kvbench.engines.contract import JobResult, State
+from kvbench.engines.contract import TOKENS, JobResult, State
 from kvbench.kernels.formats.rotation import default_block
 from kvbench.kernels.model import passkey
 from kvbench.kernels.model.fetch import require_model
 from kvbench.kernels.model.load import PERMUTED_ARCHS
 from kvbench.kernels.model.text import default_text, text_file
-from kvbench.peers import llamacpp
+from kvbench.peers import llamacpp, llamacpp_kl
 from kvbench.peers.llamacpp_passkey import TOOL, run_passkey
 from kvbench.peers.llamacpp_perplexity import run_perplexity
 from kvbench.peers.llamacpp_weights import weights_file
@@ -181,15 +190,44 @@ REF_KV = "f16"  # the base pass's cache: -ctk f32 with -fa is cast to f16 (llama
 
 
 @lru_cache(maxsize=8)
-def base_logits(gguf: Path, text: str, ctx: int, chunks: int) -> tuple[Path, dict]:
-    """The f16-cache run that saves the log-probabilities KL is measured against (once per
-    process for a GGUF, text, context and chunks: every K/V type's row reads the same file)."""
-    base = llamacpp.cache_root() / "kl" / f"{gguf.stem}-{text_path(text).stem}-{ctx}x{chunks}.kld"
+def base_logits(
+    gguf: Path, text: str, ctx: int, chunks: int, base_type: str = REF_KV
+) -> tuple[Path, dict]:
+    """The reference run (K/V cache type base_type) that saves the log-probabilities KL is
+    measured against (once per process for a GGUF, text, context, chunks and type: every K/V
+    type's row reads the same file)."""
+    name = f"{gguf.stem}-{text_path(text).stem}-{ctx}x{chunks}"
+    name += "" if base_type == "f16" else f"-{base_type}"  # f16: the file's name as before
+    base = llamacpp.cache_root() / "kl" / f"{name}.kld"
     base.parent.mkdir(parents=True, exist_ok=True)
     common = dict(ctx=ctx, chunks=chunks, flash_attn=True, threads=threads())
-    ref = run_perplexity(gguf, text_path=text_path(text), kl_base=base, type_k=REF_KV,
-                         type_v=REF_KV, **common)  # fmt: skip
+    ref = run_perplexity(gguf, text_path=text_path(text), kl_base=base, type_k=base_type,
+                         type_v=base_type, **common)  # fmt: skip
     return base, ref
+
+
+def token_pass(gguf: Path, case: Case, base: Path, base_type: str) -> tuple[dict, dict | None]:
+    """The case's pass once more, saving its own log-probabilities (--kl-divergence-base into
+    the cache's kl/ folder; llama-perplexity prints no per-token values), read against the
+    base's: (llamacpp_kl.token_values, what that pass printed). The file (as large as the
+    base's) is removed once read. A case whose cache is the base's reads the base file alone."""
+    type_k, type_v = types_of(case)
+    if type_k == type_v == base_type:  # an unquantized cache: llama.cpp rotates none
+        values = llamacpp_kl.token_values(*[llamacpp_kl.read_kl_base(base)] * 2)
+        return values, None
+    path = base.with_name(f"{base.stem}-{type_k}-{type_v}-{os.getpid()}.kld")
+    try:
+        got = run_perplexity(
+            gguf, text_path=text_path(case.text), kl_base=path, ctx=case.context_len,
+            chunks=case.chunks, type_k=type_k, type_v=type_v, flash_attn=True,
+            threads=threads(), env=rotation_env(case),
+        )  # fmt: skip
+        values = llamacpp_kl.token_values(
+            llamacpp_kl.read_kl_base(base), llamacpp_kl.read_kl_base(path)
+        )
+    finally:
+        path.unlink(missing_ok=True)
+    return values, got
 
 
 def cost_fields(res: dict) -> dict:
@@ -229,10 +267,30 @@ def quality_job(case: Case, gguf: Path):
             "ubatch": model_engine.ubatch_of(case),
         }  # fmt: skip
         accuracy |= cost_fields(got) | {"ref_wall_s": ref["wall_s"]}
+        values, again = token_pass(gguf, case, base, REF_KV)
+        check_tokens(values, got, again)
+        values = llamacpp_kl.floored_nll_fix(values, got["ppl"])
+        accuracy[TOKENS] = {k: values[k] for k in ("chunk", "position", "token", "nll", "kl")}
         extra = {"peer_kv_types": f"{type_k}/{type_v}", "peer_ref_kv_types": f"{REF_KV}/{REF_KV}"}
         return JobResult({}, accuracy, extra=extra)
 
     return job
+
+
+KL_ATOL = 2e-4  # nats: the saved log p's step is 16/65535 = 2.4e-4, its rounding half that
+
+
+def check_tokens(values: dict, kl_run: dict, token_run: dict | None) -> None:
+    """The per-token values are llama.cpp's: their mean KL is the KL pass's printed mean to
+    within the 16-bit rounding of the saved log p (KL_ATOL), and the pass that saved them
+    printed the KL pass's perplexity (the same computation twice). ValueError otherwise."""
+    kl = float(np.mean(values["kl"]))
+    if abs(kl - kl_run["kl_mean"]) > KL_ATOL:
+        raise ValueError(f"per-token KL mean {kl:.6g}, llama-perplexity printed "
+                         f"{kl_run['kl_mean']:.6g}: the saved values are not its")  # fmt: skip
+    if token_run is not None and not math.isclose(token_run["ppl"], kl_run["ppl"], rel_tol=1e-4):
+        raise ValueError(f"the per-token pass printed ppl {token_run['ppl']}, the KL pass "
+                         f"{kl_run['ppl']}: not the same computation")  # fmt: skip
 
 
 def key_order(model) -> str:

@@ -13,8 +13,9 @@ cache stored in the case's format through kvbench's own formats and kernels
   the row's chunk_bos; the second half of each chunk is scored); the model runs over each chunk
   with the cache in the case's format and with a float32 cache; the row gets ppl, ppl_ref,
   delta_ppl, kl_mean, kl_p99 (KL divergence of the next-token distributions, nats) and
-  top1_agree. Each chunk goes through the model in micro-batches of UBATCH tokens (the row's
-  ubatch), as llama-perplexity's default n_ubatch. No stage is sampled (n_samples 0); the
+  top1_agree, and each scored token's nll and kl go to the run's per-token file
+  (store/tokens.py). Each chunk goes through the model in micro-batches of UBATCH tokens (the
+  row's ubatch), as llama-perplexity's default n_ubatch. No stage is sampled (n_samples 0); the
   row states what its evidence cost:
   wall_s, prefill tokens / seconds / tokens per second, and ref_wall_s, the float32
   reference's (kernels/model/meter.py).
@@ -32,7 +33,7 @@ from functools import lru_cache
 import mlx.core as mx
 
 from kvbench.case import Case
-from kvbench.engines.contract import State, memory_baseline
+from kvbench.engines.contract import TOKENS, State, memory_baseline
 from kvbench.engines.model_step import ModelStep
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.model import cache as kv_store
@@ -210,10 +211,11 @@ def quality_state(case: Case) -> State:
         chunks, ref, ref_s = reference_of(case.model, case.text, case.context_len, case.chunks)
         with meter.metered() as m:
             row = quality.quality(model, chunks, spec_of(case), ref, case.kernel, UBATCH,
-                                  case.tile_kv)  # fmt: skip
+                                  case.tile_kv, keep_tokens=True)  # fmt: skip
         bos = chunk_bos(case.model) is not None
+        per_token = row.pop("per_token")  # the run's per-token file (store/tokens.py)
         return {**row, **m.fields(), "ref_wall_s": ref_s, "chunk_bos": bos,
-                "ubatch": ubatch_of(case)}  # fmt: skip
+                "ubatch": ubatch_of(case), TOKENS: per_token}  # fmt: skip
 
     return State({}, check, traffic=(0, 0), kv_bytes=kv_bytes(case),
                  bits_per_elem=bits_per_elem(case), effective=effective(case))  # fmt: skip

@@ -20,12 +20,13 @@ import mlx.core as mx
 from kvbench import stats, timer
 from kvbench.case import Case
 from kvbench.engines import engine_for, metrics, residency
-from kvbench.engines.contract import State
+from kvbench.engines.contract import TOKENS, State
 from kvbench.peers.registry import kernel_kind
 from kvbench.run import interrupt
 from kvbench.spec import resolved
 from kvbench.spec.resolved import Resolved
 from kvbench.spec.suite import Settings
+from kvbench.store import tokens
 from kvbench.store.schema import Record, make_record
 
 STAGE_WEIGHT = {"step": 1.0}  # relative share of the case's budget; others get OTHER_WEIGHT
@@ -48,6 +49,7 @@ class CaseRun:
     case: Case
     samples: dict = field(default_factory=dict)  # stage -> [ms]
     sample_rows: list = field(default_factory=list)
+    token_rows: list = field(default_factory=list)  # per-token quality values (store/tokens.py)
     accuracy: dict = field(default_factory=dict)
     reported: dict = field(default_factory=dict)  # row fields the engine's State reported
     traffic: tuple | None = None  # the engine's (bytes_read, bytes_written) of one step
@@ -81,6 +83,16 @@ def finite_figures(fields: dict) -> dict:
         if isinstance(value, (int, float)) and not math.isfinite(value):
             raise ValueError(f"{key} is {value}: not a finite figure, so no row is written as ok")
     return fields
+
+
+def accuracy_of(run: CaseRun, fields: dict) -> dict:
+    """The check's row fields, finite; its per-token values (contract.TOKENS, where the engine
+    keeps them) become the run's per-token lines."""
+    fields = dict(fields)
+    arrays = fields.pop(TOKENS, None)
+    if arrays is not None:
+        run.token_rows = tokens.token_rows(run.case.case_id, arrays)
+    return finite_figures(fields)
 
 
 def finite_samples(stage: str, new: list[float]) -> list[float]:
@@ -123,7 +135,7 @@ def measure_round(run: CaseRun, settings: Settings, round_no: int, say=None) -> 
     # the residency gate: the filled cache is resident before anything reads or writes it
     filled = residency.check(state.cache, state.baseline_bytes, "after the fill")
     if round_no == 0:
-        run.accuracy = finite_figures(state.check())
+        run.accuracy = accuracy_of(run, state.check())
     # peak memory covers the timed stages (warm-up and samples) with the cache in place; the
     # build (prefill writes) and the float32 parity check are left out (engines may report the
     # build's own peak in extra, e.g. fill_peak_bytes)
@@ -168,7 +180,7 @@ def job_round(run: CaseRun, state: State, plans: dict, round_no: int) -> None:
         plan["prior_ms"] = run.samples.get(stage, [])
     result = state.job(plans, round_no == 0)
     if round_no == 0:
-        run.accuracy = finite_figures(result.accuracy)
+        run.accuracy = accuracy_of(run, result.accuracy)
     state.alloc_bytes = result.alloc_bytes
     state.extra.update(result.extra)
     run.reported, run.traffic = reported(run.case, state), state.traffic

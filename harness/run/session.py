@@ -144,7 +144,9 @@ def _rounds(runs: dict, settings: Settings, common: dict, writer, progress) -> N
             progress.done()
             if round_no == settings.rounds - 1 and cid in runs:
                 with interrupt.deferred():
-                    writer.add(runner.finish(runs[cid], settings, common), run.sample_rows)
+                    writer.add(
+                        runner.finish(runs[cid], settings, common), run.sample_rows, run.token_rows
+                    )
                     del runs[cid]
 
 
@@ -160,7 +162,8 @@ def _keep_partial(runs: dict, settings: Settings, common: dict, writer, signal: 
     for run in runs.values():
         if run.rounds_done:
             note = f"interrupted after {run.rounds_done} of {settings.rounds} rounds"
-            items.append((runner.finish(run, settings, common, "partial", note), run.sample_rows))
+            row = runner.finish(run, settings, common, "partial", note)
+            items.append((row, run.sample_rows, run.token_rows))
         else:
             left_out.append(
                 (runner.failed(run.case, common, "skipped", NOT_MEASURED.format(signal)), [])

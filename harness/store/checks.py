@@ -72,7 +72,8 @@ def dir_files(path: Path, compares: bool = False) -> list[Path]:
     """The runs in a results directory (and compare CSVs, when asked), sorted by name; other
     CSVs are skipped (module docstring)."""
     out = []
-    for f in sorted(p for p in path.glob("*.csv") if not p.name.endswith(".samples.csv")):
+    side = (".samples.csv", ".tokens.csv")  # a run's raw samples and per-token values
+    for f in sorted(p for p in path.glob("*.csv") if not p.name.endswith(side)):
         cols, why = header(f)
         if cols is not None and RUN_COLUMNS <= cols:
             out.append(f)

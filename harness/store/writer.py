@@ -1,10 +1,12 @@
 """Writing results: one row per case (harness/store/schema.py's Record).
 
 Results live in `<out>/<run_id>.csv` (one row per case) and `<out>/<run_id>.samples.csv` (every
-raw sample: case_id, stage, round, sample, ms). A run claims both names exclusively, then
-appends each finished case's samples and then its row (ResultsWriter), so an interrupted or
-killed run leaves complete, readable files holding every row measured so far, each with its
-samples (docs/reliability.md). This module imports neither mlx nor kernels/.
+raw sample: case_id, stage, round, sample, ms), and for rows that keep per-token values (the
+quality phase) `<out>/<run_id>.tokens.csv` (store/tokens.py). A run claims the names
+exclusively, then appends each finished case's samples and tokens and then its row
+(ResultsWriter), so an interrupted or killed run leaves complete, readable files holding every
+row measured so far, each with its samples (docs/reliability.md). This module imports neither
+mlx nor kernels/.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from pathlib import Path
 from kvbench.errors import UserError
 from kvbench.files import append_bytes, create_exclusive, write_atomic
 from kvbench.store.schema import COLUMNS, SAMPLE_COLUMNS, Record
+from kvbench.store.tokens import TOKEN_COLUMNS, tokens_path
 
 
 def _cell(value) -> str:
@@ -60,12 +63,17 @@ class ResultsWriter:
         self.run_id = run_id
         self.csv_path = Path(out_dir) / f"{run_id}.csv"
         self.samples_path = Path(out_dir) / f"{run_id}.samples.csv"
+        self.tokens_path = tokens_path(self.csv_path)  # created with the first per-token row
         self.records: list[Record] = []
         self.n_samples = 0
         self._created = False
+        self._tokens_created = False
 
     def _create(self) -> bool:
-        """Create both files with their headers; False when either already exists."""
+        """Create both files with their headers; False when either already exists (or a stray
+        per-token file holds the run id)."""
+        if self.tokens_path.exists():
+            return False
         if not create_exclusive(self.csv_path, csv_text(COLUMNS, []).encode()):
             return False
         if not create_exclusive(self.samples_path, csv_text(SAMPLE_COLUMNS, []).encode()):
@@ -88,17 +96,31 @@ class ResultsWriter:
         if self._created and not self.records:
             self.csv_path.unlink(missing_ok=True)
             self.samples_path.unlink(missing_ok=True)
+            self.tokens_path.unlink(missing_ok=True)
 
-    def add(self, record: Record, samples: list[tuple] = ()) -> None:
-        self.add_many([(record, samples)])
+    def add(self, record: Record, samples: list[tuple] = (), tokens: list[tuple] = ()) -> None:
+        self.add_many([(record, samples, tokens)])
 
-    def add_many(self, items: list[tuple[Record, list[tuple]]]) -> None:
-        """Append several rows at once: all their samples first, then the rows."""
+    def add_many(self, items: list[tuple]) -> None:
+        """Append several rows at once, each (record, samples) or (record, samples, tokens): all
+        their samples and per-token lines first, then the rows."""
         if not self._created and not self._create():
             raise UserError(f"{self.csv_path}: exists already; results are never overwritten")
-        samples = [s for _, ss in items for s in ss]
+        samples = [s for item in items for s in item[1]]
         append_bytes(self.samples_path, csv_text(None, samples).encode())
         self.n_samples += len(samples)
-        rows = [dataclasses.astuple(r) for r, _ in items]
+        self._add_tokens([t for item in items if len(item) > 2 for t in item[2]])
+        rows = [dataclasses.astuple(item[0]) for item in items]
         append_bytes(self.csv_path, csv_text(None, rows).encode())
-        self.records += [r for r, _ in items]
+        self.records += [item[0] for item in items]
+
+    def _add_tokens(self, lines: list[tuple]) -> None:
+        if not lines:
+            return
+        if not self._tokens_created:
+            head = csv_text(TOKEN_COLUMNS, []).encode()
+            if not create_exclusive(self.tokens_path, head):
+                raise UserError(f"{self.tokens_path}: exists already; results are never "
+                                "overwritten")  # fmt: skip
+            self._tokens_created = True
+        append_bytes(self.tokens_path, csv_text(None, lines).encode())

@@ -10,7 +10,9 @@ and only the second half of each chunk is scored (logits at positions context_le
 context_len-2 predict the next token), so every scored token sees at least half a context.
 The float32 cache of the same model is the reference: per scored token, the KL divergence
 KL(p_ref || p) of the next-token distributions, whether the top-1 tokens agree, and the
-negative log-likelihood of the true next token. ppl = exp(mean nll).
+negative log-likelihood of the true next token. ppl = exp(mean nll). `quality` hands back each
+scored token's nll and kl too when asked (`per_token`), so two configurations that score the
+same tokens can be compared token by token.
 
 Position buckets: the scored half of every chunk is cut into POS_BUCKETS equal runs of
 positions (bucket b of m scored tokens holds scored index i with i * POS_BUCKETS // m == b,
@@ -218,11 +220,13 @@ def quality(
     kernel: str = "reference",
     ubatch: int | None = None,
     tile_kv: int | None = None,
+    keep_tokens: bool = False,
 ) -> dict:
     """ppl, ppl_ref, delta_ppl, kl_mean, kl_p99, top1_agree, n_scored of `spec` against `ref`
     (reference_run or reference_pieces of the same chunks); with an FP8 format, kv_saturated:
-    the K/V elements stored saturated over every chunk, layer and head. Compared micro-batch
-    by micro-batch as each is computed: one micro-batch's rows of this cache are held at once."""
+    the K/V elements stored saturated over every chunk, layer and head; with keep_tokens,
+    per_token (per_token: every scored token's values). Compared micro-batch by micro-batch as
+    each is computed: one micro-batch's rows of this cache are held at once."""
     stats, ref_nll, sat = [], [], []
     for i, (chunk, ref_lp) in enumerate(zip(token_chunks, ref)):
         tg, at, parts = targets_of(chunk), 0, []
@@ -235,4 +239,20 @@ def quality(
             at += m
         stats.append({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
     out = summarize(stats, np.concatenate(ref_nll))
+    if keep_tokens:
+        out["per_token"] = per_token(token_chunks, stats)
     return out | ({"kv_saturated": sum(sat)} if spec.saturates else {})
+
+
+def per_token(token_chunks: list[list[int]], stats: list[dict]) -> dict:
+    """Every scored token's values as arrays: chunk, position (the chunk position whose logits
+    are scored), token (the true next token's id), nll and kl (nats)."""
+    parts = {"chunk": [], "position": [], "token": [], "nll": [], "kl": []}
+    for i, (chunk, s) in enumerate(zip(token_chunks, stats)):
+        first = len(chunk) // 2
+        parts["chunk"].append(np.full(len(s["kl"]), i))
+        parts["position"].append(np.arange(first, first + len(s["kl"])))
+        parts["token"].append(np.array(targets_of(chunk)))
+        parts["nll"].append(s["nll"])
+        parts["kl"].append(s["kl"])
+    return {k: np.concatenate(v) for k, v in parts.items()}
