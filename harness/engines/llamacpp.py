@@ -201,8 +201,16 @@ def base_logits(
     base = llamacpp.cache_root() / "kl" / f"{name}.kld"
     base.parent.mkdir(parents=True, exist_ok=True)
     common = dict(ctx=ctx, chunks=chunks, flash_attn=True, threads=threads())
-    ref = run_perplexity(gguf, text_path=text_path(text), kl_base=base, type_k=base_type,
-                         type_v=base_type, **common)  # fmt: skip
+    # written under this process's own name, then renamed: another process running the same
+    # base at the same time (the name is shared through the cache) never reads a half-written
+    # file, and a pass that has the file open keeps reading the one it opened
+    part = base.with_name(f"{base.name}.{os.getpid()}.part")
+    try:
+        ref = run_perplexity(gguf, text_path=text_path(text), kl_base=part, type_k=base_type,
+                             type_v=base_type, **common)  # fmt: skip
+        os.replace(part, base)
+    finally:
+        part.unlink(missing_ok=True)
     return base, ref
 
 
