@@ -112,3 +112,16 @@ def test_two_shards_merged_reproduce_the_single_host_case_set(tmp_path):
     want = sorted(line.split()[0] for line in listed.stdout.splitlines()[:-1])
     rows = rows_of(tmp_path / "all")
     assert sorted(rows["case_id"]) == want and set(rows["status"]) == {"ok"}
+
+
+def test_merge_keeps_the_kept_rows_per_token_values(tmp_path):
+    from kvbench.store.tokens import TOKEN_COLUMNS, read_tokens, tokens_path
+    from kvbench.store.writer import write_csv_atomic
+
+    a = tmp_path / "a"
+    run = write_run(a, "r1", {"c1": [1.0], "c2": [2.0]}, host="h")
+    lines = [("c1", 0, 8, 5, 2.5, 0.1), ("c1", 0, 9, 6, 1.5, -1e-5), ("gone", 0, 8, 5, 1.0, 0.0)]
+    write_csv_atomic(tokens_path(run), TOKEN_COLUMNS, lines)
+    merge([str(a)], tmp_path / "out")
+    got = read_tokens(tmp_path / "out" / "r1.csv")
+    assert got.values.tolist() == [list(x) for x in lines[:2]]  # only the kept rows' tokens

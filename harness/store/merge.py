@@ -5,7 +5,8 @@ Each input (a results directory or a results CSV) is read run by run through the
 host) by the reader's picking rule (status ok before partial before anything else, then the
 newest): a case measured on two hosts stays two rows, a host's re-run of a case is ranked, never
 added twice. The kept rows are written back as runs: OUT/<run_id>.csv and, beside it, the raw
-samples of exactly those rows in OUT/<run_id>.samples.csv, so OUT is a results directory that
+samples of exactly those rows in OUT/<run_id>.samples.csv (and their per-token values, where
+the input kept any, in OUT/<run_id>.tokens.csv: store/tokens.py), so OUT is a results directory that
 compare, history and report read like any other. Two inputs with the same run_id (jobs of one
 commit started in the same second on different hosts) stay apart: the run_id gets the host
 appended (then a number, if still taken). This module imports neither mlx nor kernels/.
@@ -24,6 +25,7 @@ from kvbench.errors import UserError
 from kvbench.store.checks import dir_files
 from kvbench.store.results import load_run, pick_rows
 from kvbench.store.schema import COLUMNS, SAMPLE_COLUMNS, Record
+from kvbench.store.tokens import TOKEN_COLUMNS, read_tokens, tokens_path
 from kvbench.store.writer import write_csv_atomic
 
 MERGE_KEYS = ("case_id", "host")
@@ -66,12 +68,14 @@ def merge(inputs: list[str], out_dir: str | Path) -> Merged:
     kept = pick_rows(rows, keys=MERGE_KEYS)
     names = run_names(kept)
     for name in names.values():  # never over a run already in OUT (checked before writing)
-        for path in (out_dir / f"{name}.csv", out_dir / f"{name}.samples.csv"):
+        for path in (out_dir / f"{name}.csv", out_dir / f"{name}.samples.csv",
+                     tokens_path(out_dir / f"{name}.csv")):  # fmt: skip
             if path.exists():
                 raise UserError(f"{path}: -o: exists and is not overwritten; merge into a new "
                                 "directory")  # fmt: skip
     for i, part in kept.groupby("_file", sort=True):
         write_run(out_dir, names[i], part, loaded[i][1])
+        write_tokens(out_dir, names[i], part, read_tokens(files[i]))
     hosts = kept["host"].fillna("?").value_counts().to_dict()
     return Merged(out_dir, len(names), len(kept), len(rows) - len(kept), hosts)
 
@@ -103,6 +107,14 @@ def write_run(out_dir: Path, run_id: str, rows: pd.DataFrame, samples: pd.DataFr
         mine = samples[samples["case_id"].isin(set(rows["case_id"]))]
         cells = mine[list(SAMPLE_COLUMNS)].to_numpy().tolist()
         write_csv_atomic(out_dir / f"{run_id}.samples.csv", SAMPLE_COLUMNS, cells)
+
+
+def write_tokens(out_dir: Path, run_id: str, rows: pd.DataFrame, tokens: pd.DataFrame) -> None:
+    """The kept rows' per-token values, where their run kept any."""
+    mine = tokens[tokens["case_id"].isin(set(rows["case_id"].astype(str)))]
+    if len(mine):
+        cells = mine[list(TOKEN_COLUMNS)].to_numpy().tolist()
+        write_csv_atomic(tokens_path(out_dir / f"{run_id}.csv"), TOKEN_COLUMNS, cells)
 
 
 def render(merged: Merged) -> str:
