@@ -156,6 +156,16 @@ def test_pairs_on_the_same_tokens_use_the_paired_bootstrap_else_say_why():
     assert "llama.cpp 7" in plain["interval"] and "1 of 1023 differ" in plain["interval"]
     assert plain["kl_ratio"] == pytest.approx(0.18 / 0.19) and math.isnan(plain["kl_lo"])
     assert q8["interval"] == INDEPENDENT and q8["kl_lo"] < q8["kl_ratio"] < q8["kl_hi"]
+    # llama.cpp's f16 row is its base pass: KL 0 on every token, no ratio (shown as -)
+    rows = pd.DataFrame([
+        row("reference", "fp16", "none", np.exp(nll.mean()), 0, 1e-6, 0, run_id="a", case_id="f"),
+        row("llama.cpp", "fp16", "none", np.exp(nll.mean()), 0, 0.0, 0, run_id="b", case_id="g"),
+    ])  # fmt: skip
+    toks = pd.concat([tokens_of("a", "f", nll, kl * 1e-5), tokens_of("b", "g", nll, 0 * kl)])
+    f16 = truth_table(rows, toks)
+    assert f16["interval"][0] == PAIRED and f16["ppl_ratio"][0] == 1.0
+    assert math.isnan(f16["kl_ratio"][0]) and f16["kl_goal"][0] is None
+    assert "| 1.000 [1.000, 1.000] | 1e-06 | 0 | - |" in markdown(f16)
     text = markdown(truth_table(df, toks))
     assert "paired bootstrap over scored tokens" in text and "2000 resamples, seed 0" in text
     assert "blocks of ceil(n^(1/3)) tokens: 11 at 1023" in text and "refused: the tokens" in text

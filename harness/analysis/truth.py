@@ -84,7 +84,8 @@ def truth_table(df: pd.DataFrame, tokens: pd.DataFrame | None = None) -> pd.Data
                 r, lo, hi = ratio_interval(m[col], m.get(err), p[col], p.get(err))
             else:  # refused: the rows' ratio, no interval
                 r, lo, hi = (m[col] / p[col] if p[col] else math.nan), math.nan, math.nan
-            goal = None if name == "kl" and dense else bool(abs(r - 1) <= GOALS[name])
+            undefined = (name == "kl" and dense) or not math.isfinite(r)
+            goal = None if undefined else bool(abs(r - 1) <= GOALS[name])
             row |= {f"{name}_kvbench": m[col], f"{name}_llamacpp": p[col], f"{name}_ratio": r,
                     f"{name}_lo": lo, f"{name}_hi": hi, f"{name}_goal": goal}  # fmt: skip
         rows.append(row)
@@ -152,6 +153,8 @@ def notes(table: pd.DataFrame) -> list[str]:
 def _ratio(r, name: str) -> str:
     ratio, lo, hi = (getattr(r, f"{name}_{k}") for k in ("ratio", "lo", "hi"))
     mark = " (off goal)" if getattr(r, f"{name}_goal") is False else ""
+    if not math.isfinite(ratio):  # e.g. KL 0 on llama.cpp's side (its f16 row is its base)
+        return "-"
     if math.isnan(lo):
         return f"{ratio:.3f}{mark}"
     return f"{ratio:.3f} [{lo:.3f}, {hi:.3f}]{mark}"
