@@ -161,8 +161,8 @@ def test_pairs_on_the_same_tokens_use_the_paired_bootstrap_else_say_why():
         row("reference", "fp16", "none", np.exp(nll.mean()), 0, 1e-6, 0, run_id="a", case_id="f"),
         row("llama.cpp", "fp16", "none", np.exp(nll.mean()), 0, 0.0, 0, run_id="b", case_id="g"),
     ])  # fmt: skip
-    toks = pd.concat([tokens_of("a", "f", nll, kl * 1e-5), tokens_of("b", "g", nll, 0 * kl)])
-    f16 = truth_table(rows, toks)
+    zero = pd.concat([tokens_of("a", "f", nll, kl * 1e-5), tokens_of("b", "g", nll, 0 * kl)])
+    f16 = truth_table(rows, zero)
     assert f16["interval"][0] == PAIRED and f16["ppl_ratio"][0] == 1.0
     assert math.isnan(f16["kl_ratio"][0]) and f16["kl_goal"][0] is None
     assert "| 1.000 [1.000, 1.000] | 1e-06 | 0 | - |" in markdown(f16)
