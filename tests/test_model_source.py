@@ -183,3 +183,20 @@ def test_gguf_rope_scaling_is_mapped_or_refused(tmp_path):
     yarn = {**md, "llama.rope.scaling.type": "yarn", "llama.rope.scaling.factor": 4.0}
     with pytest.raises(ModelError, match="rope.scaling.type yarn is not mapped"):
         gguf_config(yarn, names, path)
+
+
+def test_a_suites_validation_parses_a_gguf_once(gguf, monkeypatch):
+    # used to: the model's shape and the retrieval prompts' tokenizer each parsed the whole file
+    # (Gemma-3's vocabulary: 94 s each on a loaded 2-core CPU)
+    import gguf as gguf_lib
+
+    from kvbench.kernels.model import retrieval
+
+    made, real = [], gguf_lib.GGUFReader
+    monkeypatch.setattr(gguf_lib, "GGUFReader", lambda p, *a, **k: made.append(p) or real(p))
+    shape = source.model_shape(str(gguf))
+    with pytest.raises(ModelError):  # the tiny GGUF holds no vocabulary: read, then refused
+        retrieval.tokenizer_of(str(gguf))
+    source.model_shape.cache_clear()
+    assert source.model_shape(str(gguf)) == shape  # a second validation in the same process
+    assert made == [str(gguf)]

@@ -66,6 +66,37 @@ main: passkey = 39384, inserted at position 8 / 80 (token pos: ~198)
 """
 
 
+class CountingTokenizer(BosTokenizer):
+    def __init__(self):
+        super().__init__()
+        self.calls = 0
+
+    def encode(self, text, add_bos=None):
+        self.calls += 1
+        return super().encode(text, add_bos)
+
+
+def test_a_suites_rows_share_their_prompts_validation(monkeypatch):
+    # used to: every row searched n_junk again (about 20 whole-prompt tokenizations a row):
+    # suites/passkey-llamacpp.yaml's 180 rows took ~6.5 min to validate
+    from kvbench.kernels.model import retrieval
+
+    tok = CountingTokenizer()
+    monkeypatch.setitem(retrieval._TOKENIZERS, "counted-passkey", (tok, {}))
+    sizes = passkey.prompt_sizes("counted-passkey", 600, 0.5, 2)
+    first = tok.calls
+    n = passkey.fit_junk(tok, 600)
+    assert sizes == [len(tok.encode(passkey.text(n, passkey.position(n, 0.5, i)))) for i in (0, 1)]
+    tok.calls = first
+    for _ in range(9):  # the other formats' and the other kernel's rows of the same prompt
+        assert passkey.prompt_sizes("counted-passkey", 600, 0.5, 2) == sizes
+    assert tok.calls == first
+    # another depth at the same length: no new search, 4 tokenizations a trial (the prompt, the
+    # text before the needle, the instruction, the question)
+    passkey.prompt_sizes("counted-passkey", 600, 0.1, 1)
+    assert tok.calls == first + 4
+
+
 def test_parse_and_command():
     got = parse_passkey(" 39384. The grass is green. The sky is blue\n\n\n", STDERR)
     assert got == {"answer_text": " 39384. The grass is green. The sky is blue", "key": "39384",

@@ -19,6 +19,8 @@ whole prompt (a binary search). The needle goes before repetition round(depth x 
 
 from __future__ import annotations
 
+import functools
+
 from kvbench.kernels.model import retrieval
 from kvbench.kernels.model.retrieval import Prompt, encode
 
@@ -62,8 +64,20 @@ def n_tokens(tokenizer, n_junk: int) -> int:
     return len(tokens(tokenizer, text(n_junk, 0)))
 
 
+_FITS: dict[int, tuple[object, dict[int, int]]] = {}  # id(tokenizer) -> (it, {context_len: n})
+
+
 def fit_junk(tokenizer, context_len: int) -> int:
-    """The most repetitions whose prompt (BOS included) and N_PREDICT tokens fit context_len."""
+    """The most repetitions whose prompt (BOS included) and N_PREDICT tokens fit context_len,
+    searched once per (tokenizer, context_len): each step tokenizes a whole prompt, and every
+    depth, trial, format and kernel of a suite asks again (a suite's validation took minutes)."""
+    fits = _FITS.setdefault(id(tokenizer), (tokenizer, {}))[1]  # holding it: the id stays its
+    if context_len not in fits:
+        fits[context_len] = _search_junk(tokenizer, context_len)
+    return fits[context_len]
+
+
+def _search_junk(tokenizer, context_len: int) -> int:
     lo, hi = 0, 1
     while n_tokens(tokenizer, hi) + N_PREDICT <= context_len:
         lo, hi = hi, 2 * hi
@@ -88,8 +102,14 @@ def prompt(tokenizer, context_len: int, depth: float, trial: int = 0) -> Prompt:
 
 def prompt_sizes(name: str, context_len: int, depth: float, trials: int) -> list[int]:
     """The token count of every trial's prompt (ValueError naming context_len when not one
-    filler repetition fits), with the model's own tokenizer (retrieval.tokenizer_of)."""
+    filler repetition fits), with the model's own tokenizer (retrieval.tokenizer_of); once per
+    prompt: a suite's formats and kernels share it."""
+    return list(_prompt_sizes(name, context_len, depth, trials))
+
+
+@functools.cache
+def _prompt_sizes(name: str, context_len: int, depth: float, trials: int) -> tuple[int, ...]:
     if name not in retrieval._TOKENIZERS:
         retrieval._TOKENIZERS[name] = retrieval.tokenizer_of(name)
     tokenizer = retrieval._TOKENIZERS[name][0]
-    return [len(prompt(tokenizer, context_len, depth, i).tokens) for i in range(trials)]
+    return tuple(len(prompt(tokenizer, context_len, depth, i).tokens) for i in range(trials))

@@ -34,6 +34,7 @@ interval on them (harness/stats.py).
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from collections.abc import Callable
@@ -326,19 +327,12 @@ def tokenizer_of(name: str):
     suite's retrieval cases are checked with before anything loads)."""
     from types import SimpleNamespace
 
-    from kvbench.kernels.model.load import ModelError, gguf_metadata
-    from kvbench.kernels.model.source import model_file
+    from kvbench.kernels.model.load import ModelError
+    from kvbench.kernels.model.source import gguf_fields, model_file
     from kvbench.kernels.model.tokenizer import load_tokenizer
 
     path = model_file(name)
-    md = {}
-    if not path.is_dir():
-        import gguf
-
-        try:
-            md = gguf_metadata(gguf.GGUFReader(str(path)))
-        except Exception as e:  # noqa: BLE001 - any parse failure of a foreign file
-            raise ModelError(f"{path}: not a readable GGUF file: {e}") from None
+    md = {} if path.is_dir() else gguf_fields(path)[0]  # read once with the model's shape
     try:
         return load_tokenizer(SimpleNamespace(metadata=md, path=str(path))), md
     except (ValueError, OSError) as e:
@@ -351,13 +345,20 @@ _TOKENIZERS: dict = {}
 def prompt_sizes(name: str, task: str, context_len: int, depth: float, trials: int,
                  seed: int) -> list[int]:  # fmt: skip
     """The token count of every trial's prompt, built as the retrieval engine builds them
-    (ValueError naming context_len when one leaves no room for a haystack)."""
+    (ValueError naming context_len when one leaves no room for a haystack); once per prompt:
+    a suite's formats and kernels share it."""
+    return list(_prompt_sizes(name, task, context_len, depth, trials, seed))
+
+
+@functools.cache
+def _prompt_sizes(name: str, task: str, context_len: int, depth: float, trials: int,
+                  seed: int) -> tuple[int, ...]:  # fmt: skip
     if name not in _TOKENIZERS:
         _TOKENIZERS[name] = tokenizer_of(name)
     tokenizer, md = _TOKENIZERS[name]
     chat = chat_frame(tokenizer, md)
-    return [
+    return tuple(
         len(build_prompt(make_trial(task, seed + i), tokenizer, context_len, depth, seed + i,
                          chat).tokens)
         for i in range(trials)
-    ]  # fmt: skip
+    )  # fmt: skip

@@ -84,12 +84,26 @@ def model_shape(name: str) -> Shape:
     if path.is_dir():
         cfg = read_config(path)
     else:
-        import gguf
-
-        try:
-            reader = gguf.GGUFReader(str(path))
-        except Exception as e:  # noqa: BLE001 - any parse failure of a foreign file
-            raise ModelError(f"{path}: not a readable GGUF file: {e}") from None
-        md = gguf_metadata(reader)
-        cfg = gguf_config(md, {t.name for t in reader.tensors}, path)
+        md, tensor_names = gguf_fields(path)
+        cfg = gguf_config(md, tensor_names, path)
     return replace(shape_of(cfg), windows=config_windows(path, cfg))
+
+
+def gguf_fields(path: Path) -> tuple[dict, frozenset[str]]:
+    """(metadata, tensor names) of a GGUF file, no weights read, parsed once per version of the
+    file: gguf's reader parses every field one by one, and Gemma-3's 262K-token vocabulary took
+    94 s of a loaded 2-core CPU, which a suite's validation paid twice (the model's shape, then
+    its tokenizer for the retrieval prompts). Callers must not change the dict."""
+    st = path.stat()
+    return _gguf_fields(str(path), st.st_mtime_ns, st.st_size)
+
+
+@lru_cache(maxsize=8)
+def _gguf_fields(path: str, mtime_ns: int, size: int) -> tuple[dict, frozenset[str]]:
+    import gguf
+
+    try:
+        reader = gguf.GGUFReader(path)
+    except Exception as e:  # noqa: BLE001 - any parse failure of a foreign file
+        raise ModelError(f"{path}: not a readable GGUF file: {e}") from None
+    return gguf_metadata(reader), frozenset(t.name for t in reader.tensors)
