@@ -8,8 +8,10 @@ threadgroups and the arrays' strides, matches the float32 reference and the nump
 (kernels/attention/gpu/emulate.py: the same order of operations, so partials agree to float32
 rounding).
 Covers dense / fp4 / int4 / iq4_nl / fp8_e4m3 / fp8_e5m2 (FP8 at a per-tensor and a per-head
-scale), GQA 1/2/4/8, D 64/128, all three vector widths, lengths under and not a multiple of the
-tile, B*Hkv*L < 8, several splits and sliced (strided) caches. The Metal and CUDA preludes are not
+scale) / tq4_mse / tq2_mse (q rotated in and the output back, as the wrapper does), GQA
+1/2/4/8, D 64/128, all three vector widths, lengths under and not a multiple of the tile,
+B*Hkv*L < 8, several splits and sliced (strided) caches.
+The Metal and CUDA preludes are not
 exercised: only a GPU can do that. Skipped without g++.
 """
 
@@ -54,11 +56,10 @@ CONFIGS = [
     ("fp8_e4m3@per_head", 4, 64, 16, 64, None, (2, 2, 37, 37), 2),  # per KV head
     ("fp8_e5m2@per_head", 8, 128, 32, 128, None, (1, 2, 40, 48), None),  # 4-byte vectors
     ("fp8_e5m2", 2, 64, 32, 128, None, (1, 1, 2, 2), None),  # scale 1, B*Hkv*L*D/4 words < 8
+    ("tq4_mse", 4, 128, 32, 128, None, (1, 2, 60, 64), 2),  # rotated q, codebook in the header
+    ("tq4_mse", 1, 64, 16, 64, None, (2, 1, 3, 3), None),  # 16-byte vectors, L < tile
+    ("tq2_mse", 2, 128, 32, 128, None, (1, 2, 45, 45), 3),  # 16 codes per word
 ]
-
-
-def problem_code(fmt) -> str:
-    return gpu_kernels.kv_code(fmt)
 
 
 def make_format(kv_dtype: str, gs, x: mx.array):
@@ -81,6 +82,9 @@ def build(plan: launch.LaunchPlan, code: str, tmp: Path, kt: str, st: str) -> Pa
         "SIM_TILE": t["TILE_KV"],
     }
     flags = [f"-D{k}={v}" for k, v in defines.items()]
+    if code in launch.TQ_CODES:  # the codebook the wrapper writes into the header
+        book = gpu_kernels.codebook_defines(code, t["D"]).splitlines()
+        flags += ["-D" + "=".join(line.split()[1:]) for line in book]
     sources = [SIM, SIM_PRELUDE, gpu_kernels.COMMON, gpu_kernels.BODY, gpu_kernels.COMBINE_BODY]
     key = hashlib.sha1("".join(flags).encode() + b"".join(p.read_bytes() for p in sources))
     exe = tmp / f"sim-{key.hexdigest()[:12]}"
@@ -152,8 +156,8 @@ def test_shared_source_on_cpu_threads(
     k = {n: a[:, :, :kv_len] for n, a in full_k.items()}  # mx views, as KVCache.view
     v = {n: a[:, :, :kv_len] for n, a in full_v.items()}
     np_view = lambda s: {n: np.array(a)[:, :, :kv_len] for n, a in s.items()}  # noqa: E731
-    kn, vn = np_view(full_k), np_view(full_v)
-    if problem_code(fmt) in launch.FP8_CODES:  # float32 [Hkv], as the wrapper passes them
+    kn, vn = (np_view(gpu_kernels.kernel_rows(s)) for s in (full_k, full_v))
+    if gpu_kernels.kv_code(fmt) in launch.FP8_CODES:  # float32 [Hkv], as the wrapper passes
         ks, vs = (np.array(s) for s in gpu_kernels.scale_inputs(k, v, fmt))
     else:  # the stored group scales, sliced views of the full cache (or a dummy for dense)
         ks, vs = (s.get("scales", np.zeros(1, np.float16)) for s in (kn, vn))
@@ -163,11 +167,14 @@ def test_shared_source_on_cpu_threads(
     exe = build(plan, problem.kv_code, bin_dir, kn["data"].dtype.name, ks.dtype.name)
     scale = 1 / math.sqrt(d)
     dtype = SIM_TYPES[problem.dtype][1]
-    parts, out = run_sim(exe, tmp_path / "run", np.array(q), kn, vn, plan, scale, dtype)
+    tq = problem.kv_code in launch.TQ_CODES  # q rotated in, the output back (the wrapper's)
+    q_in = np.array(fmt.basis_query(q).astype(q.dtype) if tq else q)
+    parts, out = run_sim(exe, tmp_path / "run", q_in, kn, vn, plan, scale, dtype)
+    final = fmt.basis_output(mx.array(out)).astype(q.dtype) if tq else mx.array(out)
     ref = reference(q, k, v, fmt, scale=scale)
-    assert compare_outputs(mx.array(out), ref)["rel_err"] <= PARITY_REL_TOL[fmt.compute_dtype]
+    assert compare_outputs(final, ref)["rel_err"] <= PARITY_REL_TOL[fmt.compute_dtype]
     # the numpy emulation predicts the compiled source (same order of operations)
-    emu = gpu_emulate.partials(np.array(q), kn, vn, problem, plan, scale)
+    emu = gpu_emulate.partials(q_in, kn, vn, problem, plan, scale)
     for got, want in zip(parts, emu):
         np.testing.assert_allclose(got, want, rtol=2e-6, atol=1e-6)
     emu_out = gpu_emulate.combine(*emu, dtype).reshape(q.shape)

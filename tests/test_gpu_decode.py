@@ -16,6 +16,7 @@ has run these formats. Skipped without g++.
 from __future__ import annotations
 
 import hashlib
+import math
 import shutil
 import subprocess
 from pathlib import Path
@@ -26,7 +27,7 @@ import pytest
 
 from kvbench.kernels.attention.gpu import kernels as gpu_kernels
 from kvbench.kernels.attention.gpu import launch
-from kvbench.kernels.formats import fp8
+from kvbench.kernels.formats import fp8, lloyd_max, turbo
 from kvbench.kernels.formats.ggml import IQ4_NL_VALUES
 from kvbench.kernels.formats.registry import get_format
 
@@ -47,6 +48,9 @@ def bin_dir(request, tmp_path_factory):
 def build(bin_dir: Path, code: str, vec: int = 16, d: int = 128, gs: int | None = None) -> Path:
     defines = {"KV_CODE": launch.KV_CODES[code], "VEC": vec, "D": d, "GS": gs or d}
     flags = [f"-D{k}={v}" for k, v in defines.items()]
+    if code in launch.TQ_CODES:  # the codebook lines the wrapper writes into the header
+        book = gpu_kernels.codebook_defines(code, d).splitlines()
+        flags += ["-D" + "=".join(line.split()[1:]) for line in book]
     sources = [CHECK, CHECK.with_name("sim_prelude.h"), gpu_kernels.COMMON]
     key = hashlib.sha1("".join(flags).encode() + b"".join(p.read_bytes() for p in sources))
     exe = bin_dir / f"decode-{key.hexdigest()[:12]}"
@@ -59,9 +63,10 @@ def build(bin_dir: Path, code: str, vec: int = 16, d: int = 128, gs: int | None 
     return exe
 
 
-def kernel_table(bin_dir: Path, tmp_path: Path, code: str) -> np.ndarray:
-    out = tmp_path / f"{code}-table.bin"
-    subprocess.run([str(build(bin_dir, code)), "table", str(out)], check=True, timeout=60)
+def kernel_table(bin_dir: Path, tmp_path: Path, code: str, d: int = 128) -> np.ndarray:
+    out = tmp_path / f"{code}-{d}-table.bin"
+    exe = build(bin_dir, code, 4, d)
+    subprocess.run([str(exe), "table", str(out)], check=True, timeout=60)
     return np.fromfile(out, np.float32)
 
 
@@ -172,3 +177,49 @@ def test_the_planner_chooses_the_widths_checked_here():
                 problem = launch.Problem(1, 8 * g, 8, d, 100, kv_code=code)
                 seen.add((code, launch.choose_vec(problem)))
     assert {v for _, v in seen} == {16, 8, 4}
+
+
+TQ = ("tq4_mse", "tq2_mse")
+
+
+@pytest.mark.parametrize("name", TQ)
+@pytest.mark.parametrize("d", [64, 128, 256])
+def test_every_turboquant_code_is_its_float32_centroid(bin_dir, tmp_path, name, d):
+    """The header's decimal literals give back the float32 centroids kvbench decodes with
+    (kernels/formats/turbo.py) bit for bit; those are the Lloyd-Max codebook / sqrt(d) within
+    float32 rounding (kvbench divides the float32 codebook in float32: one ulp at most)."""
+    got = kernel_table(bin_dir, tmp_path, name, d)
+    want = np.array(turbo._mx_tables(turbo.parse_name(name)[0], d, turbo.SEED)[2])
+    assert_same_bits(got, want)
+    exact = np.array(lloyd_max.codebook(turbo.parse_name(name)[0], d)) / math.sqrt(d)
+    np.testing.assert_allclose(got, exact, rtol=2.0**-23)
+    assert np.all(np.diff(got) > 0) and np.array_equal(got, -got[::-1])  # sorted, symmetric
+
+
+def tq_cases(name: str, d: int):
+    rng = np.random.default_rng(5)
+    fmt = get_format(name)
+    bits = turbo.parse_name(name)[0]
+    n = 32
+    raw = rng.integers(0, 256, (1, 1, n, d * bits // 8), dtype=np.uint8)  # every code
+    norms = np.abs(rng.standard_normal((1, 1, n, 1)) * 8).astype(np.float16)
+    yield "bytes", fmt, {"codes": mx.array(raw), "norms": mx.array(norms)}
+    x = rng.standard_normal((1, 1, n, d)).astype(np.float32) * rng.uniform(0.01, 50, (n, 1))
+    x[0, 0, 2] = 0.0  # a zero row: norm 0
+    yield "encoded", fmt, fmt.encode(mx.array(x))
+
+
+@pytest.mark.parametrize("name", TQ)
+@pytest.mark.parametrize("vec", [16, 8, 4])
+def test_turboquant_rows_decode_as_kvbench_reads_them(bin_dir, tmp_path, name, vec):
+    """value * norm per element, in the rotated basis, equals fmt.basis_rows (what
+    kernels/attention/turbo.py attends over) bit for bit."""
+    d = 128
+    exe = build(bin_dir, name, vec, d)
+    for label, fmt, stored in tq_cases(name, d):
+        rows = gpu_kernels.kernel_rows(stored)
+        data = np.array(rows["data"]).reshape(32, -1)
+        scales = np.array(rows["scales"]).astype(np.float32).reshape(32, 1)
+        got = decode_rows(exe, tmp_path / label, data, scales)
+        want = np.array(fmt.basis_rows(stored, mx.float32)).reshape(32, d)
+        assert_same_bits(got, want)

@@ -65,10 +65,13 @@ def test_emulated_kernel_matches_reference(group, d, lk, kv_dtype):
 
 @pytest.mark.parametrize("group", [1, 4, 8])
 @pytest.mark.parametrize("d", [64, 128])
-@pytest.mark.parametrize("kv_dtype", ["iq4_nl", "fp8_e4m3@per_head", "fp8_e5m2@0.5"])
-def test_emulated_kernel_reads_fp8_and_iq4_nl(group, d, kv_dtype):
-    """FP8 (a float32 scale per KV head, as the wrapper passes it) and iq4_nl (ggml's nibble
-    order: the emulation sums each vector in the kernel's storage order)."""
+@pytest.mark.parametrize(
+    "kv_dtype", ["iq4_nl", "fp8_e4m3@per_head", "fp8_e5m2@0.5", "tq4_mse", "tq2_mse"]
+)
+def test_emulated_kernel_reads_fp8_iq4_nl_and_turboquant(group, d, kv_dtype):
+    """FP8 (a float32 scale per KV head, as the wrapper passes it), iq4_nl (ggml's nibble
+    order: the emulation sums each vector in the kernel's storage order) and TurboQuant mse
+    (q rotated in and the output back around the kernel, as the wrapper does)."""
     name, _, fp8_scale = kv_dtype.partition("@")
     fmt = get_format(name, fp8_scale=fp8_scale or "one")
     kq, kk, kv = mx.random.split(mx.random.key(3), 3)
@@ -76,13 +79,21 @@ def test_emulated_kernel_reads_fp8_and_iq4_nl(group, d, kv_dtype):
     k32 = mx.random.normal((1, 2, 100, d), key=kk) * mx.array([1.0, 20.0])[:, None, None]
     fmt = fmt.calibrate(k32, "k")
     k, v = fmt.encode(k32), fmt.encode(mx.random.normal((1, 2, 100, d), key=kv))
-    ks, vs = gpu_kernels.scale_inputs(k, v, fmt)
-    kn = {"data": np.array(k["data"]), "scales": np.array(ks)}
-    vn = {"data": np.array(v["data"]), "scales": np.array(vs)}
+    kr, vr = gpu_kernels.kernel_rows(k), gpu_kernels.kernel_rows(v)
+    ks, vs = gpu_kernels.scale_inputs(kr, vr, fmt)
+    kn = {"data": np.array(kr["data"]), "scales": np.array(ks)}
+    vn = {"data": np.array(vr["data"]), "scales": np.array(vs)}
     problem = gpu_kernels.problem_of(q, k, fmt)
+    if name == "tq2_mse" and group == 8:  # 16 codes per 4-byte vector: 8 x 16 q per lane
+        reason = launch.refusal(problem, 16, 128, launch.CUDA)
+        assert reason is not None and "spill" in reason
+        return
     plan = launch.plan(problem, 16, 128, launch.CUDA, n_splits=3)
     scale = 1 / math.sqrt(d)
-    out = gpu_emulate.flash_decode(np.array(q), kn, vn, problem, plan, scale)
+    tq = problem.kv_code in launch.TQ_CODES
+    q_in = fmt.basis_query(q).astype(q.dtype) if tq else q
+    out = gpu_emulate.flash_decode(np.array(q_in), kn, vn, problem, plan, scale)
+    out = np.array(fmt.basis_output(mx.array(out)).astype(q.dtype)) if tq else out
     assert close(out, reference(q, k, v, fmt, scale=scale), fmt)
 
 
@@ -212,7 +223,7 @@ def test_wrapper_plumbing_with_emulated_kernels(monkeypatch, backend, kv_dtype):
     monkeypatch.setattr(
         gpu_kernels,
         "compiled",
-        lambda be, code: fake.combine(be) if code == gpu_kernels.COMBINE else fake.split(code),
+        lambda be, code, *_: fake.combine(be) if code == gpu_kernels.COMBINE else fake.split(code),
     )
     fmt, q, k, v, _, _ = make(kv_dtype, 4, 64, 150, b=2, capacity=160)
     fn = gpu_kernels.metal if backend == "metal" else gpu_kernels.cuda
@@ -231,7 +242,7 @@ def test_wrapper_pads_kv_of_fewer_than_8_elements(monkeypatch, kv_dtype, d):
     monkeypatch.setattr(
         gpu_kernels,
         "compiled",
-        lambda be, code: fake.combine(be) if code == gpu_kernels.COMBINE else fake.split(code),
+        lambda be, code, *_: fake.combine(be) if code == gpu_kernels.COMBINE else fake.split(code),
     )
     fmt, q, k, v, _, _ = make(kv_dtype, 1, d, 1, hkv=1)
     assert k["data"].size < 8

@@ -33,12 +33,12 @@ if GPU is None and os.environ.get("KVBENCH_GPU") == "1":
 REALISTIC = [(1, 32, 8, 128, 4096, 4096), (1, 32, 32, 128, 8192, 8192),
              (2, 32, 4, 128, 1000, 1000), (1, 32, 8, 128, 3000, 4096)]  # fmt: skip
 TINY = [(1, 1, 1, 4, 1, 1), (1, 2, 1, 8, 3, 3), (1, 4, 1, 64, 3, 3), (1, 2, 1, 32, 3, 8)]
-# FP8 and iq4_nl (the custom kernels read them since 2026-11-27; compiled and decode-checked on
-# the CPU only, never run on a GPU yet): name@fp8_scale as get_format's fp8_scale
+# FP8, iq4_nl, tq4_mse and tq2_mse (the custom kernels read them since 2026-11-27; compiled and
+# decode-checked on the CPU only, never run on a GPU yet); 'name@x': get_format's fp8_scale x
 FORMATS = [("fp16", None), ("bf16", None), ("fp32", None), ("fp4", None), ("int4", None),
            ("int4", 32), ("mxfp4", None), ("affine4", None), ("iq4_nl", None),
            ("fp8_e4m3", None), ("fp8_e4m3@per_head", None), ("fp8_e5m2@0.25", None),
-           ("fp8_e5m2@per_head", None)]  # fmt: skip
+           ("fp8_e5m2@per_head", None), ("tq4_mse", None), ("tq2_mse", None)]  # fmt: skip
 GPU_KERNELS = ["sdpa", "ops", "tiled", "dequant_sdpa", "quantized_matmul", "metal", "cuda"]
 
 
@@ -112,7 +112,7 @@ def test_check_parity_on_cpu_kernels():
             assert parity is not None and parity["rel_err"] < 1e-2
         assert check_parity("cpu", "metal", get_format("fp16"), (1, 1, 1, 4, 1, 1)) is None
         # the new formats' parity cases run their set-up here: FP8 calibrated per head, iq4_nl
-        for name in ("fp8_e4m3@per_head", "fp8_e5m2@0.25", "iq4_nl"):
+        for name in ("fp8_e4m3@per_head", "fp8_e5m2@0.25", "iq4_nl", "tq2_mse"):
             parity = check_parity("cpu", "tiled", parity_format(name, None), (1, 4, 2, 64, 40, 64))
             assert parity is not None and parity["rel_err"] < 1e-2, (name, parity)
         # formats that cannot pack a head_dim are skipped, not failed (seen first on a GPU)

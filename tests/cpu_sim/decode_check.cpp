@@ -5,7 +5,7 @@
 // placed at elem_col, times its group's or head's scale), so tests/test_gpu_decode.py can hold
 // every value against kvbench's own dequantization bit for bit.
 // Compile-time configuration (-D): KV_CODE, VEC (bytes of one vector load), D (head_dim), GS
-// (elements per scale).
+// (elements per scale); TurboQuant also TQ_CODEBOOK and TQ_C0.. (the wrapper's header lines).
 // usage: decode_check table OUT      writes code_value of every code of KV_CODE (float32)
 //        decode_check rows DIR N     DIR/data.bin (uint8 [N, row bytes]), DIR/scales.bin
 //                                    (float32 [N, D/GS]) -> DIR/out.bin (float32 [N, D])
@@ -18,6 +18,8 @@
 
 #if KV_IS_FP8(KV_CODE)
 constexpr int EPW = 4;
+#elif KV_CODE == KV_TQ2_MSE
+constexpr int EPW = 16;
 #else
 constexpr int EPW = 8;
 #endif
@@ -45,7 +47,7 @@ static std::vector<X> read_all(const std::string& path, size_t n) {
 int main(int argc, char** argv) {
   if (argc >= 3 && std::string(argv[1]) == "table") {
     std::vector<float> vals;
-    const uint32_t n_codes = KV_IS_FP8(KV_CODE) ? 256u : 16u;
+    const uint32_t n_codes = KV_IS_FP8(KV_CODE) ? 256u : (KV_CODE == KV_TQ2_MSE ? 4u : 16u);
     for (uint32_t c = 0; c < n_codes; ++c) {
       vals.push_back(code_value(c, 0, KV_CODE));  // element 0 of a word holding code c
     }

@@ -38,12 +38,15 @@ BACKENDS = ("cuda", "metal")
 # makes q, k and v 4 elements; 4-bit D=8 L=3 makes the packed k, v and per-row scales 3 words
 # (B*Hkv*L < 8: MLX passes them as Metal `constant`); int4/32 with D=32 has 3 scales. FP8 D=4
 # L=1: 4 bytes of K (padded to 8 by the wrapper) and one head scale (`constant`); iq4_nl D=32
-# L=3: 3 block scales; FP8 and iq4_nl at D=128, GQA 4 and 8 (4- and 8-byte vectors)
+# L=3: 3 block scales; FP8 and iq4_nl at D=128, GQA 4 and 8 (4- and 8-byte vectors); tq4_mse D=8
+# L=3 (3 norms) and tq2_mse D=16 L=1 (4 bytes of codes), and both at D=128 GQA 4
 TINY = [("fp16", None, 4, 1, 1), ("bf16", None, 4, 2, 1), ("fp32", None, 4, 1, 1),
         ("fp4", None, 8, 1, 3), ("int4", None, 8, 1, 3), ("int4", 32, 32, 2, 3),
         ("fp16", None, 64, 4, 3), ("fp8_e4m3", None, 4, 1, 1), ("fp8_e5m2", None, 8, 2, 1),
         ("iq4_nl", None, 32, 1, 3), ("fp8_e4m3", None, 128, 4, 3), ("fp8_e5m2", None, 128, 8, 3),
-        ("iq4_nl", None, 128, 4, 3), ("iq4_nl", None, 128, 1, 3)]  # fmt: skip
+        ("iq4_nl", None, 128, 4, 3), ("iq4_nl", None, 128, 1, 3), ("tq4_mse", None, 8, 1, 3),
+        ("tq2_mse", None, 16, 2, 1), ("tq4_mse", None, 128, 4, 3),
+        ("tq2_mse", None, 128, 4, 3)]  # fmt: skip
 
 
 def suite_cases(backend: str) -> list[tuple[str, Case]]:

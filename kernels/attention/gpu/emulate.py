@@ -20,7 +20,14 @@ from __future__ import annotations
 
 import numpy as np
 
-from kvbench.kernels.attention.gpu.launch import FP8_CODES, SIMD_WIDTH, LaunchPlan, Problem
+from kvbench.kernels.attention.gpu.kernels import tq_codebook
+from kvbench.kernels.attention.gpu.launch import (
+    FP8_CODES,
+    SIMD_WIDTH,
+    TQ_CODES,
+    LaunchPlan,
+    Problem,
+)
 from kvbench.kernels.formats.fp8 import _table_np as fp8_table
 from kvbench.kernels.formats.ggml import IQ4_NL_VALUES
 
@@ -64,6 +71,14 @@ def decode_rows(stored: dict, problem: Problem) -> tuple[np.ndarray, np.ndarray]
         vals = fp8_table(problem.kv_code)[data].reshape(bh, data.shape[2], -1)
         heads = np.tile(stored["scales"].astype(F32), data.shape[0])  # [B*Hkv]
         return vals, np.broadcast_to(heads[:, None, None], (*vals.shape[:2], 1))
+    if problem.kv_code in TQ_CODES:  # a little-endian bit stream of b-bit codes; norms
+        bits = 4 if problem.kv_code == "tq4_mse" else 2
+        stream = np.unpackbits(data.reshape(bh, data.shape[2], -1), axis=-1, bitorder="little")
+        per_code = stream.reshape(bh, data.shape[2], -1, bits).astype(np.int64)
+        codes = np.sum(per_code << np.arange(bits), axis=-1)
+        vals = tq_codebook(problem.kv_code, problem.head_dim)[codes]
+        norms = stored["scales"]  # [B, Hkv, L, 1], TurboQuant's row norms
+        return vals, norms.astype(F32).reshape(bh, norms.shape[2], 1)
     if problem.kv_code == "iq4_nl":  # ggml's blocks: 16 bytes, low nibbles then high ones
         blocks = data.reshape(bh, data.shape[2], -1, 16)
         codes = np.concatenate([blocks & 15, blocks >> 4], axis=-1)

@@ -19,6 +19,11 @@ configuration); the sequence length, split length, split count and kv head count
 input, so a new length never recompiles. Inputs are passed as they are
 (ensure_row_contiguous=False): the kernel reads every array through the strides MLX passes, so a
 sliced cache view is never copied. Decode only (one query per sequence).
+
+Formats (launch.KV_CODES): dense fp16 / bf16 / fp32, fp4, int4 (both ran on the H200), and,
+since 2026-11-27, fp8_e4m3 / fp8_e5m2 (a float32 scale per KV head), iq4_nl and TurboQuant
+tq4_mse / tq2_mse (q rotated in and the output back around the kernels): these last ones are
+compiled (NVRTC, clang + MSL shim) and decode-checked on the CPU, never run on a GPU.
 """
 
 from __future__ import annotations
@@ -27,9 +32,11 @@ from functools import cache
 from pathlib import Path
 
 import mlx.core as mx
+import numpy as np
 
 from kvbench.kernels.attention.gpu import device as gpu_device
 from kvbench.kernels.attention.gpu import launch
+from kvbench.kernels.formats import turbo
 
 HERE = Path(__file__).parent
 SOURCES = {
@@ -52,8 +59,8 @@ MX_DTYPES = {name: dtype for dtype, name in DTYPE_NAMES.items()}
 
 def kv_code(fmt) -> str | None:
     """The kernel's row decoder for a format: dense, or the quantized format's own name where
-    the kernel decodes it (launch.KV_CODES: fp4, int4, fp8_e4m3, fp8_e5m2, iq4_nl); None when
-    it cannot. TurboQuant is not there: see `accepts`."""
+    the kernel decodes it (launch.KV_CODES: fp4, int4, fp8_e4m3, fp8_e5m2, iq4_nl, tq4_mse,
+    tq2_mse); None when it cannot (the other TurboQuant formats: see `accepts`)."""
     if not fmt.quantized:
         return "dense"
     return fmt.name if fmt.name in launch.KV_CODES else None
@@ -66,10 +73,27 @@ def _parts(backend: str) -> tuple[str, str, str]:
     return prelude, entry, combine_entry
 
 
-def kernel_source(backend: str, code: str) -> tuple[str, str]:
-    """(header, source) of the `backend` split kernel for row decoder `code`."""
+def tq_codebook(code: str, head_dim: int) -> np.ndarray:
+    """float32 [2^b]: the centroids TurboQuant's codes index (kernels/formats/turbo.py: the
+    Lloyd-Max codebook of b bits at head_dim, divided by sqrt(head_dim)), as its decode uses."""
+    bits = turbo.parse_name(code)[0]
+    return np.array(turbo._mx_tables(bits, head_dim, turbo.SEED)[2], dtype=np.float32)
+
+
+def codebook_defines(code: str, head_dim: int) -> str:
+    """TQ_CODEBOOK and TQ_C0.. (flash_decode_common.h tq_value) for a TurboQuant kernel:
+    9 significant digits, so each literal is the float32 centroid exactly."""
+    lines = ["#define TQ_CODEBOOK"]
+    lines += [f"#define TQ_C{i} {c:.8e}f" for i, c in enumerate(tq_codebook(code, head_dim))]
+    return "\n".join(lines) + "\n"
+
+
+def kernel_source(backend: str, code: str, head_dim: int | None = None) -> tuple[str, str]:
+    """(header, source) of the `backend` split kernel for row decoder `code` (TurboQuant:
+    head_dim picks the codebook written into the header)."""
     prelude, entry, _ = _parts(backend)
-    header = f"#define KV_CODE {launch.KV_CODES[code]}\n{prelude}\n{COMMON.read_text()}"
+    book = codebook_defines(code, head_dim) if code in launch.TQ_CODES else ""
+    header = f"#define KV_CODE {launch.KV_CODES[code]}\n{book}{prelude}\n{COMMON.read_text()}"
     return header, entry + BODY.read_text()
 
 
@@ -84,8 +108,9 @@ def _make(backend: str):
 
 
 @cache
-def compiled(backend: str, code: str):
-    """The kernel object for row decoder `code` (dense, fp4, int4) or COMBINE; MLX compiles it
+def compiled(backend: str, code: str, head_dim: int | None = None):
+    """The kernel object for row decoder `code` (a launch.KV_CODES key; TurboQuant's per
+    head_dim, its codebook being in the header) or COMBINE; MLX compiles it
     per template instantiation on first call. One cache for both kernels, so a caller that
     swaps mx.fast's factory clears them together (compiled.cache_clear()).
     Split kernel: ensure_row_contiguous=False, the body addresses K/V through their strides."""
@@ -95,9 +120,10 @@ def compiled(backend: str, code: str):
         return _make(backend)(
             name="kvbench_flash_decode_combine", source=source, header=header, **names
         )
-    header, source = kernel_source(backend, code)
+    header, source = kernel_source(backend, code, head_dim)
     return _make(backend)(
-        name=f"kvbench_flash_decode_{code}",  # one name per decoder: KV_CODE is in the header
+        # one name per decoder (KV_CODE is in the header) and TurboQuant codebook
+        name=f"kvbench_flash_decode_{code}" + (f"_d{head_dim}" if code in launch.TQ_CODES else ""),
         input_names=INPUTS,
         output_names=OUTPUTS,
         source=source,
@@ -106,9 +132,15 @@ def compiled(backend: str, code: str):
     )
 
 
+def kernel_rows(k: dict) -> dict:
+    """The stored arrays under the kernel's names: TurboQuant's codes and norms are its data
+    and its scales (one group per row); every other format's as they are."""
+    return {"data": k["codes"], "scales": k["norms"]} if "codes" in k else k
+
+
 def problem_of(q, k: dict, fmt) -> launch.Problem:
     b, hq, lq, d = q.shape
-    _, hkv, lk = k["data"].shape[:3]
+    _, hkv, lk = kernel_rows(k)["data"].shape[:3]
     return launch.Problem(
         n_seqs=b,
         n_q_heads=hq,
@@ -187,12 +219,18 @@ def plan_for(backend: str, q, k: dict, fmt, *, tile_kv=None, threads=None, n_spl
 
 
 def flash_decode(backend: str, q, k, v, fmt, *, scale: float, tile_kv=None, **config):
-    """Split kernel then combine kernel: two launches, out [B, Hq, 1, D] in q's dtype."""
+    """Split kernel then combine kernel: two launches, out [B, Hq, 1, D] in q's dtype.
+    TurboQuant (tq4_mse, tq2_mse) is read in its rotated basis: q rotated once before the
+    kernels, the output rotated back once after (fmt.basis_query / basis_output, as
+    kernels/attention/turbo.py)."""
     problem = problem_of(q, k, fmt)
     plan = plan_for(backend, q, k, fmt, tile_kv=tile_kv, **config)  # refuses before launch
+    tq = problem.kv_code in launch.TQ_CODES
+    q_in = fmt.basis_query(q).astype(q.dtype) if tq else q
+    k, v = kernel_rows(k), kernel_rows(v)
     as_mx = lambda t: [(n, MX_DTYPES[x] if n == "T" else x) for n, x in t]  # noqa: E731
-    parts = compiled(backend, problem.kv_code)(
-        inputs=launch_inputs(q, k, v, plan, scale, fmt),
+    parts = compiled(backend, problem.kv_code, problem.head_dim if tq else None)(
+        inputs=launch_inputs(q_in, k, v, plan, scale, fmt),
         template=as_mx(plan.template),
         grid=plan.grid,
         threadgroup=plan.threadgroup,
@@ -207,7 +245,8 @@ def flash_decode(backend: str, q, k, v, fmt, *, scale: float, tile_kv=None, **co
         output_shapes=[(plan.output_shapes[1][0], problem.head_dim)],
         output_dtypes=[q.dtype],
     )
-    return out.reshape(q.shape)  # [B*Hq, D] -> [B, Hq, 1, D]
+    out = out.reshape(q.shape)  # [B*Hq, D] -> [B, Hq, 1, D]
+    return fmt.basis_output(out).astype(q.dtype) if tq else out
 
 
 def _check_mask(mask) -> None:
@@ -229,18 +268,18 @@ def cuda(q, k, v, fmt, *, mask=None, scale: float, tile_kv=None, threads=None, n
     return flash_decode("cuda", q, k, v, fmt, scale=scale, tile_kv=tile_kv, **config)
 
 
-# docs/kernels.md: tq2/tq4_mse would fit (q rotated once outside, a 2^b-entry codebook input,
-# the row norm as a one-group scale); tq3's codes straddle the 32-bit words a lane decodes and
-# tq*_prod's QJL sketch needs q projected by a second d x d matrix and a second accumulator
+# docs/kernels.md: tq4_mse and tq2_mse are read (q rotated once, codebook in the header, the
+# row norm as a one-group scale); tq3's codes straddle the 32-bit words a lane decodes, and
+# tq*_prod's rows are 2d wide in the rotated basis ([n c | n g sign], from two stored arrays)
 TURBO_REASON = (
-    "TurboQuant has no GPU tile loader yet (tq3 codes straddle 32-bit words; tq*_prod needs a "
-    "second projection of q); the tiled kernel reads every tq format"
+    "no GPU tile loader for tq3 (3-bit codes straddle 32-bit words) or tq*_prod (2d-wide rows "
+    "from codes and QJL signs); tq4_mse / tq2_mse only; turbo_tiled reads every tq format"
 )
 
 
 def accepts(fmt) -> str | None:
-    """Formats the kernels load: any dense dtype, fp4, int4, iq4_nl and FP8 (decoded in
-    registers, fused)."""
+    """Formats the kernels load: any dense dtype, fp4, int4, iq4_nl, FP8, tq4_mse and tq2_mse
+    (decoded in registers, fused)."""
     if kv_code(fmt):
         return None
     if fmt.name.startswith("tq"):

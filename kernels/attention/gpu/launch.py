@@ -39,8 +39,11 @@ MAX_LANE_WORDS = 160
 TG_PER_CORE = 4  # threadgroups the split planner wants resident per core / SM
 MIN_SPLIT_ROWS = 256  # a split reads at least this many rows: partials stay small beside K/V
 # the kernel's KV_CODE: how a row is decoded (flash_decode_common.h KV_DENSE .. KV_IQ4_NL)
-KV_CODES = {"dense": 0, "fp4": 1, "int4": 2, "fp8_e4m3": 3, "fp8_e5m2": 4, "iq4_nl": 5}
-NIBBLE_CODES = ("fp4", "int4", "iq4_nl")  # 8 codes per 32-bit word, float16 group scales
+KV_CODES = {"dense": 0, "fp4": 1, "int4": 2, "fp8_e4m3": 3, "fp8_e5m2": 4, "iq4_nl": 5,
+            "tq4_mse": 6, "tq2_mse": 7}  # fmt: skip
+# 8 codes per 32-bit word, float16 scales (TurboQuant's: the row norm, one group per row)
+NIBBLE_CODES = ("fp4", "int4", "iq4_nl", "tq4_mse")
+TQ_CODES = ("tq4_mse", "tq2_mse")  # q rotated in and the output back by the wrapper
 FP8_CODES = ("fp8_e4m3", "fp8_e5m2")  # 4 bytes per word, one float32 scale per KV head
 FIXED_GROUP = {"iq4_nl": 32}  # ggml's block: the scale group whatever the format's group_size
 ELEM_BYTES = {"float16": 2, "bfloat16": 2, "float32": 4}
@@ -93,18 +96,18 @@ class Problem:
 
     @property
     def row_bytes(self) -> int:
-        """Bytes of one stored K (or V) row: D elements, D/2 for 4-bit, D for FP8 (scales
-        apart)."""
+        """Bytes of one stored K (or V) row: D elements; D/2 for 4-bit, D/4 for tq2, D for FP8
+        (scales apart)."""
         if self.kv_code == "dense":
             return self.head_dim * ELEM_BYTES[self.dtype]
-        return self.head_dim if self.kv_code in FP8_CODES else self.head_dim // 2
+        return self.head_dim * 4 // self.elems_per_word
 
     @property
     def elems_per_word(self) -> int:
         """Elements one 32-bit word of a stored row holds (the kernel's EPW)."""
         if self.kv_code == "dense":
             return 4 // ELEM_BYTES[self.dtype]
-        return 4 if self.kv_code in FP8_CODES else 8
+        return 4 if self.kv_code in FP8_CODES else 16 if self.kv_code == "tq2_mse" else 8
 
 
 @dataclass(frozen=True)
@@ -173,6 +176,8 @@ def _problem_refusal(problem: Problem) -> str | None:
         return f"kv format {problem.kv_code} not supported ({', '.join(KV_CODES)})"
     if problem.n_q_heads % problem.n_kv_heads:
         return f"n_q_heads {problem.n_q_heads} not divisible by n_kv_heads {problem.n_kv_heads}"
+    if problem.kv_code == "tq2_mse" and problem.head_dim % 16:
+        return f"tq2_mse needs head_dim a multiple of 16 (D={problem.head_dim})"
     if problem.kv_code in NIBBLE_CODES:
         gs = problem.scale_group
         if problem.head_dim % 8 or gs % 8 or problem.head_dim % gs:

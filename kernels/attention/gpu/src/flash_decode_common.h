@@ -47,14 +47,44 @@ KV_FN float elem_of(uint32_t w, int j, float tag) {
 
 // How a stored row is decoded (KV_CODE). 1, 2, 5: 4-bit codes (8 per 32-bit word) with a
 // float16 scale per group; 3, 4: one FP8 byte per element (4 per word) with a float32 scale
-// per KV head (kernels/formats/fp8.py: a per-tensor scale arrives repeated per head).
+// per KV head (kernels/formats/fp8.py: a per-tensor scale arrives repeated per head); 6, 7:
+// TurboQuant mse, 4-bit (8 per word) or 2-bit (16 per word) Lloyd-Max codes of the rotated row
+// with its float16 norm as the one scale of the row (q arrives rotated: kernels.py).
 #define KV_DENSE 0
 #define KV_FP4 1
 #define KV_INT4 2
 #define KV_FP8_E4M3 3
 #define KV_FP8_E5M2 4
 #define KV_IQ4_NL 5
+#define KV_TQ4_MSE 6
+#define KV_TQ2_MSE 7
 #define KV_IS_FP8(c) ((c) == KV_FP8_E4M3 || (c) == KV_FP8_E5M2)
+
+// TurboQuant code c to its centroid (the Lloyd-Max codebook of the row's bit width and
+// head_dim, divided by sqrt(head_dim): kernels/formats/turbo.py). The wrapper writes the 2^b
+// centroids into this kernel's header as TQ_C0, TQ_C1, .. (float literals, exact float32) and
+// defines TQ_CODEBOOK; a select tree over the code's bits, no memory table.
+#ifdef TQ_CODEBOOK
+KV_FN float tq_value(uint32_t c) {
+#if KV_CODE == KV_TQ2_MSE
+  return (c & 2u) ? ((c & 1u) ? TQ_C3 : TQ_C2) : ((c & 1u) ? TQ_C1 : TQ_C0);
+#else
+  const bool b0 = (c & 1u) != 0u;
+  const bool b1 = (c & 2u) != 0u;
+  const float q0 = b1 ? (b0 ? TQ_C3 : TQ_C2) : (b0 ? TQ_C1 : TQ_C0);
+  const float q1 = b1 ? (b0 ? TQ_C7 : TQ_C6) : (b0 ? TQ_C5 : TQ_C4);
+  const float q2 = b1 ? (b0 ? TQ_C11 : TQ_C10) : (b0 ? TQ_C9 : TQ_C8);
+  const float q3 = b1 ? (b0 ? TQ_C15 : TQ_C14) : (b0 ? TQ_C13 : TQ_C12);
+  const float h0 = (c & 4u) ? q1 : q0;
+  const float h1 = (c & 4u) ? q3 : q2;
+  return (c & 8u) ? h1 : h0;
+#endif
+}
+#else
+KV_FN float tq_value(uint32_t c) {
+  return 0.0f;  // not a TurboQuant kernel: never called
+}
+#endif
 
 // iq4_nl's codebook (ggml's kvalues_iq4nl: -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25,
 // 38, 53, 69, 89, 113) as int8 bytes in four register words, code c in byte c & 3 of word
@@ -105,10 +135,17 @@ KV_FN float nibble_value(uint32_t w, int j, int kv_code) {
 }
 
 // Element e of a 32-bit word of a quantized row to its value before scaling: byte e for FP8,
-// nibble e for the 4-bit codes.
+// bits 2e..2e+1 for tq2 (TurboQuant's bit stream, lowest bits first), nibble e for the 4-bit
+// codes (tq4's stream puts code e in nibble e too).
 KV_FN float code_value(uint32_t w, int e, int kv_code) {
   if (KV_IS_FP8(kv_code)) {
     return fp8_value((w >> (8 * e)) & 0xFFu, kv_code);
+  }
+  if (kv_code == KV_TQ2_MSE) {
+    return tq_value((w >> (2 * e)) & 0x3u);
+  }
+  if (kv_code == KV_TQ4_MSE) {
+    return tq_value((w >> (4 * e)) & 0xFu);
   }
   return nibble_value(w, e, kv_code);
 }
