@@ -66,8 +66,8 @@ def test_mlx_wrapper_text_is_what_we_rebuild(toolchain):
 
 
 def test_cuda_instances_cover_formats_dtypes_and_tiny_shapes(cuda_items):
-    names = {i.call.name for i in cuda_items}
-    assert names >= {f"kvbench_flash_decode_{c}" for c in launch.KV_CODES}  # FP8, iq4_nl too
+    names = {re.sub(r"_d\d+$", "", i.call.name) for i in cuda_items}  # TurboQuant: per head_dim
+    assert names >= {f"kvbench_flash_decode_{c}" for c in launch.KV_CODES}  # FP8, iq4_nl, tq too
     dtypes = {dict(i.call.template)["T"] for i in cuda_items}
     assert dtypes >= {"float16", "bfloat16", "float32"}
     assert any("tiny" in i.labels for i in cuda_items)
