@@ -165,7 +165,7 @@ def test_pairs_on_the_same_tokens_use_the_paired_bootstrap_else_say_why():
     f16 = truth_table(rows, zero)
     assert f16["interval"][0] == PAIRED and f16["ppl_ratio"][0] == 1.0
     assert math.isnan(f16["kl_ratio"][0]) and f16["kl_goal"][0] is None
-    assert "| 1.000 [1.000, 1.000] | 1e-06 | 0 | - |" in markdown(f16)
+    assert "| 1.0000 [1.0000, 1.0000] | 1e-06 | 0 | - |" in markdown(f16)
     text = markdown(truth_table(df, toks))
     assert "paired bootstrap over scored tokens" in text and "2000 resamples, seed 0" in text
     assert "blocks of ceil(n^(1/3)) tokens: 11 at 1023" in text and "refused: the tokens" in text
@@ -195,5 +195,5 @@ def test_the_command_reads_the_per_token_files_beside_the_runs(tmp_path, capsys)
     assert not tokens_path(tmp_path / "c.csv").exists()
     assert main([str(tmp_path / "a.csv"), str(tmp_path / "b.csv")]) == 0
     out = capsys.readouterr().out
-    assert "| 1.000 [1.000, 1.000] |" in out and "| 1.100 [1.100, 1.100] |" in out
+    assert "| 1.0000 [1.0000, 1.0000] |" in out and "| 1.100 [1.100, 1.100] |" in out
     assert "paired bootstrap over scored tokens" in out

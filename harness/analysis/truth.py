@@ -155,9 +155,10 @@ def _ratio(r, name: str) -> str:
     mark = " (off goal)" if getattr(r, f"{name}_goal") is False else ""
     if not math.isfinite(ratio):  # e.g. KL 0 on llama.cpp's side (its f16 row is its base)
         return "-"
+    d = 4 if name == "ppl" else 3  # ppl's goal is 1%: a paired interval is often narrower
     if math.isnan(lo):
-        return f"{ratio:.3f}{mark}"
-    return f"{ratio:.3f} [{lo:.3f}, {hi:.3f}]{mark}"
+        return f"{ratio:.{d}f}{mark}"
+    return f"{ratio:.{d}f} [{lo:.{d}f}, {hi:.{d}f}]{mark}"
 
 
 def load(paths: list[str]) -> tuple[pd.DataFrame, pd.DataFrame | None]:
