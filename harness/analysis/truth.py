@@ -139,7 +139,8 @@ def notes(table: pd.DataFrame) -> list[str]:
     """One line per way the intervals were made."""
     out = []
     for how, part in table.groupby("interval", sort=False):
-        rows = ", ".join(f"{r.model} {r.context_len} {r.kv_dtype}" for r in part.itertuples())
+        rows = ", ".join(f"{r.model} {r.context_len} {r.kv_dtype}{_rot(r)}"
+                         for r in part.itertuples())  # fmt: skip
         if how == PAIRED:
             n = sorted({int(x) for x in part["n_scored"].dropna()})
             blocks = ", ".join(f"{token_block(k)} at {k}" for k in n)
@@ -148,6 +149,10 @@ def notes(table: pd.DataFrame) -> list[str]:
                    f"{blocks}; {TOKEN_RESAMPLES} resamples, seed {TOKEN_SEED})")  # fmt: skip
         out.append(f"- {how}: {rows}")
     return out
+
+
+def _rot(r) -> str:
+    return " rotated" if "hadamard" in (r.rotate_k, r.rotate_v) else ""
 
 
 def _ratio(r, name: str) -> str:
