@@ -39,7 +39,7 @@ def _run(kernel, dtype, q, k, v, **kw):
     return np.array(out.astype(mx.float32))
 
 
-@pytest.mark.parametrize("kernel", ["reference", "sdpa", "ops"])
+@pytest.mark.parametrize("kernel", ["reference", "sdpa", "f32_sdpa", "ops"])
 @pytest.mark.parametrize("hq,hkv", [(4, 4), (8, 2), (8, 1)])  # GQA 1, 4, 8
 @pytest.mark.parametrize("d", [64, 128])
 @pytest.mark.parametrize("lk", [1, 37, 256])
@@ -51,7 +51,7 @@ def test_decode_matches_numpy(kernel, hq, hkv, d, lk):
         assert np.abs(got - expect).max() < TOL[dtype], (kernel, dtype)
 
 
-@pytest.mark.parametrize("kernel", ["reference", "sdpa", "ops"])
+@pytest.mark.parametrize("kernel", ["reference", "sdpa", "f32_sdpa", "ops"])
 @pytest.mark.parametrize("lq,lk", [(5, 5), (3, 11)])  # prefill, and a chunk after a prefix
 def test_causal_matches_numpy(kernel, lq, lk):
     q, k, v = _data(1, 8, 2, lq, lk, 64, seed=1)
@@ -60,7 +60,7 @@ def test_causal_matches_numpy(kernel, lq, lk):
     assert np.abs(got - expect).max() < TOL["fp32"]
 
 
-@pytest.mark.parametrize("kernel", ["reference", "sdpa", "ops"])
+@pytest.mark.parametrize("kernel", ["reference", "sdpa", "f32_sdpa", "ops"])
 def test_boolean_mask_matches_numpy(kernel):
     q, k, v = _data(2, 8, 2, 1, 20, 64, seed=2)
     rng = np.random.default_rng(3)
@@ -69,6 +69,23 @@ def test_boolean_mask_matches_numpy(kernel):
     expect = numpy_attention(q, k, v, 0.125, mask=mask)
     got = _run(kernel, "fp32", q, k, v, mask=mx.array(mask))
     assert np.abs(got - expect).max() < TOL["fp32"]
+
+
+@pytest.mark.parametrize(
+    "dtype, group", [("fp16", None), ("bf16", None), ("int8", 32), ("int4", 32)]
+)
+@pytest.mark.parametrize("lq,mask", [(1, None), (4, "causal")])
+def test_f32_sdpa_is_the_reference_on_the_same_stored_cache(dtype, group, lq, mask):
+    """f32_sdpa computes in float32 over what a half-precision or quantized cache stores: the
+    float32 oracle over the same stored bytes, to float32 tolerance (not the format's)."""
+    q, k, v = _data(1, 8, 2, lq, 40, 64, seed=4)
+    fmt = get_format(dtype, group)
+    ks, vs = fmt.encode(mx.array(k)), fmt.encode(mx.array(v))
+    args = dict(mask=mask, scale=0.125, tile_kv=None)
+    got = KERNELS["f32_sdpa"].fn(mx.array(q), ks, vs, fmt, **args)
+    want = KERNELS["reference"].fn(mx.array(q), ks, vs, fmt, **args)
+    assert got.dtype == mx.float32
+    assert np.abs(np.array(got) - np.array(want)).max() < TOL["fp32"]
 
 
 def test_causal_mask_aligns_queries_to_the_end():

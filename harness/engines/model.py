@@ -35,6 +35,7 @@ import mlx.core as mx
 from kvbench.case import Case
 from kvbench.engines.contract import TOKENS, State, memory_baseline
 from kvbench.engines.model_step import ModelStep
+from kvbench.kernels.attention.registry import KERNELS
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.model import cache as kv_store
 from kvbench.kernels.model import matvec, meter, quality
@@ -59,7 +60,8 @@ def skip_reason(case: Case, backend: str) -> str | None:
     """A plain spec runs the kernel on the stored format; any other spec (separate K/V formats,
     per-channel keys, sinks, a residual window) hands the kernel a dense view."""
     spec = spec_of(case)
-    dense = get_format("fp32" if case.kernel == "reference" else "fp16")
+    f32 = case.kernel in KERNELS and KERNELS[case.kernel].float32
+    dense = get_format("fp32" if f32 else "fp16")
     try:
         for fmt in spec.formats() if spec.plain else (dense,):
             kv_store.check_kernel(case.kernel, fmt, backend)

@@ -52,6 +52,17 @@ def sdpa(q, k, v, fmt, *, mask=None, scale: float, tile_kv=None) -> mx.array:
     return mx.fast.scaled_dot_product_attention(q, k["data"], v["data"], scale=scale, mask=mask)
 
 
+def f32_sdpa(q, k, v, fmt, *, mask=None, scale: float, tile_kv=None) -> mx.array:
+    """K/V decoded to float32 (an fp16 / bf16 cache converted, a quantized one dequantized),
+    then MLX's fused SDPA in float32. On MLX's CPU backend half-precision matmuls run without
+    BLAS (docs/blas.md: fp16 SDPA ~4.5x fp32's), so this is the fast way to read a half-precision
+    cache there; the float32 copies are materialized every call (their bytes and peak memory
+    are this path's cost)."""
+    kf, vf = fmt.decode(k, mx.float32), fmt.decode(v, mx.float32)  # [B, Hkv, Lk, D]
+    q32 = q.astype(mx.float32)
+    return mx.fast.scaled_dot_product_attention(q32, kf, vf, scale=scale, mask=mask)
+
+
 def ops(q, k, v, fmt, *, mask=None, scale: float, tile_kv=None) -> mx.array:
     """Plain MLX ops, GQA folded into rows: each KV head serves its G query heads in one matmul,
     so K/V are never repeated."""
@@ -129,12 +140,16 @@ class Kernel:
     fits: Callable | None = None
     # KV positions per tile when the case's tile_kv is None; None: the kernel has no tiles
     default_tile: int | None = None
+    # computes in float32 whatever the cache stores: a model hands it float32 queries and a
+    # float32 dense view of a mixed cache (kernels/model/cache.py)
+    float32: bool = False
 
 
 GPU_TILE = launch.DEFAULT_TILE_KV
 KERNELS = {
-    "reference": Kernel(reference, any_format),
+    "reference": Kernel(reference, any_format, float32=True),
     "sdpa": Kernel(sdpa, dense_only),
+    "f32_sdpa": Kernel(f32_sdpa, any_format, float32=True),
     "ops": Kernel(ops, dense_only),
     "dequant_sdpa": Kernel(dequant_sdpa, quantized_only),
     # not on CUDA: MLX 0.32.4's CUDA quantized_matmul gave rel_err 1.3 against the reference on

@@ -4,8 +4,8 @@
   kernels/stores/cache.py's KVCache, and the chosen kernel reads the stored arrays directly: the
   same code path the attention suites time (quantized_matmul and tiled run on packed data).
 * Any other spec stores each region (sinks, quantized body, residual) in its own buffers,
-  decodes them to one dense array per layer (float32 for the `reference` kernel, fp16
-  otherwise) and attends with a dense kernel (reference / sdpa / ops / tiled): a
+  decodes them to one dense array per layer (float32 for a float32 kernel: `reference`,
+  `f32_sdpa`; fp16 otherwise) and attends with a dense kernel (reference / sdpa / ops / tiled): a
   dequantize-then-attend path, so its quality is exact but its speed is not that of a fused
   kernel.
 """
@@ -45,7 +45,7 @@ def attend_kernel(
     folded into q and the output)."""
     if mask is None:
         mask = "causal" if q.shape[2] > 1 else None
-    dtype = mx.float32 if kernel == "reference" else fmt.compute_dtype
+    dtype = mx.float32 if KERNELS[kernel].float32 else fmt.compute_dtype
     fn = rotated(kv_scaled(KERNELS[kernel].fn, *kv_scale), *rot)
     out = fn(q.astype(dtype), k, v, fmt, mask=mask, scale=scale, tile_kv=tile_kv)
     return out.astype(mx.float32)
@@ -230,8 +230,9 @@ class MixedCache:
 
     def __init__(self, spec, n_layers, n_kv_heads, head_dim, capacity, kernel, tile_kv=None):
         kf, vf = spec.formats()
-        self.dtype = mx.float32 if kernel == "reference" else mx.float16
-        self.dense_fmt = get_format("fp32" if kernel == "reference" else "fp16")
+        f32 = kernel in KERNELS and KERNELS[kernel].float32  # unknown: check_kernel says so
+        self.dtype = mx.float32 if f32 else mx.float16
+        self.dense_fmt = get_format("fp32" if f32 else "fp16")
         check_kernel(kernel, self.dense_fmt)
         chan = spec.k_axis == "channel"
         if chan:  # each channel's row is recent_tokens positions long: it must suit kf
