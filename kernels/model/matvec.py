@@ -2,14 +2,15 @@
 
 A decode step multiplies one activation row x [1, k] by every weight matrix W [n, k]. mlx-lm
 writes that `x @ W.T`, and MLX's CPU backend hands every float32 product to `cblas_sgemm`
-(mlx/backend/cpu/gemms/cblas.cpp: no gemv). OpenBLAS (0.3.21, the library kvbench loads:
-docs/blas.md) sends a product of at most 100^3 multiply-adds to its small-matrix kernel and a
-larger one through its packed GEMM path, which at one row reads the weights at 1-2 GB/s
-(measured here: the 49152 x 576 output head 52 ms, the MLP's 1536 x 576 `x @ W.T` 2.7x its
-`W @ x`). `blocked` computes the same product as `W @ x` in row blocks of at most
-MAX_BLOCK_MACS multiply-adds, one batched matmul (the blocks are a free reshape of W), plus
-one product for the rows left over: every output is the same dot product of k terms, summed
-in the BLAS's own order.
+(mlx/backend/cpu/gemms/cblas.cpp: no gemv). OpenBLAS (0.3.21 SkylakeX, the library kvbench
+loads: docs/blas.md) runs a product of at most 100^3 multiply-adds through its small-matrix
+kernels (sgemm_small_kernel_permit: no packing) and a larger one through its packed GEMM, which
+at one row read the 49152 x 576 output head at 1-2 GB/s; and of the small kernels, the one
+`W @ x` lands on ran the MLP's 1536 x 576 product 2.7x faster than `x @ W.T`'s (measured here,
+docs/profile-model.md). `blocked` computes the same product as `W @ x` in row blocks of at most
+MAX_BLOCK_MACS multiply-adds, one batched matmul (the blocks are a free reshape of W), plus one
+product for the rows left over: every output is the same dot product of k terms, summed in the
+BLAS's own order (equal to x @ W.T to float32 rounding, not bit for bit).
 
 Only dense float32 (or any float) nn.Linear without bias and a tied head (nn.Embedding's
 as_linear) change, and only for one row on the CPU; a batch of rows (prefill), another device,
@@ -38,14 +39,14 @@ def blocked(w: mx.array, x: mx.array) -> mx.array:
     n, k = w.shape
     rows, full = blocks(n, k)
     col = x.reshape(k, 1)
-    parts = []
-    if full:
-        # [full, rows, k] @ [k, 1] -> [full, rows, 1]: one BLAS call per block
-        parts.append((w[: full * rows].reshape(full, rows, k) @ col).reshape(-1))
+    _COUNT["blocked"] += 1
+    if full == 1 and rows == n:  # one block: no reshape of w (each op is dispatched on its own)
+        return (w @ col).reshape(*x.shape[:-1], n)
+    # [full, rows, k] @ [k, 1] -> [full, rows, 1]: one BLAS call per block
+    parts = [(w[: full * rows].reshape(full, rows, k) @ col).reshape(-1)]
     if n > full * rows:
         parts.append((w[full * rows :] @ col).reshape(-1))
     out = parts[0] if len(parts) == 1 else mx.concatenate(parts)
-    _COUNT["blocked"] += 1
     return out.reshape(*x.shape[:-1], n)
 
 
