@@ -4,6 +4,7 @@ quality rows, decode at a fixed depth, bytes against hand counts, and the suite 
 from __future__ import annotations
 
 import mlx.core as mx
+import mlx.nn as nn
 import numpy as np
 import pytest
 from tiny_model import TINY, weights, write_gguf
@@ -12,6 +13,7 @@ from kvbench.case import Case
 from kvbench.engines import engine_for
 from kvbench.engines import model as engine
 from kvbench.errors import SuiteError
+from kvbench.kernels.model import matvec, rope
 from kvbench.kernels.model.load import load_model
 from kvbench.run import runner
 from kvbench.spec.suite import Settings
@@ -69,6 +71,19 @@ def test_every_decode_sample_is_the_same_token_at_the_same_depth(tiny, opts):
     first, second = state.stages["step"](), state.stages["step"]()
     mx.eval(first, second)
     assert mx.array_equal(first[0], second[0])  # rewound: the same logits, not a deeper step
+
+
+def test_a_decode_row_says_how_its_step_ran(tiny, monkeypatch):
+    """matvec and rope are what one step did, counted, not a setting: on the CPU the blocked
+    products and the RoPE table; with both paths swapped back, gemm and fast."""
+    state = engine.build(case(phase="model_decode", kv_dtype="fp16", kernel="sdpa"))
+    assert state.extra == {"matvec": "blocked", "rope": "table"}
+    for _, m in tiny.net.named_modules():
+        back = {**{v: k for k, v in matvec.SWAPS.items()}, rope.TableRoPE: nn.RoPE}
+        if type(m) in back:
+            monkeypatch.setattr(m, "__class__", back[type(m)])
+    state = engine.build(case(phase="model_decode", kv_dtype="fp16", kernel="sdpa"))
+    assert state.extra == {"matvec": "gemm", "rope": "fast"}
 
 
 def test_bytes_by_hand(tiny):

@@ -7,7 +7,8 @@ cache stored in the case's format through kvbench's own formats and kernels
   (every layer writes its K/V, quantizing on write, and attends with the case's kernel). Every
   sample decodes the same next token at the same depth: the cache's write position is reset
   before each step, so each sample is the context_len-th token. tokens_per_s = 1 / step.
-  `matvec`: how the step's one-token weight products ran (kernels/model/matvec.py).
+  `matvec` and `rope`: how the step's one-token weight products and its RoPE ran
+  (kernels/model/matvec.py, rope.py).
 * phase quality: the text is cut into `chunks` chunks of context_len tokens (as
   llama-perplexity: each chunk's first token replaced by BOS where the vocabulary adds one,
   the row's chunk_bos; the second half of each chunk is scored); the model runs over each chunk
@@ -38,7 +39,7 @@ from kvbench.engines.model_step import ModelStep
 from kvbench.kernels.attention.registry import KERNELS
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.model import cache as kv_store
-from kvbench.kernels.model import matvec, meter, quality
+from kvbench.kernels.model import matvec, meter, quality, rope
 from kvbench.kernels.model import spec as kv_spec
 from kvbench.kernels.model.load import load_model
 from kvbench.kernels.model.run import prefill
@@ -146,18 +147,20 @@ def decode_state(case: Case, n_new: int = 1) -> State:
         baseline_bytes=baseline,
         cache=cache.arrays,
         effective=effective(case),
-        extra={"matvec": matvec_path(step)},
+        extra=cpu_paths(step),
         profile=step,
     )
 
 
-def matvec_path(step: ModelStep) -> str:
-    """How one step's one-token weight products ran, seen in one step run here (before the
-    timer's warm-up): "blocked" (kernels/model/matvec.py, row blocks) or "gemm" (x @ W.T, as
-    mlx-lm writes it: a prefill micro-batch, another device)."""
-    before = matvec.blocked_products()
+def cpu_paths(step: ModelStep) -> dict:
+    """How one step ran, seen in one step run here (before the timer's warm-up): `matvec`,
+    its one-token weight products ("blocked": kernels/model/matvec.py's row blocks; "gemm":
+    x @ W.T as mlx-lm writes it, e.g. on another device) and `rope` ("table":
+    kernels/model/rope.py; "fast": mx.fast.rope)."""
+    blocked, tabled = matvec.blocked_products(), rope.table_calls()
     mx.eval(step())
-    return "blocked" if matvec.blocked_products() > before else "gemm"
+    return {"matvec": "blocked" if matvec.blocked_products() > blocked else "gemm",
+            "rope": "table" if rope.table_calls() > tabled else "fast"}  # fmt: skip
 
 
 def weight_bytes(model) -> int:

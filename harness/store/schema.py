@@ -112,6 +112,9 @@ class _Measured:
     # model_decode rows: how the step's one-token weight products ran: "blocked" (row blocks
     # the BLAS runs fast, kernels/model/matvec.py) or "gemm" (x @ W.T as mlx-lm writes it)
     matvec: str | None = None
+    # model_decode rows: how the step's RoPE ran: "table" (cos and sin from a table,
+    # kernels/model/rope.py) or "fast" (mx.fast.rope, on the CPU its fallback graph)
+    rope: str | None = None
     # memory
     # kv_bytes: exact format bytes of the K/V the case holds: n_seqs x context_len for the
     # cache engine, the occupied cells for a workload

@@ -11,7 +11,8 @@ attention kernels through mlx-lm's one attention function (kernels/model/seam.py
   (`gguf.get_tensor_name_map`, the one llama.cpp's converter writes with) maps each mlx-lm
   parameter name onto its GGUF tensor, and the config.json mlx-lm wants is rebuilt from the
   GGUF metadata (GGUF_CONFIG). Dense float32 weights: the CPU path runs plain matmuls, no
-  quantized matmul (one token's products in row blocks: kernels/model/matvec.py), and the
+  quantized matmul (one token's products in row blocks: kernels/model/matvec.py; RoPE from a
+  table: kernels/model/rope.py), and the
   float32 cache that quality is measured against is the model's own precision. llama.cpp's
   converter permutes the Q and K rows of `llama` models so that its interleaved RoPE (x[2i]
   with x[2i+1]) computes what Hugging Face's half-split RoPE computes;
@@ -34,6 +35,7 @@ import mlx.nn as nn
 import numpy as np
 
 from kvbench.kernels.model.matvec import use_blocked
+from kvbench.kernels.model.rope import use_table
 
 PERMUTED_ARCHS = ("llama",)  # archs whose GGUF Q/K rows llama.cpp permutes for its RoPE
 
@@ -407,4 +409,5 @@ def load_model(path: str | Path) -> Model:
         raise ModelError(f"{path}: not a .gguf file or a model directory")
     model = load_mlx_dir(path) if path.is_dir() else load_gguf(path)
     use_blocked(model.net)  # one token's weight products on the CPU (kernels/model/matvec.py)
+    use_table(model.net)  # RoPE's cos and sin from a table on the CPU (kernels/model/rope.py)
     return model

@@ -42,8 +42,10 @@ def blocked(w: mx.array, x: mx.array) -> mx.array:
     _COUNT["blocked"] += 1
     if full == 1 and rows == n:  # one block: no reshape of w (each op is dispatched on its own)
         return (w @ col).reshape(*x.shape[:-1], n)
-    # [full, rows, k] @ [k, 1] -> [full, rows, 1]: one BLAS call per block
-    parts = [(w[: full * rows].reshape(full, rows, k) @ col).reshape(-1)]
+    # [full, rows, k] @ [1, k, 1] -> [full, rows, 1]: one BLAS call per block. x must be 3-D
+    # here: against a 2-D [k, 1] MLX folds the batch into one [full * rows, k] product, the
+    # large one this avoids (measured: the 49152 x 576 head 77 ms so, 27 ms as blocks)
+    parts = [(w[: full * rows].reshape(full, rows, k) @ col.reshape(1, k, 1)).reshape(-1)]
     if n > full * rows:
         parts.append((w[full * rows :] @ col).reshape(-1))
     out = parts[0] if len(parts) == 1 else mx.concatenate(parts)
