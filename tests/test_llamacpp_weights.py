@@ -115,10 +115,16 @@ def test_the_base_pass_runs_an_f16_cache_and_the_row_says_so(monkeypatch, tmp_pa
 
     def fake_run(model, **kw):
         seen.append(kw)
+        if not kw.get("kl"):  # the base pass writes its file (under a temporary name)
+            kw["kl_base"].write_bytes(b"_logits_")
         out = {"ppl": 10.0, "wall_s": 1.0}
         return out | ({"kl_mean": 0.01, "ppl_base": 9.9} if kw.get("kl") else {})
 
+    cols = ("chunk", "position", "token", "nll", "kl")
     monkeypatch.setattr(engine, "run_perplexity", fake_run)
+    monkeypatch.setattr(engine, "token_pass", lambda *a: ({k: [0] for k in cols}, None))
+    monkeypatch.setattr(engine, "check_tokens", lambda *a: None)
+    monkeypatch.setattr(engine.llamacpp_kl, "floored_nll_fix", lambda values, ppl: values)
     monkeypatch.setattr(engine.model_engine, "chunk_bos", lambda model: None)
     engine.base_logits.cache_clear()
     job = engine.quality_job(case(kernel="llama.cpp", kv_dtype="q8_0"), tmp_path / "m.gguf")
