@@ -16,6 +16,7 @@ from kvbench.errors import SuiteError
 from kvbench.kernels.model import source
 from kvbench.kernels.model.load import ModelError
 from kvbench.spec.suite import resolve
+from kvbench.store.checks import dir_files
 
 QUALITY = {"phase": "quality", "context_len": 32, "kv_dtype": "int8", "kernel": "reference"}
 
@@ -145,7 +146,7 @@ def test_a_users_model_directory_runs_the_model_phases_end_to_end(tmp_path, arch
         "zip:\n  - phase: [quality, quality, model_decode]\n    kv_dtype: [int8, fp16, int4]\n"
     )
     assert main(["run", str(suite), "--out", str(tmp_path / "out")]) == 0
-    rows = read_rows(next(p for p in (tmp_path / "out").glob("*.csv") if "samples" not in p.name))
+    rows = read_rows(dir_files(tmp_path / "out")[0])
     assert list(rows["status"]) == ["ok"] * 3, rows[["status", "error"]]
     assert list(rows["kernel"]) == ["reference", "reference", "tiled"]
     q = rows[rows["phase"] == "quality"].set_index("kv_dtype")

@@ -13,6 +13,7 @@ import sys
 import pytest
 
 from kvbench.kernels.model.fetch import model_path
+from kvbench.store.checks import dir_files
 
 NO_TORCH = "import sys\nsys.modules['torch'] = None  # every `import torch` raises ImportError\n"
 
@@ -45,7 +46,7 @@ def test_a_gemma_quality_case_runs_without_torch(tmp_path):
     assert done.returncode == 0, done.stderr[-3000:]
     from kvbench.store.results import read_rows
 
-    rows = read_rows(next(p for p in (tmp_path / "out").glob("*.csv") if "samples" not in p.name))
+    rows = read_rows(dir_files(tmp_path / "out")[0])
     row = rows.iloc[0]
     assert row["status"] == "ok", row["error"]
     # 2 chunks of 32, each starting with Gemma's BOS; 15 scored tokens each

@@ -11,6 +11,7 @@ from tiny_model import weights, write_gguf_writer
 
 from kvbench.errors import SuiteError
 from kvbench.spec.suite import resolve
+from kvbench.store.checks import dir_files
 
 QUALITY = {"phase": "quality", "context_len": 32, "kv_dtype": "int8", "kernel": "reference"}
 
@@ -123,7 +124,7 @@ def test_non_finite_logits_make_error_rows_not_ok_rows(tmp_path):
     )
     # used to: ok rows with empty ppl and kl and top1_agree 1.0, exit 0
     assert main(["run", str(suite), "--out", str(tmp_path / "out")]) == 0
-    rows = read_rows(next(p for p in (tmp_path / "out").glob("*.csv") if "samples" not in p.name))
+    rows = read_rows(dir_files(tmp_path / "out")[0])
     assert list(rows["status"]) == ["error", "error"], rows[["status", "error"]]
     for error in rows["error"]:
         assert "non-finite logits with the float32 cache" in error and "nan" in error, error
@@ -233,7 +234,7 @@ def test_a_generate_case_too_big_for_memory_is_a_skipped_row(tmp_path, monkeypat
     suite.write_text(f"fixed: {{model: {gguf}, phase: generate, context_len: 32, "
                      "gen_tokens: 65536, context_limit: beyond}\n")  # fmt: skip
     assert main(["run", str(suite), "--out", str(tmp_path / "out")]) == 0
-    rows = read_rows(next(p for p in (tmp_path / "out").glob("*.csv") if "samples" not in p.name))
+    rows = read_rows(dir_files(tmp_path / "out")[0])
     assert list(rows["status"]) == ["skipped"]
     assert "reference" in rows["error"][0] and "50,000,000 B available" in rows["error"][0]
 

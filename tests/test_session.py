@@ -12,6 +12,7 @@ from kvbench.kernels.attention import registry as attention
 from kvbench.run import runner
 from kvbench.run.session import run_suite
 from kvbench.spec.suite import expand, load_suite
+from kvbench.store.checks import dir_files
 
 SUITE = """
 name: t
@@ -112,7 +113,7 @@ def test_ctrl_c_keeps_completed_rows(write_suite, tmp_path, monkeypatch, quiet):
     out = tmp_path / "out"
     with pytest.raises(KeyboardInterrupt):
         run_suite(suite, expand(suite), out, quiet)
-    (csv,) = [p for p in out.iterdir() if p.name.endswith(".csv") and "samples" not in p.name]
+    (csv,) = dir_files(out)
     rows = pd.read_csv(csv)
     assert rows["status"].tolist() == ["ok", "ok", "partial", "partial"]
     assert rows.loc[rows.status == "partial", "error"].str.contains("1 of 2 rounds").all()
