@@ -197,3 +197,13 @@ def test_the_command_reads_the_per_token_files_beside_the_runs(tmp_path, capsys)
     out = capsys.readouterr().out
     assert "| 1.0000 [1.0000, 1.0000] |" in out and "| 1.100 [1.100, 1.100] |" in out
     assert "paired bootstrap over scored tokens" in out
+    # a directory, or a shell glob that also names the samples and tokens files: the same table
+    assert main([str(tmp_path)]) == 0
+    assert capsys.readouterr().out == out
+    assert main(sorted(str(p) for p in tmp_path.glob("*.csv"))) == 0
+    assert capsys.readouterr().out == out
+    # only side files: one line naming them, exit 2, no traceback
+    side = [str(p) for p in tmp_path.glob("*.samples.csv")]
+    assert main(side) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "no results CSV" in err and side[0] in err

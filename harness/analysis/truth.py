@@ -25,10 +25,13 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
 
+from kvbench.errors import UserError
 from kvbench.stats import TOKEN_RESAMPLES, TOKEN_SEED, paired_token_ratio, token_block
 from kvbench.store import tokens as token_store
 
@@ -166,13 +169,33 @@ def _ratio(r, name: str) -> str:
     return f"{ratio:.{d}f} [{lo:.{d}f}, {hi:.{d}f}]{mark}"
 
 
+SIDE_FILES = (".samples.csv", token_store.SUFFIX)  # read through the results CSV beside them
+
+
+def run_files(paths: list[str]) -> list[Path]:
+    """The results CSVs named: a directory's runs (store.checks.dir_files), files as given,
+    except a run's samples and tokens files (a shell glob `dir/*.csv` names them too: each is
+    read through its results CSV); UserError when no results CSV is left."""
+    from kvbench.store.checks import dir_files
+
+    out = []
+    for p in map(Path, paths):
+        if p.is_dir():
+            out += dir_files(p)
+        elif not p.name.endswith(SIDE_FILES):
+            out.append(p)
+    if not out:
+        raise UserError(f"{' '.join(paths)}: no results CSV (only samples or tokens files)")
+    return out
+
+
 def load(paths: list[str]) -> tuple[pd.DataFrame, pd.DataFrame | None]:
     """The rows of the result CSVs and the per-token values kept beside them, each token line
     with the run_id of its file's row of the same case_id."""
     from kvbench.store.results import read_rows
 
     rows, toks = [], []
-    for path in paths:
+    for path in run_files(paths):
         df = read_rows(path)
         got = token_store.read_tokens(path)
         run_of = dict(zip(df["case_id"].astype(str), df["run_id"].astype(str)))
@@ -186,7 +209,11 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="kvbench / llama.cpp per quality row")
     ap.add_argument("results", nargs="+", help="result CSV files (suites/truth.yaml runs)")
     args = ap.parse_args(argv)
-    df, tokens = load(args.results)
+    try:
+        df, tokens = load(args.results)
+    except UserError as e:
+        print(f"kvbench.analysis.truth: {e}", file=sys.stderr)
+        return 2
     table = truth_table(df, tokens)
     print(markdown(table) if len(table) else "no kvbench row has a llama.cpp row to pair with")
     return 0
