@@ -93,20 +93,10 @@ def piece_logprobs(
         saturated.append(cache.saturated())
 
 
-def chunk_logprobs(
-    model: Model,
-    chunk: list[int],
-    spec: CacheSpec,
-    kernel="reference",
-    ubatch=None,
-    tile_kv=None,
-    saturated: list | None = None,
-) -> mx.array:
+def chunk_logprobs(model: Model, chunk: list[int], spec: CacheSpec, *args, **kw) -> mx.array:
     """float32 log-probabilities [n_scored, vocab] at the scored positions of one chunk
-    (piece_logprobs, joined)."""
-    return mx.concatenate(
-        list(piece_logprobs(model, chunk, spec, kernel, ubatch, tile_kv, saturated))
-    )
+    (piece_logprobs with the same arguments, its pieces joined)."""
+    return mx.concatenate(list(piece_logprobs(model, chunk, spec, *args, **kw)))
 
 
 def token_stats(ref_lp: mx.array, lp: mx.array, targets: list[int]) -> dict:
