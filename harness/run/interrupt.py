@@ -26,6 +26,7 @@ in progress is lost, as it would be by the first signal.
 
 from __future__ import annotations
 
+import atexit
 import os
 import select
 import signal
@@ -81,11 +82,21 @@ def handling() -> Iterator[None]:
             # landing after this block (a double Ctrl-C) cannot kill it by the default handler
             # (exit by SIGINT, not 130) while it reports what it kept; a third still stops it
             _state.update(defer=0, pending=False)
+            atexit.register(_ignore_at_exit)
         else:
             stop_watching()
             for s, h in previous.items():
                 signal.signal(s, h)
             _state.update(count=0, signum=None, defer=0, pending=False, kept=None)
+
+
+def _ignore_at_exit() -> None:
+    """An interrupted process's last step: ignore our signals. CPython's finalization puts every
+    Python-level handler back to the default (Modules/signalmodule.c, _PySignal_Fini) but leaves
+    an ignored signal ignored, so a double Ctrl-C's second signal landing while the interpreter
+    shuts down, after the CLI's last line, would otherwise kill it by SIGINT (exit -2, not 130)."""
+    for s in SIGNALS:
+        signal.signal(s, signal.SIG_IGN)
 
 
 def check() -> None:
