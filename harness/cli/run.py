@@ -32,15 +32,27 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
-    from kvbench.run.interrupt import Interrupted, handling
+    from kvbench.run.interrupt import Interrupted, deferred, handling
 
-    # signals are ours before the slow imports: an early Ctrl-C is a clean exit, never lost
+    # signals are ours before the slow imports: an early Ctrl-C is a clean exit, never lost.
+    # It waits for the imports to end: raised inside MLX's native start-up (nanobind building
+    # its enums runs Python code) it aborted the process (exit -6, "Critical nanobind error")
     with handling():
         try:
+            with deferred():
+                _load_native()
             return _run(args)
         except Interrupted as e:
             say(f"interrupted ({e}): {getattr(e, 'kept', 'completed rows are kept')}")
             return e.exit_code
+
+
+def _load_native() -> None:
+    """The run's native libraries (MLX through kvbench.run.context, numpy, pandas), loaded at
+    once so that no signal lands inside their start-up."""
+    import pandas  # noqa: F401
+
+    import kvbench.run.context  # noqa: F401
 
 
 def model_passes(cases) -> int:
