@@ -16,6 +16,8 @@ import os
 import re
 import subprocess
 import sys
+import tempfile
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 
 import mlx.core as mx
@@ -104,6 +106,22 @@ def test_cuda_gate_fails_when_minus_inf_is_planted_back(cuda_items, cuda_results
     # compiled with precompiled headers is byte for byte the same
     exact = cuda_gate.compile_one(item.source, item.expression, "sm_80", pch=False)
     assert exact["ok"] and exact["cubin_sha"] == cuda_results["sm_80"][0]["cubin_sha"]
+
+
+def test_a_gate_worker_leaves_no_precompiled_headers_behind(cuda_items):
+    # NVRTC's automatic PCH directory (3.3 GB) outlived every pool worker (os._exit skips
+    # NVRTC's clean-up) until the gate gave it a directory of its own and removed it
+    tmp = Path(tempfile.gettempdir())
+
+    def left() -> set[Path]:
+        return {*tmp.glob("__nvrtc_auto_pch_*"), *tmp.glob("kvbench-nvrtc-pch-*")}
+
+    before = left()
+    item = cuda_items[0]
+    with ProcessPoolExecutor(max_workers=1) as pool:
+        job = pool.submit(cuda_gate._compile_arch, "sm_80", [(item.source, item.expression)], False)
+        assert job.result()[0]["ok"]
+    assert left() <= before
 
 
 @pytest.fixture(scope="module")

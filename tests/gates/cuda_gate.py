@@ -15,6 +15,8 @@ import ctypes
 import hashlib
 import json
 import os
+import shutil
+import tempfile
 from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass
 from importlib import metadata
@@ -77,10 +79,15 @@ def _key(source: str, options: list[str]) -> str:
     return hashlib.sha256(stamp.encode()).hexdigest()[:32]
 
 
-def compile_one(source: str, expression: str, arch: str, pch: bool = True) -> dict:
-    """{'ok', 'log', and on success 'registers', 'shared_bytes', 'frame_bytes'}."""
+def compile_one(
+    source: str, expression: str, arch: str, pch: bool = True, pch_dir: str | None = None
+) -> dict:
+    """{'ok', 'log', and on success 'registers', 'shared_bytes', 'frame_bytes'}. With `pch_dir`
+    NVRTC keeps its automatic precompiled headers there (else in its own temporary directory)."""
     tc = mlx_wheel.toolchain(mx.__version__)
     opts = cuda_wrap.options(arch, include_dirs(tc)) + (["-pch"] if pch else [])
+    if pch and pch_dir:
+        opts.append(f"--pch-dir={pch_dir}")
     if pch:
         nvrtc._lib().nvrtcSetPCHHeapSize(ctypes.c_size_t(PCH_HEAP_BYTES))
     r = nvrtc.compile_program(source, "kernel.cu", tc["headers"], opts, [expression])
@@ -92,18 +99,26 @@ def compile_one(source: str, expression: str, arch: str, pch: bool = True) -> di
 
 
 def _compile_arch(arch: str, jobs: list[tuple[str, str]], use_cache: bool) -> list[dict]:
+    """One architecture's compiles, in a pool worker. The precompiled headers go to a directory
+    of ours, removed here: NVRTC removes its own (/tmp/__nvrtc_auto_pch_<pid>_0, 3.3 GB) only
+    at a normal exit, and a pool worker ends by os._exit; fifteen left by earlier gate runs
+    filled this machine's disk and broke a test run."""
     store = mlx_wheel.cache_dir() / "results"
     store.mkdir(parents=True, exist_ok=True)
+    pch_dir = tempfile.mkdtemp(prefix="kvbench-nvrtc-pch-")
     out = []
-    for source, expression in jobs:
-        path = store / f"{_key(source, [arch, expression])}.json"
-        if use_cache and path.exists():
-            out.append(json.loads(path.read_text()))
-            continue
-        res = compile_one(source, expression, arch)
-        if res["ok"]:
-            path.write_text(json.dumps(res))
-        out.append(res)
+    try:
+        for source, expression in jobs:
+            path = store / f"{_key(source, [arch, expression])}.json"
+            if use_cache and path.exists():
+                out.append(json.loads(path.read_text()))
+                continue
+            res = compile_one(source, expression, arch, pch_dir=pch_dir)
+            if res["ok"]:
+                path.write_text(json.dumps(res))
+            out.append(res)
+    finally:
+        shutil.rmtree(pch_dir, ignore_errors=True)
     return out
 
 
