@@ -2,7 +2,7 @@
 
 A case axis is a knob a suite sets (model, context length, format, kernel, ...). Everything that
 knows about axes derives from TABLE: the Case's fields (kvbench.case), the Record's case block and
-so the CSV header (kvbench.store.schema), the value checks (kvbench.spec.validate resolves each
+so the CSV header (kvbench.store.schema), the value checks (kvbench.suite.validate resolves each
 `check` name, since the choices live in kernels/ registries), case labels (kvbench.case.label_of),
 the terminal summary's columns (kvbench.analysis.summary), the report's series names
 (kvbench.report.common) and which rows the findings compare (each axis's role: workload, cache
@@ -44,7 +44,7 @@ class Axis:
     name: str
     type: str  # annotation text: "int", "str", "float", "int | None", ...
     default: object = REQUIRED
-    check: str = ""  # a check by name, resolved in spec/validate.py ("positive_int", "choice:x")
+    check: str = ""  # a check by name, resolved in suite/validate.py ("positive_int", "choice:x")
     doc: str = ""  # one line, for humans
     label: str | None = None  # its part in a case label, e.g. "ctx{}"; None: not in labels
     always: bool = False  # label part shown even at the default

@@ -20,7 +20,7 @@ import pandas as pd
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.stores.cache import KVCache
 from kvbench.run.session import run_suite
-from kvbench.spec.suite import expand, load_suite
+from kvbench.suite.suite import expand, load_suite
 
 SUITE = """
 name: crosscheck

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvbench.spec.cache_spec import format_of
+from kvbench.suite.cache_spec import format_of
 from kvbench.store.schema import COLUMNS
 
 # name -> (stored bits per element with scales, data bits)
@@ -186,7 +186,7 @@ def _suite_row(case, run_id: str, suite: str) -> dict:
 
 def suite_rows(name: str) -> pd.DataFrame:
     """Rows shaped like suites/<name>.yaml: every case it expands to, invented numbers."""
-    from kvbench.spec.suite import expand, load_suite
+    from kvbench.suite.suite import expand, load_suite
 
     suite = load_suite(Path(__file__).resolve().parents[1] / "suites" / f"{name}.yaml")
     run_id = f"20261123T120000Z-{name}"

@@ -8,7 +8,7 @@ import pytest
 
 from kvbench.engines import engine_for, metrics
 from kvbench.errors import SuiteError
-from kvbench.spec.suite import resolve
+from kvbench.suite.suite import resolve
 
 BASE = {"model": "tiny", "n_seqs": 3, "context_len": 60, "kv_dtype": "fp32", "layout": "unified"}
 BASE |= {"workload": "shared-prefix", "prefix_frac": 0.2}  # prefix 12 tokens

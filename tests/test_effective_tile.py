@@ -6,7 +6,7 @@ import pandas as pd
 
 from kvbench.kernels.attention.registry import KERNELS, effective_tile
 from kvbench.run.session import run_suite
-from kvbench.spec.suite import expand, load_suite
+from kvbench.suite.suite import expand, load_suite
 
 SUITE = """
 name: t

@@ -249,7 +249,7 @@ def test_compare_of_a_malformed_samples_file_as_a_subprocess(tmp_path):
 def test_a_case_too_big_for_memory_is_a_skipped_row_with_the_figures(tmp_path, write_suite, quiet):
     from kvbench.run import memory
     from kvbench.run.session import run_suite
-    from kvbench.spec.suite import expand, load_suite
+    from kvbench.suite.suite import expand, load_suite
 
     text = SUITE.replace(
         "context_len: [16, 32], kernel: [sdpa, ops]", "context_len: [16, 100000000]"
@@ -269,7 +269,7 @@ def test_planned_bytes_against_a_hand_count():
     from kvbench.kernels.formats.registry import get_format
     from kvbench.kernels.stores.footprint import LayoutArgs
     from kvbench.run import memory
-    from kvbench.spec import resolved
+    from kvbench.suite import resolved
 
     # fp16, 1 seq, 2 kv heads, 8 q heads, ctx 16, D 64, 2 layers, decode
     layer = 1 * 2 * 16 * 64

@@ -241,8 +241,8 @@ def test_fp8_combinations_refused(tmp_path, capsys, extra, why):
 
 
 def test_fp8_scale_number_from_a_suite(tmp_path):
-    from kvbench.spec.cache_spec import format_of
-    from kvbench.spec.suite import expand, load_suite
+    from kvbench.suite.cache_spec import format_of
+    from kvbench.suite.suite import expand, load_suite
 
     path = tmp_path / "s.yaml"
     path.write_text(

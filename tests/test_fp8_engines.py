@@ -14,7 +14,7 @@ from kvbench.engines.streams import make_tables, workload_of
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.stores.layouts import KV_PAD
 from kvbench.kernels.stores.workloads import build_layout, build_paged
-from kvbench.spec.suite import resolve
+from kvbench.suite.suite import resolve
 
 SCALE = 0.01  # |x| > 4.64 saturates: the outlier key channels (x10) and V's tails
 FP8 = {"model": "tiny", "kv_dtype": "fp8_e4m3", "fp8_scale": SCALE, "kv_data": "outliers"}

@@ -75,7 +75,7 @@ def test_unknown_base_is_a_user_error(repo):
 
 def test_a_suite_without_a_name_is_gated_under_its_file_stem(repo, capsys):
     from kvbench.cli import main
-    from kvbench.spec.suite import load_suite
+    from kvbench.suite.suite import load_suite
 
     path, _, calls = repo
     (path / "gs.yaml").write_text("fixed: {model: tiny, context_len: 8}\n")  # no name: key

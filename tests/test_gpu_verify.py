@@ -34,7 +34,7 @@ def test_dry_run_lists_every_step_and_validates_the_suite(tmp_path):
 
 
 def test_suite_covers_what_the_issue_asks():
-    from kvbench.spec.suite import expand, load_suite
+    from kvbench.suite.suite import expand, load_suite
 
     cases = expand(load_suite(str(ROOT / "suites" / "gpu-verify.yaml")))
     kernels = {c.kernel for c in cases}

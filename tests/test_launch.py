@@ -19,7 +19,7 @@ from kvbench.kernels.attention.gpu.launch import (
     refusal,
 )
 from kvbench.kernels.formats.registry import get_format
-from kvbench.spec.suite import expand, load_suite
+from kvbench.suite.suite import expand, load_suite
 
 SUITE = load_suite("suites/tiles.yaml")
 GPU_CASES = [c for c in expand(SUITE) if c.kernel in ("metal", "cuda")]
@@ -235,7 +235,7 @@ def test_refusal_is_a_skip_reason_on_the_gpu_backend():
 
 
 def test_default_tile_fits_every_preset_shape_on_metal():
-    from kvbench.spec.presets import PRESETS
+    from kvbench.suite.presets import PRESETS
 
     for name, s in PRESETS.items():
         problem = Problem(1, s.n_q_heads, s.n_kv_heads, s.head_dim, 4096)

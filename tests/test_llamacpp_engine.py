@@ -14,7 +14,7 @@ from kvbench.engines import model as model_engine
 from kvbench.kernels.model.fetch import model_path
 from kvbench.peers import llamacpp
 from kvbench.run import runner
-from kvbench.spec.suite import Settings
+from kvbench.suite.suite import Settings
 from kvbench.store.tokens import TOKEN_COLUMNS
 
 

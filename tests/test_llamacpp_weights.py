@@ -13,8 +13,8 @@ gguf = pytest.importorskip("gguf")
 from kvbench.case import Case  # noqa: E402
 from kvbench.engines import llamacpp as engine  # noqa: E402
 from kvbench.peers import llamacpp_weights as lw  # noqa: E402
-from kvbench.spec.suite import SuiteError  # noqa: E402
-from kvbench.spec.validate import check_case  # noqa: E402
+from kvbench.suite.suite import SuiteError  # noqa: E402
+from kvbench.suite.validate import check_case  # noqa: E402
 
 
 def q8_0_by_hand(w: np.ndarray) -> np.ndarray:

@@ -5,7 +5,7 @@ from __future__ import annotations
 from kvbench.case import Case
 from kvbench.engines import metrics
 from kvbench.kernels.formats.registry import get_format
-from kvbench.spec.presets import PRESETS
+from kvbench.suite.presets import PRESETS
 
 
 def case_for(preset: str, **kw) -> Case:

@@ -16,8 +16,8 @@ from kvbench.errors import SuiteError
 from kvbench.kernels.model import matvec, rope
 from kvbench.kernels.model.load import load_model
 from kvbench.run import runner
-from kvbench.spec.suite import Settings
-from kvbench.spec.validate import check_model
+from kvbench.suite.suite import Settings
+from kvbench.suite.validate import check_model
 
 TOKENS = tuple(np.random.default_rng(1).integers(0, TINY["vocab"], 200).tolist())
 

@@ -1,4 +1,4 @@
-"""`model:` beyond the registered preset (kernels/model/source.py, harness/spec): a GGUF file, an
+"""`model:` beyond the registered preset (kernels/model/source.py, harness/suite): a GGUF file, an
 mlx-lm directory, a Hugging Face repo id from the local cache; the shape axes read from the
 model's metadata; bad input (missing path, directory without config.json, unknown
 architecture, GGUF of an unknown arch, context past the trained length, an unreachable hub)
@@ -15,7 +15,7 @@ from kvbench.cli import main
 from kvbench.errors import SuiteError
 from kvbench.kernels.model import source
 from kvbench.kernels.model.load import ModelError
-from kvbench.spec.suite import resolve
+from kvbench.suite.suite import resolve
 from kvbench.store.checks import dir_files
 
 QUALITY = {"phase": "quality", "context_len": 32, "kv_dtype": "int8", "kernel": "reference"}
@@ -159,7 +159,7 @@ def test_a_users_model_directory_runs_the_model_phases_end_to_end(tmp_path, arch
 
 def test_plan_takes_a_model_file(gguf):
     from kvbench.errors import UserError
-    from kvbench.spec.plan import resolve_shape
+    from kvbench.suite.plan import resolve_shape
 
     s = resolve_shape(str(gguf), None, None, None)
     assert (s.n_layers, s.n_kv_heads, s.head_dim) == (2, 2, 64)

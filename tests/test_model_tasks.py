@@ -23,7 +23,7 @@ from kvbench.kernels.model.capture import capture_kv
 from kvbench.kernels.model.load import load_model
 from kvbench.kernels.model.run import forward
 from kvbench.kernels.model.spec import CacheSpec
-from kvbench.spec.validate import check_model
+from kvbench.suite.validate import check_model
 
 TOKENS = tuple(np.random.default_rng(1).integers(0, TINY["vocab"], 200).tolist())
 

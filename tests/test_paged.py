@@ -17,8 +17,8 @@ from kvbench.errors import SuiteError
 from kvbench.kernels.stores.layouts import CacheFullError
 from kvbench.kernels.stores.paged import PagedLayout, gather_pages
 from kvbench.kernels.stores.workloads import Workload, build_paged
-from kvbench.spec.suite import resolve
-from kvbench.spec.validate import check_axis
+from kvbench.suite.suite import resolve
+from kvbench.suite.validate import check_axis
 
 
 def test_pages_by_hand_shared_prefix_with_copy_on_write():

@@ -8,7 +8,7 @@ from kvbench.kernels.attention.registry import KERNELS, Kernel, any_format
 from kvbench.kernels.attention.tiled import tiled
 from kvbench.run import session
 from kvbench.run.session import run_suite
-from kvbench.spec.suite import Settings, Suite
+from kvbench.suite.suite import Settings, Suite
 
 
 def wrong_tiled(q, k, v, fmt, *, mask=None, scale, tile_kv=None):

@@ -21,7 +21,7 @@ from kvbench.kernels.formats.registry import FORMATS, get_format
 from kvbench.peers.base import DecodeData
 from kvbench.peers.registry import PEERS, missing_reason
 from kvbench.run import session
-from kvbench.spec.suite import Settings, Suite, expand, load_suite
+from kvbench.suite.suite import Settings, Suite, expand, load_suite
 
 REPO = Path(__file__).resolve().parent.parent
 TINY = dict(model="tiny", n_layers=2, n_q_heads=8, n_kv_heads=2, head_dim=64)

@@ -8,8 +8,8 @@ from test_quant import HAND
 from kvbench.cli import main
 from kvbench.engines import engine_for
 from kvbench.errors import UserError
-from kvbench.spec.plan import LayoutArgs, make_plan, parse_size, resolve_shape
-from kvbench.spec.suite import resolve
+from kvbench.suite.plan import LayoutArgs, make_plan, parse_size, resolve_shape
+from kvbench.suite.suite import resolve
 
 
 @pytest.mark.parametrize("model, ctx, seqs, name, group, want", HAND)

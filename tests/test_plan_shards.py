@@ -6,7 +6,7 @@ import json
 import pytest
 
 from kvbench.cli import main
-from kvbench.spec.plan import make_plan, resolve_shape
+from kvbench.suite.plan import make_plan, resolve_shape
 
 LLAMA3 = resolve_shape("llama-3-8b", None, None, None)  # 32 layers, 8 KV heads, D=128
 FP16_TOKEN = 2 * 32 * 8 * 128 * 2  # K and V, layers, heads, D, 2 bytes = 131072 B per position

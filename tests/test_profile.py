@@ -8,7 +8,7 @@ from kvbench.engines import cache as cache_engine
 from kvbench.engines.contract import Engine
 from kvbench.kernels.attention.registry import KERNELS, Kernel, any_format, ops
 from kvbench.run.profile import breakdown, capture_problem, find_case, format_breakdown
-from kvbench.spec.suite import expand, load_suite
+from kvbench.suite.suite import expand, load_suite
 
 SMOKE = "suites/smoke.yaml"
 

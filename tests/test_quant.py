@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from kvbench.kernels.formats.registry import FORMATS, get_format, quant
-from kvbench.spec.presets import PRESETS
+from kvbench.suite.presets import PRESETS
 
 QUANTIZED = [n for n in FORMATS if get_format(n).quantized]
 

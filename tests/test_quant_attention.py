@@ -14,7 +14,7 @@ from kvbench.errors import SuiteError
 from kvbench.kernels.attention.registry import KERNELS, reference, unsupported_reason
 from kvbench.kernels.data import OUTLIER_GAIN, make_qkv
 from kvbench.kernels.formats.registry import FORMATS, get_format
-from kvbench.spec.suite import resolve
+from kvbench.suite.suite import resolve
 
 QUANTIZED = [n for n in FORMATS if get_format(n).quantized]
 MLX_NATIVE = ["mxfp4", "nvfp4", "affine4", "affine8", "affine2", "affine3"]
@@ -102,7 +102,7 @@ def test_suite_rejects_group_the_format_cannot_use():
 
 
 def test_quant_suites_load():
-    from kvbench.spec.suite import expand, load_suite
+    from kvbench.suite.suite import expand, load_suite
 
     root = Path(__file__).resolve().parent.parent
     cpu = expand(load_suite(root / "suites/quant.yaml"))
@@ -117,7 +117,7 @@ def test_peak_memory_covers_stages_not_the_check(monkeypatch):
     from kvbench.engines import cache as cache_engine
     from kvbench.engines.contract import Engine
     from kvbench.run import runner
-    from kvbench.spec.suite import Settings
+    from kvbench.suite.suite import Settings
 
     real_build = cache_engine.build
 

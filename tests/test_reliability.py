@@ -183,7 +183,7 @@ def test_the_dry_run_gives_the_time_floor(tmp_path, capsys):
 
 def test_a_case_whose_steps_cannot_meet_its_budget_is_flagged():
     from kvbench.run.floor import check_floors
-    from kvbench.spec.suite import Settings, resolve
+    from kvbench.suite.suite import Settings, resolve
 
     case = resolve("s.yaml", {"model": "llama-3-8b", "context_len": 8192, "kv_dtype": "fp16"})
     settings = Settings(min_samples=5, rounds=1, budget_s=0.5)
@@ -199,7 +199,7 @@ def test_a_case_whose_steps_cannot_meet_its_budget_is_flagged():
 def test_an_interrupted_run_says_so_in_its_files_and_its_report(tmp_path):
     from kvbench.report.page import build
     from kvbench.run import runner, session
-    from kvbench.spec.suite import Settings, resolve
+    from kvbench.suite.suite import Settings, resolve
     from kvbench.store.writer import ResultsWriter
 
     cases = [resolve("s.yaml", {"model": "tiny", "context_len": c}) for c in (16, 32, 64)]
@@ -340,7 +340,7 @@ def test_import_never_overwrites_a_run(tmp_path, capsys):
 
 def test_a_case_whose_first_steps_show_it_overruns_is_said_at_once(tmp_path):
     from kvbench.run import runner
-    from kvbench.spec.suite import Settings, resolve
+    from kvbench.suite.suite import Settings, resolve
 
     case = resolve("s.yaml", {"model": "tiny", "context_len": 16})
     # 3.0 s a step x 5 samples = 15 s: over a 0.5 s budget (the 8K Llama case on a CPU)

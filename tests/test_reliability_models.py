@@ -10,7 +10,7 @@ from test_fault_inputs import one_line_error
 from tiny_model import weights, write_gguf_writer
 
 from kvbench.errors import SuiteError
-from kvbench.spec.suite import resolve
+from kvbench.suite.suite import resolve
 from kvbench.store.checks import dir_files
 
 QUALITY = {"phase": "quality", "context_len": 32, "kv_dtype": "int8", "kernel": "reference"}
@@ -202,7 +202,7 @@ BOUNDS = {"trials": 1_000_000_000, "gen_tokens": 1_000_000_000, "chunks": 1_000_
 def test_counts_a_run_multiplies_have_an_upper_bound(axis):
     # used to: trials 1e9 built 1e9 prompts before the first answer; gen_tokens 1e9 segfaulted
     with pytest.raises(SuiteError, match=f"{axis}: must be a positive integer of at most"):
-        from kvbench.spec.validate import check_axis
+        from kvbench.suite.validate import check_axis
 
         check_axis("s.yaml", axis, axis, BOUNDS[axis])
 

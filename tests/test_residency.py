@@ -19,7 +19,7 @@ from kvbench.kernels.model.load import load_model
 from kvbench.kernels.stores import cache as store_module
 from kvbench.peers.registry import missing_reason
 from kvbench.run.session import run_suite
-from kvbench.spec.suite import expand, load_suite, resolve
+from kvbench.suite.suite import expand, load_suite, resolve
 
 TINY = {"model": "tiny", "n_seqs": 3, "context_len": 40, "kv_dtype": "fp16"}
 SHARED = {"workload": "shared-prefix", "prefix_frac": 0.3}

@@ -1,4 +1,4 @@
-"""One resolved case (harness/spec/resolved.py): `kvbench plan` and the memory guard agree on
+"""One resolved case (harness/suite/resolved.py): `kvbench plan` and the memory guard agree on
 every layout x preset and custom shape x format over a seeded grid, the two disagreements of
 issue #32 by their figures, a planted mismatch caught, and the planned bytes by hand."""
 
@@ -12,9 +12,9 @@ import pytest
 from kvbench.case import Case
 from kvbench.kernels.formats.registry import FORMATS, get_format
 from kvbench.run import memory
-from kvbench.spec import resolved
-from kvbench.spec.plan import LayoutArgs, make_plan, resolve_shape
-from kvbench.spec.presets import PRESETS
+from kvbench.suite import resolved
+from kvbench.suite.plan import LayoutArgs, make_plan, resolve_shape
+from kvbench.suite.presets import PRESETS
 
 CUSTOM = [(32, 32, 8, 128), (2, 6, 2, 64), (3, 4, 4, 96)]  # layers, q heads, kv heads, D
 LAYOUTS = {
@@ -170,8 +170,8 @@ def test_every_engine_state_carries_the_case_resolved(axes):
 NBYTES_CALLS = {
     "kernels/stores/footprint.py": "the row byte formula, once",
     "kernels/formats/protocol.py": "bits per element from one row",
-    "harness/spec/validate.py": "one row: does the format take this head_dim",
-    "harness/spec/plan.py": "one row: the format's check and its split into data and scales",
+    "harness/suite/validate.py": "one row: does the format take this head_dim",
+    "harness/suite/plan.py": "one row: the format's check and its split into data and scales",
     "kernels/model/spec.py": "a real model's cache: fp16 sinks and residual beside the format",
     "kernels/model/cache.py": "a real model's residual window, flushed in groups",
 }

@@ -17,8 +17,8 @@ from kvbench.kernels.formats import rotation
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.model.cache import MixedCache, PlainCache
 from kvbench.kernels.model.spec import CacheSpec
-from kvbench.spec.cache_spec import spec_of
-from kvbench.spec.suite import resolve
+from kvbench.suite.cache_spec import spec_of
+from kvbench.suite.suite import resolve
 
 # ---- independent numpy reference (from the definitions, not from rotation.py) -------------
 
@@ -407,7 +407,7 @@ def test_q_quant_rounds_queries_through_q8_0_in_the_key_basis():
 def test_peers_llamacpp_suite_pairs_every_quality_row():
     """The cross-check: each kvbench quality row has a llama.cpp row of the same format,
     rotation, context and chunks (>= 500 scored tokens), and kvbench's keys are in GGUF order."""
-    from kvbench.spec.suite import expand, load_suite
+    from kvbench.suite.suite import expand, load_suite
 
     cases = [c for c in expand(load_suite("suites/peers-llamacpp.yaml")) if c.phase == "quality"]
     key = lambda c: (c.kv_dtype, c.rotate_k, c.rotate_v, c.context_len, c.chunks)  # noqa: E731

@@ -12,8 +12,8 @@ from test_walls import kvbench_without_mlx
 
 from kvbench.cli import main
 from kvbench.errors import UserError
-from kvbench.spec.shard import assign, case_cost, parse_shard, shard_cases
-from kvbench.spec.suite import expand, load_suite
+from kvbench.suite.shard import assign, case_cost, parse_shard, shard_cases
+from kvbench.suite.suite import expand, load_suite
 from kvbench.store.merge import merge
 from kvbench.store.results import load_dir
 

@@ -14,8 +14,8 @@ from kvbench.engines import engine_for, sharded
 from kvbench.engines.parity import ParityError
 from kvbench.errors import SuiteError
 from kvbench.run.session import run_suite
-from kvbench.spec.cache_spec import format_of
-from kvbench.spec.suite import expand, load_suite
+from kvbench.suite.cache_spec import format_of
+from kvbench.suite.suite import expand, load_suite
 
 # 2 layers, 6 q heads, 3 KV heads (not divisible by 2), D=32, 101 positions (odd)
 SHAPE = dict(model="custom", n_layers=2, n_q_heads=6, n_kv_heads=3, head_dim=32)

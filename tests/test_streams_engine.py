@@ -17,7 +17,7 @@ from kvbench.errors import SuiteError
 from kvbench.kernels.attention.registry import KERNELS, Kernel, any_format, reference
 from kvbench.kernels.formats.registry import get_format
 from kvbench.run import runner
-from kvbench.spec.suite import Settings, expand, load_suite, resolve
+from kvbench.suite.suite import Settings, expand, load_suite, resolve
 
 TINY = {"model": "tiny", "n_seqs": 3, "context_len": 40, "kv_dtype": "fp32"}
 

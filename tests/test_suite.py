@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from kvbench.errors import SuiteError
-from kvbench.spec.suite import apply_filters, expand, load_suite
+from kvbench.suite.suite import apply_filters, expand, load_suite
 
 BASE = "fixed: {model: tiny}\nsweep: {context_len: [16, 32]}\n"
 

@@ -131,7 +131,7 @@ def test_the_tradeoff_suite_covers_every_format_of_the_registry():
     from pathlib import Path
 
     from kvbench.kernels.formats.registry import FORMATS
-    from kvbench.spec.suite import expand, load_suite
+    from kvbench.suite.suite import expand, load_suite
 
     cases = expand(load_suite(Path(__file__).resolve().parent.parent / "suites/tradeoff.yaml"))
     quality = {c.kv_dtype for c in cases if c.phase == "quality"}

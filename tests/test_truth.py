@@ -59,7 +59,7 @@ def test_pairs_by_type_and_rotation_and_marks_the_goal():
 
 
 def test_the_truth_suite_pairs_every_kvbench_row():
-    from kvbench.spec.suite import expand, load_suite
+    from kvbench.suite.suite import expand, load_suite
 
     cases = list(expand(load_suite("suites/truth.yaml")))
     key = lambda c: (c.model, c.context_len, c.chunks, c.text, c.kv_dtype, c.rotate_k)  # noqa: E731

@@ -6,7 +6,7 @@
   still runs against the floors is listed with its reason (EXCEPTIONS); a scratch copy of the
   tree with an upward import planted in every room shows that each is caught;
 * store/, analysis/ and report/ (and the root modules they use) import neither mlx nor
-  kernels/ nor spec/, engines/ or run/: results are compared and plotted from files alone;
+  kernels/ nor suite/, engines/ or run/: results are compared and plotted from files alone;
 * kernels/ never imports the instrument (any `kvbench.*` module outside kvbench.kernels);
 * `kvbench compare/history/report/import` run in a process where importing mlx raises.
 The last three import each module in a fresh interpreter and record every module the import
@@ -30,7 +30,7 @@ ROOT = Path(__file__).resolve().parents[1]
 IGNORE = shutil.ignore_patterns("__pycache__", "*.metal", "*.cu", "*.h", "*.inc")
 FILES_ONLY = ("kvbench.store", "kvbench.analysis", "kvbench.report")
 FORBIDDEN_FOR_FILES_ONLY = (
-    "mlx", "kvbench.kernels", "kvbench.spec", "kvbench.engines", "kvbench.run",
+    "mlx", "kvbench.kernels", "kvbench.suite", "kvbench.engines", "kvbench.run",
 )  # fmt: skip
 
 
@@ -60,7 +60,7 @@ def hits(loaded: list[str], forbidden) -> list[str]:
 
 def test_the_walk_finds_every_package_of_the_tree():
     names = set(modules_of(kvbench)) | set(modules_of(kvbench.kernels))
-    for pkg in ("spec", "engines", "run", "store", "analysis", "report", "kernels"):
+    for pkg in ("suite", "engines", "run", "store", "analysis", "report", "kernels"):
         assert f"kvbench.{pkg}" in names
     assert "kvbench.kernels.attention.registry" in names
     assert "kvbench.store.results" in names and "kvbench.report.page" in names
@@ -149,7 +149,7 @@ FLOORS = {
     "kvbench.store": (5, "base"),
     "kvbench.timer": (3, "measure"),
     "kvbench.peers": (3, "measure"),
-    "kvbench.spec": (5, "measure"),
+    "kvbench.suite": (5, "measure"),
     "kvbench.engines": (6, "measure"),
     "kvbench.run": (7, "measure"),
     "kvbench.analysis": (6, "reading"),
@@ -254,11 +254,11 @@ def test_the_floors_keep_the_design_walls():
     for room in (r for r, (_, c) in FLOORS.items() if c == "kernels"):
         assert not any(allowed(room + ".x", h + ".x") for h in harness), room
     for reader in ("kvbench.store", "kvbench.analysis", "kvbench.report"):
-        for room in ("kvbench.kernels.formats", "kvbench.spec", "kvbench.engines", "kvbench.run",
+        for room in ("kvbench.kernels.formats", "kvbench.suite", "kvbench.engines", "kvbench.run",
                      "kvbench.timer", "kvbench.peers"):  # fmt: skip
             assert not allowed(reader + ".x", room + ".x"), (reader, room)
-    for upper, lower in (("kvbench.run", "kvbench.analysis"), ("kvbench.spec", "kvbench.store"),
-                         ("kvbench.engines", "kvbench.run"), ("kvbench.spec", "kvbench.engines"),
+    for upper, lower in (("kvbench.run", "kvbench.analysis"), ("kvbench.suite", "kvbench.store"),
+                         ("kvbench.engines", "kvbench.run"), ("kvbench.suite", "kvbench.engines"),
                          ("kvbench.kernels.formats", "kvbench.kernels.stores"),
                          ("kvbench.kernels.stores", "kvbench.kernels.model")):  # fmt: skip
         assert not allowed(upper + ".x", lower + ".x"), (upper, lower)

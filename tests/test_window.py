@@ -18,7 +18,7 @@ from kvbench.errors import SuiteError
 from kvbench.kernels.attention.registry import KERNELS
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.stores.window import Ring
-from kvbench.spec.suite import resolve
+from kvbench.suite.suite import resolve
 
 
 def test_cells_by_hand_across_wraps():

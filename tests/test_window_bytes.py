@@ -11,8 +11,8 @@ import pytest
 from kvbench.case import Case
 from kvbench.kernels.model.spec import CacheSpec, kv_bytes
 from kvbench.kernels.stores.footprint import layer_positions
-from kvbench.spec import plan
-from kvbench.spec.presets import PRESETS
+from kvbench.suite import plan
+from kvbench.suite.presets import PRESETS
 
 GEMMA = PRESETS["gemma3-270m"]
 FP16_ROW = 256 * 2  # one position of one head's K (or V), fp16
@@ -65,7 +65,7 @@ def test_the_guard_plans_each_layers_allocation():
     positions - 1 cells (kernels/stores/window.py): 512 + 511 for every model phase's prefill
     in ubatches of 512 (quality's chunks too, as llama-perplexity's n_ubatch), not 512 + 8191
     for one forward over an 8192-token chunk."""
-    from kvbench.spec.model_plan import model_plan
+    from kvbench.suite.model_plan import model_plan
 
     task = model_plan(_case("retrieval", task="passkey"), 262144, GEMMA.windows)
     cells = 3 * 8192 + 15 * 1023

@@ -71,7 +71,7 @@ def tree_command(tree: Path) -> list[str]:
     `python -m harness` from the tree; newer ones through BOOTSTRAP."""
     if not (tree / "harness").is_dir():  # not a kvbench checkout: the installed kvbench
         return [sys.executable, "-m", "kvbench"]
-    if not (tree / "harness" / "spec").is_dir():
+    if not any((tree / "harness" / r).is_dir() for r in ("suite", "spec")):  # spec/: renamed
         return [sys.executable, "-m", "harness"]
     return [sys.executable, "-c", BOOTSTRAP, str(tree)]
 

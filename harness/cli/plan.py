@@ -43,7 +43,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args) -> int:
     from kvbench.run.memory import available_bytes
-    from kvbench.spec.plan import LayoutArgs, make_plan, parse_size, render, resolve_shape, to_json
+    from kvbench.suite.plan import LayoutArgs, make_plan, parse_size, render, resolve_shape, to_json
 
     shape = resolve_shape(args.model, args.n_layers, args.n_kv_heads, args.head_dim, args.n_q_heads)
     budget = parse_size(args.budget) if args.budget is not None else None

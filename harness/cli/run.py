@@ -56,8 +56,8 @@ def _load_native() -> None:
 
 
 def model_passes(cases) -> int:
-    """Forward passes of the model the task and quality cases run at least (spec/model_plan.py)."""
-    from kvbench.spec.model_plan import forward_passes
+    """Forward passes of the model the task and quality cases run at least (suite/model_plan.py)."""
+    from kvbench.suite.model_plan import forward_passes
 
     phases = ("quality", "retrieval", "generate")
     return sum(forward_passes(c) for c in cases if c.phase in phases)
@@ -66,18 +66,18 @@ def model_passes(cases) -> int:
 def _run(args) -> int:
     from kvbench.run.context import set_device
     from kvbench.run.session import run_suite
-    from kvbench.spec.suite import apply_filters, expand, load_suite
+    from kvbench.suite.suite import apply_filters, expand, load_suite
 
     suite = load_suite(args.suite)
     cases = apply_filters(expand(suite), args.filter or [])
     if args.shard:
-        from kvbench.spec.shard import parse_shard, shard_cases
+        from kvbench.suite.shard import parse_shard, shard_cases
 
         cases = shard_cases(cases, *parse_shard(args.shard))
     if args.dry_run:
         for case in cases:
             print(f"{case.case_id}  {case.label()}")
-        from kvbench.spec.suite import time_floor_s
+        from kvbench.suite.suite import time_floor_s
 
         st = suite.settings
         print(

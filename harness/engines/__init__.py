@@ -2,7 +2,7 @@
 
 ENGINES is tried in order; the first engine whose `claims(case)` is true runs the case. Adding
 an engine = a module with `claims`, `skip_reason` and `build`, and one line here. Every build's
-State carries the case resolved once (`carrying`: spec/resolved.py), which the runner reads.
+State carries the case resolved once (`carrying`: suite/resolved.py), which the runner reads.
 """
 
 from __future__ import annotations

@@ -38,8 +38,8 @@ from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.formats.rotation import rotate
 from kvbench.kernels.stores.cache import KVCache
-from kvbench.spec import resolved
-from kvbench.spec.cache_spec import rotation_blocks
+from kvbench.suite import resolved
+from kvbench.suite.cache_spec import rotation_blocks
 
 GPU_KERNELS = ("metal", "cuda")
 

@@ -21,8 +21,8 @@ from typing import NamedTuple
 import mlx.core as mx
 
 from kvbench.case import Case
-from kvbench.spec import resolved
-from kvbench.spec.resolved import Resolved
+from kvbench.suite import resolved
+from kvbench.suite.resolved import Resolved
 
 # the key under which a check's (or a job's) accuracy dict may hand over per-token values: a dict
 # of equal-length arrays chunk, position, token, nll, kl (store/tokens.py); the runner takes it
@@ -64,7 +64,7 @@ class State:
     # with each stage's timer arguments and whether to run the parity check; the stages then
     # map to None. None: the runner times the stages here.
     job: Callable[[dict, bool], JobResult] | None = None
-    # the case resolved once (spec/resolved.py: formats, cells, exact and planned bytes); the
+    # the case resolved once (suite/resolved.py: formats, cells, exact and planned bytes); the
     # runner's row reads its formats. None: the runner resolves the case itself
     resolved: Resolved | None = None
     # what `kvbench profile` reads beyond the stages: a model step's parts
@@ -79,7 +79,7 @@ class Engine(NamedTuple):
 
 
 def carrying(build: Callable[[Case], State]) -> Callable[[Case], State]:
-    """An engine's build whose State carries the case resolved (spec/resolved.py), unless the
+    """An engine's build whose State carries the case resolved (suite/resolved.py), unless the
     engine set it itself."""
 
     @functools.wraps(build)

@@ -45,7 +45,7 @@ from kvbench.kernels.stores.edits import (
 from kvbench.kernels.stores.footprint import row_bytes
 from kvbench.kernels.stores.layouts import KV_PAD, LayoutStore, cells_from_tokens
 from kvbench.kernels.stores.workloads import build_layout
-from kvbench.spec import resolved
+from kvbench.suite import resolved
 
 GROUP = 4  # self-extend's group factor (llama.cpp's ga_n)
 

@@ -46,8 +46,8 @@ from kvbench.kernels.model.run import prefill
 from kvbench.kernels.model.source import model_file
 from kvbench.kernels.model.text import default_text, text_file
 from kvbench.kernels.model.tokenizer import load_tokenizer
-from kvbench.spec.cache_spec import MODEL_PHASES, format_of, rotation_blocks, spec_of
-from kvbench.spec.model_plan import PREFILL_UBATCH
+from kvbench.suite.cache_spec import MODEL_PHASES, format_of, rotation_blocks, spec_of
+from kvbench.suite.model_plan import PREFILL_UBATCH
 
 UBATCH = PREFILL_UBATCH  # prefill micro-batch (llama.cpp's default n_ubatch): a window ring holds
 # window + sinks + UBATCH - 1 cells (kernels/stores/window.py), not window + the whole prefill

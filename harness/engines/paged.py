@@ -47,7 +47,7 @@ from kvbench.kernels.stores.paged import (
     pages_per_tile,
 )
 from kvbench.kernels.stores.workloads import build_paged
-from kvbench.spec import resolved
+from kvbench.suite import resolved
 
 
 def claims(case: Case) -> bool:

@@ -33,8 +33,8 @@ from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
 from kvbench.peers.base import DecodeData
 from kvbench.peers.registry import PEERS, peer_unsupported_reason, version
-from kvbench.spec import resolved
-from kvbench.spec.cache_spec import format_of
+from kvbench.suite import resolved
+from kvbench.suite.cache_spec import format_of
 
 
 def _torch_cuda_reason() -> str | None:

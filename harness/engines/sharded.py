@@ -48,7 +48,7 @@ from kvbench.engines.contract import JobResult, State
 from kvbench.engines.parity import ParityError
 from kvbench.kernels.attention.sharded import sent_bytes, split_bounds
 from kvbench.kernels.stores.footprint import row_bytes
-from kvbench.spec import resolved
+from kvbench.suite import resolved
 
 STAGES = ("step", "write", "attend", "comm")
 BACKENDS = ("ring", "mpi", "nccl", "jaccl", "jaccl-ring")  # mlx.launch --backend choices

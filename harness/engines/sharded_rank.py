@@ -52,7 +52,7 @@ from kvbench.kernels.attention.sharded import (
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.stores.cache import KVCache
-from kvbench.spec import resolved
+from kvbench.suite import resolved
 
 
 @dataclass

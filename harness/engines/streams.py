@@ -42,7 +42,7 @@ from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.stores.footprint import row_bytes
 from kvbench.kernels.stores.layouts import KV_PAD, Layout, LayoutStore, cells_from_tokens
 from kvbench.kernels.stores.workloads import Replay, Workload, build_layout
-from kvbench.spec import resolved
+from kvbench.suite import resolved
 
 
 def claims(case: Case) -> bool:

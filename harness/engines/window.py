@@ -38,7 +38,7 @@ from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.stores.cache import ALL, KVStore
 from kvbench.kernels.stores.footprint import row_bytes
 from kvbench.kernels.stores.window import Ring
-from kvbench.spec import resolved
+from kvbench.suite import resolved
 
 
 def claims(case: Case) -> bool:

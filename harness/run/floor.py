@@ -2,9 +2,9 @@
 shapes could not finish were started, and the dry run claimed `budget 0.5 s per case` for a
 Llama-3-8B case at 8K context that took 3 minutes on a CPU).
 
-Two floors, both lower bounds. The settings floor (spec/suite.py time_floor_s): every case warms
+Two floors, both lower bounds. The settings floor (suite/suite.py time_floor_s): every case warms
 up every round and samples for its budget; it is checked when the suite loads. The step floor:
-a decode step reads at least the whole cache (the planner's bytes, harness/spec/plan.py), so it
+a decode step reads at least the whole cache (the planner's bytes, harness/suite/plan.py), so it
 takes at least cache bytes / the peak read bandwidth measured at the start of the run, and a
 case takes at least (min_samples + 2 warm-up calls per round) such steps. A case whose step
 floor exceeds its budget gets one warning line before anything is measured (it will overrun);
@@ -16,7 +16,7 @@ from __future__ import annotations
 from kvbench.case import Case
 from kvbench.errors import UserError
 from kvbench.run.memory import case_plan
-from kvbench.spec.suite import Settings
+from kvbench.suite.suite import Settings
 
 WARMUP_CALLS = 2  # the timer's warm-up calls a step at least twice per round (harness/timer.py)
 

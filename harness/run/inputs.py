@@ -13,7 +13,7 @@ from __future__ import annotations
 from kvbench.case import Case
 from kvbench.errors import UserError
 from kvbench.kernels.model.fetch import FETCH_COMMAND, MODELS, ModelFetchError, fetch_model
-from kvbench.spec.cache_spec import MODEL_PHASES
+from kvbench.suite.cache_spec import MODEL_PHASES
 
 LLAMACPP_KERNEL = "llama.cpp"  # harness/engines/llamacpp.py KERNEL: runs the model's GGUF
 

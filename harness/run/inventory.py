@@ -8,8 +8,8 @@ from kvbench.kernels.formats.registry import FORMATS, get_format
 from kvbench.peers.registry import PEERS, missing_reason
 from kvbench.run.bandwidth import peak_read_bandwidth
 from kvbench.run.context import backend_name, run_context
-from kvbench.spec.presets import PRESETS
-from kvbench.spec.validate import DECODE_ORDERS, LAYOUTS, WORKLOADS
+from kvbench.suite.presets import PRESETS
+from kvbench.suite.validate import DECODE_ORDERS, LAYOUTS, WORKLOADS
 
 
 def inventory() -> str:

@@ -3,7 +3,7 @@ with the figures, before anything is allocated (a cache too big for memory segfa
 inside MLX, taking the whole run with it).
 
 Planned bytes of a case (an estimate of its peak, from the shape alone; the case's Resolved,
-harness/spec/resolved.py, which `kvbench plan` resolves the same way, so the two agree):
+harness/suite/resolved.py, which `kvbench plan` resolves the same way, so the two agree):
   * the cache: the format's exact bytes, all layers, K and V, in the cells its layout holds
     (kernels/stores/footprint.py: n_seqs x context_len for per-stream, the shared prefix once
     for unified and paged, sinks + window for window);
@@ -17,7 +17,7 @@ Available memory: on a GPU backend MLX's device_info (Metal: max_recommended_wor
 CUDA: free memory when reported), on the CPU backend the kernel's MemAvailable
 (/proc/meminfo). When neither is known the guard stays open and says so nowhere: no figure is
 invented. `kvbench plan` prints the same planned bytes against the same available memory.
-A model-phase case plans its own parts (harness/spec/model_plan.py): the cache at its whole
+A model-phase case plans its own parts (harness/suite/model_plan.py): the cache at its whole
 capacity (generate: context_len + gen_tokens), the float32 reference, scores and kept logits.
 """
 
@@ -28,7 +28,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from kvbench.case import Case
-from kvbench.spec import resolved
+from kvbench.suite import resolved
 
 PART_NAMES = {"source": "source K/V"}  # a planned part's name in a refusal, where not its key
 DEVICE_KEYS = ("max_recommended_working_set_size", "free_memory", "memory_size", "total_memory")
@@ -36,7 +36,7 @@ MEMINFO = Path("/proc/meminfo")
 
 
 def case_plan(case: Case) -> dict[str, int]:
-    """The case's planned bytes: cache, source, transient, total (spec/resolved.py)."""
+    """The case's planned bytes: cache, source, transient, total (suite/resolved.py)."""
     return resolved.of_case(case).planned
 
 

@@ -22,7 +22,7 @@ from kvbench import stats, timer
 from kvbench.case import Case
 from kvbench.engines import model as model_engine
 from kvbench.run import runner
-from kvbench.spec.suite import Settings
+from kvbench.suite.suite import Settings
 
 PART_NAMES = {
     "write": "KV write (quantize on write), all layers",

@@ -21,7 +21,7 @@ from kvbench.engines import model as model_engine
 from kvbench.errors import UserError
 from kvbench.run import model_profile, runner
 from kvbench.run.context import backend_name
-from kvbench.spec.suite import expand, load_suite
+from kvbench.suite.suite import expand, load_suite
 
 
 def find_case(cases: list[Case], case_id: str, path: str) -> Case:

@@ -23,9 +23,9 @@ from kvbench.engines import engine_for, metrics, residency
 from kvbench.engines.contract import TOKENS, State
 from kvbench.peers.registry import kernel_kind
 from kvbench.run import interrupt
-from kvbench.spec import resolved
-from kvbench.spec.resolved import Resolved
-from kvbench.spec.suite import Settings
+from kvbench.suite import resolved
+from kvbench.suite.resolved import Resolved
+from kvbench.suite.suite import Settings
 from kvbench.store import tokens
 from kvbench.store.schema import Record, make_record
 

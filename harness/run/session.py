@@ -25,7 +25,7 @@ from kvbench.run import floor, inputs, interrupt, memory, runner
 from kvbench.run.bandwidth import peak_read_bandwidth
 from kvbench.run.context import run_context, run_id
 from kvbench.run.progress import Progress
-from kvbench.spec.suite import Settings, Suite
+from kvbench.suite.suite import Settings, Suite
 from kvbench.store.writer import ResultsWriter
 
 ROW_BYTES = 4096  # a results row is ~2 KB of text: twice that, for the up-front space check

@@ -47,7 +47,8 @@ def preload_blas() -> dict:
 
 def load_tree(tree: Path) -> dict:
     """The functions the worker needs, from the kvbench code at `tree`."""
-    if (tree / "harness" / "spec").is_dir():
+    room = next((r for r in ("suite", "spec") if (tree / "harness" / r).is_dir()), None)
+    if room:  # harness/suite/ (harness/spec/ before it was renamed): kvbench.* by name
         for name, folder in (("kvbench", "harness"), ("kvbench.kernels", "kernels")):
             spec = importlib.util.spec_from_file_location(
                 name, tree / folder / "__init__.py", submodule_search_locations=[str(tree / folder)]
@@ -57,7 +58,8 @@ def load_tree(tree: Path) -> dict:
             spec.loader.exec_module(module)
         from kvbench import engines as chooser
         from kvbench.run.context import backend_name, set_device
-        from kvbench.spec.suite import expand, load_suite
+        suite = importlib.import_module(f"kvbench.{room}.suite")
+        expand, load_suite = suite.expand, suite.load_suite
 
         try:  # the memory guard, in trees that have one
             from kvbench.run.memory import refusal as guard

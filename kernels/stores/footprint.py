@@ -2,7 +2,7 @@
 
 Each entry calls the function its layout's module owns (the structure and its count live
 together). The byte formula of K and V rows, 2 * L * fmt.nbytes(cells * Hkv, D), is `row_bytes`
-here and nowhere else: `kvbench plan`, the memory guard (both through harness/spec/resolve.py)
+here and nowhere else: `kvbench plan`, the memory guard (both through harness/suite/resolve.py)
 and every engine's byte counts (harness/engines/metrics.py cache_bytes_of) call it.
 """
 

@@ -16,7 +16,7 @@ import pytest
 
 from kvbench.engines.cache import build
 from kvbench.run.context import run_context
-from kvbench.spec.suite import resolve
+from kvbench.suite.suite import resolve
 
 CASES = [
     {"model": "tiny", "context_len": 256, "kv_dtype": "fp16", "kernel": "sdpa"},

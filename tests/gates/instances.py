@@ -30,7 +30,7 @@ from kvbench.kernels.attention.gpu import kernels as gpu_kernels
 from kvbench.kernels.attention.registry import KERNELS
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.stores.cache import KVCache
-from kvbench.spec.suite import expand, load_suite
+from kvbench.suite.suite import expand, load_suite
 
 ROOT = Path(__file__).resolve().parents[2]
 BACKENDS = ("cuda", "metal")

@@ -28,7 +28,7 @@ positions of every KV head, by heads ceil(n_kv_heads / N) KV heads at every posi
 context whose fullest rank fits.
 It also prints the memory guard's figures (harness/run/memory.py: cache + source K/V +
 transient against the memory available here) for a decode case of the shape with the layout's
-cells, resolved by the same function as a case's (harness/spec/resolved.py of_shape), so the
+cells, resolved by the same function as a case's (harness/suite/resolved.py of_shape), so the
 guard refuses exactly what this says will not fit; query heads: the preset's or the model's,
 or --n-q-heads for a custom shape (without it: GQA 1).
 """
@@ -46,8 +46,8 @@ from kvbench.kernels.formats.registry import FORMATS, get_format
 from kvbench.kernels.stores.footprint import LayoutArgs, cache_bytes, row_bytes
 from kvbench.kernels.stores.layouts import KV_PAD
 from kvbench.kernels.stores.paged import PAGE_SIZES
-from kvbench.spec import resolved
-from kvbench.spec.presets import PRESETS
+from kvbench.suite import resolved
+from kvbench.suite.presets import PRESETS
 
 LAYOUTS = ("per-stream", "unified", "paged", "window")
 MAX_CONTEXT = 2**40  # the budget search stops here: a layout that still fits fits any context
@@ -331,7 +331,7 @@ def make_plan(
         raise UserError(f"--context: must be more than the prefix ({la.prefix}), got {context_len}")
     # the bytes shown for an unbounded window: its ring at any context (here: one window)
     ctx = context_len if context_len is not None else la.sinks + la.window
-    # the same resolution as a case's (spec/resolved.py): cells, block tables, planned peak
+    # the same resolution as a case's (suite/resolved.py): cells, block tables, planned peak
     common = dict(
         n_seqs=n_seqs,
         context_len=ctx,
@@ -487,7 +487,7 @@ def _memory_lines(plan: Plan) -> list[str]:
     r = plan.run_bytes
     lines = [
         f"to run a decode case with {plan.n_q_heads} query heads (the memory guard of "
-        "`kvbench run`; harness/spec/resolved.py"
+        "`kvbench run`; harness/suite/resolved.py"
         + ("; the cache engine holds every layer whole" if plan.layer_positions else "")
         + "):",
         f"  planned {_human(r['total'])}  (cache {r['cache']:,} + source K/V {r['source']:,} "

@@ -28,8 +28,8 @@ from kvbench.kernels.stores.paged import PAGE_SIZES
 from kvbench.kernels.stores.workloads import ORDERS
 from kvbench.peers.llamacpp_weights import PEER_WEIGHTS
 from kvbench.peers.registry import EXTERNAL_PEERS, PEERS
-from kvbench.spec.cache_spec import MODEL_PHASES, format_of, spec_of
-from kvbench.spec.presets import PRESETS
+from kvbench.suite.cache_spec import MODEL_PHASES, format_of, spec_of
+from kvbench.suite.presets import PRESETS
 
 PHASES = ("decode", "prefill", *MODEL_PHASES)
 SEED_MAX = 2**64 - 1  # mx.random.key takes an unsigned 64-bit seed

@@ -16,7 +16,7 @@ import re
 from kvbench.case import Case
 from kvbench.errors import UserError
 from kvbench.kernels.stores.footprint import row_bytes
-from kvbench.spec.cache_spec import format_of
+from kvbench.suite.cache_spec import format_of
 
 
 def parse_shard(text: str) -> tuple[int, int]:

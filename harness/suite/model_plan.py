@@ -28,7 +28,7 @@ from collections import Counter
 from kvbench.case import Case
 from kvbench.kernels.model.spec import kv_bytes
 from kvbench.kernels.stores.footprint import layer_cells
-from kvbench.spec.cache_spec import spec_of
+from kvbench.suite.cache_spec import spec_of
 
 PREFILL_UBATCH = 512  # the prefill micro-batch of every model phase (llama.cpp's n_ubatch default)
 F32 = 4

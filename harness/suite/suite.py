@@ -10,7 +10,7 @@ Grammar (every top-level key optional except the axes needed to define a case):
     exclude: [{axis: value or [values]}]        drop cases matching every key of a rule
              (rules match the resolved case: preset shape and gqa_ratio included)
 Everything is checked before anything runs; a problem raises SuiteError(file, key, reason).
-The checks of values and of combinations of axes are in harness/spec/validate.py.
+The checks of values and of combinations of axes are in harness/suite/validate.py.
 """
 
 from __future__ import annotations
@@ -29,9 +29,9 @@ from kvbench.errors import SuiteError
 from kvbench.files import not_regular, read_text
 from kvbench.kernels.attention.registry import KERNELS
 from kvbench.kernels.model.fetch import MODELS
-from kvbench.spec.cache_spec import MODEL_PHASES, spec_of
-from kvbench.spec.presets import PRESETS
-from kvbench.spec.validate import (
+from kvbench.suite.cache_spec import MODEL_PHASES, spec_of
+from kvbench.suite.presets import PRESETS
+from kvbench.suite.validate import (
     check_axis,
     check_case,
     check_model,

@@ -5,9 +5,9 @@ arguments, the cells its layout allocates (kernels/stores/footprint.py), the exa
 cache (K and V, every layer, per-tensor scales, a paged cache's block tables) and its planned
 peak (the cache, the source K/V, the kernel's transients). The memory guard
 (harness/run/memory.py), the engines (on their State), the runner's row and `kvbench plan`
-(harness/spec/plan.py, through `of_shape`, the same function on a shape without a Case)
+(harness/suite/plan.py, through `of_shape`, the same function on a shape without a Case)
 all read it, so the guard refuses exactly what the plan says will not fit. A model-phase case
-plans its own parts (harness/spec/model_plan.py).
+plans its own parts (harness/suite/model_plan.py).
 
 Planned bytes (an estimate of the case's peak, from the shape alone):
   * cache: the exact bytes above;
@@ -27,8 +27,8 @@ from functools import lru_cache
 
 from kvbench.case import Case
 from kvbench.kernels.stores.footprint import LayoutArgs, kv_bytes, layer_positions, layout_counts
-from kvbench.spec.cache_spec import MODEL_PHASES, format_of, v_format_of
-from kvbench.spec.model_plan import model_plan
+from kvbench.suite.cache_spec import MODEL_PHASES, format_of, v_format_of
+from kvbench.suite.model_plan import model_plan
 
 
 @dataclass(frozen=True)
@@ -106,7 +106,7 @@ def of_shape(
 @lru_cache(maxsize=4096)
 def of_case(case: Case) -> Resolved:
     """The case resolved (once per case: a Case is frozen and hashable). A model phase's cache
-    and planned peak are its own (spec/model_plan.py: the model's cache at its capacity, the
+    and planned peak are its own (suite/model_plan.py: the model's cache at its capacity, the
     float32 reference, scores, kept logits; the model's vocabulary read from its metadata)."""
     r = of_shape(
         format_of(case),

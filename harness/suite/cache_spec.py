@@ -1,6 +1,6 @@
 """The real-model phases and the model cache a case asks for (a CacheSpec from its axes).
 
-Here, not in the model engine, so that validating a suite needs no engine: spec/validate.py
+Here, not in the model engine, so that validating a suite needs no engine: suite/validate.py
 checks the spec's formats before anything runs, and the model engine builds the cache from it.
 """
 
