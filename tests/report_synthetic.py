@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from kvbench.suite.cache_spec import format_of
 from kvbench.store.schema import COLUMNS
+from kvbench.suite.cache_spec import format_of
 
 # name -> (stored bits per element with scales, data bits)
 FORMATS = {"fp32": 32.0, "fp16": 16.0, "int4": 4.5}

@@ -13,9 +13,9 @@ from kvbench.analysis.summary import HIDE_IF_ALL, SHOW, show_columns
 from kvbench.axes import REQUIRED, TABLE, Axis, label_of, names
 from kvbench.case import AXES, Case, case_class, case_id
 from kvbench.report.common import SERIES_AXES, series_axes
+from kvbench.store.schema import COLUMNS, record_class
 from kvbench.suite.suite import expand, load_suite
 from kvbench.suite.validate import CHECKS, checks_for
-from kvbench.store.schema import COLUMNS, record_class
 
 # Real values: computed with `expand(load_suite(...))` and `.case_id` on main at commit bfa0cb3,
 # before the axis table existed (Case was a hand-written dataclass then). If one changes, stored

@@ -14,8 +14,8 @@ from kvbench.engines import model as model_engine
 from kvbench.kernels.model.fetch import model_path
 from kvbench.peers import llamacpp
 from kvbench.run import runner
-from kvbench.suite.suite import Settings
 from kvbench.store.tokens import TOKEN_COLUMNS
+from kvbench.suite.suite import Settings
 
 
 def case(**kw) -> Case:

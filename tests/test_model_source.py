@@ -15,8 +15,8 @@ from kvbench.cli import main
 from kvbench.errors import SuiteError
 from kvbench.kernels.model import source
 from kvbench.kernels.model.load import ModelError
-from kvbench.suite.suite import resolve
 from kvbench.store.checks import dir_files
+from kvbench.suite.suite import resolve
 
 QUALITY = {"phase": "quality", "context_len": 32, "kv_dtype": "int8", "kernel": "reference"}
 

@@ -199,8 +199,8 @@ def test_a_case_whose_steps_cannot_meet_its_budget_is_flagged():
 def test_an_interrupted_run_says_so_in_its_files_and_its_report(tmp_path):
     from kvbench.report.page import build
     from kvbench.run import runner, session
-    from kvbench.suite.suite import Settings, resolve
     from kvbench.store.writer import ResultsWriter
+    from kvbench.suite.suite import Settings, resolve
 
     cases = [resolve("s.yaml", {"model": "tiny", "context_len": c}) for c in (16, 32, 64)]
     runs = {c.case_id: runner.CaseRun(c) for c in cases}

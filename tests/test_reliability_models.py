@@ -10,8 +10,8 @@ from test_fault_inputs import one_line_error
 from tiny_model import weights, write_gguf_writer
 
 from kvbench.errors import SuiteError
-from kvbench.suite.suite import resolve
 from kvbench.store.checks import dir_files
+from kvbench.suite.suite import resolve
 
 QUALITY = {"phase": "quality", "context_len": 32, "kv_dtype": "int8", "kernel": "reference"}
 

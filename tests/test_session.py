@@ -11,8 +11,8 @@ from kvbench import SCHEMA_VERSION
 from kvbench.kernels.attention import registry as attention
 from kvbench.run import runner
 from kvbench.run.session import run_suite
-from kvbench.suite.suite import expand, load_suite
 from kvbench.store.checks import dir_files
+from kvbench.suite.suite import expand, load_suite
 
 SUITE = """
 name: t

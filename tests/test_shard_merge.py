@@ -12,10 +12,10 @@ from test_walls import kvbench_without_mlx
 
 from kvbench.cli import main
 from kvbench.errors import UserError
-from kvbench.suite.shard import assign, case_cost, parse_shard, shard_cases
-from kvbench.suite.suite import expand, load_suite
 from kvbench.store.merge import merge
 from kvbench.store.results import load_dir
+from kvbench.suite.shard import assign, case_cost, parse_shard, shard_cases
+from kvbench.suite.suite import expand, load_suite
 
 ROOT = Path(__file__).resolve().parents[1]
 SUITES = ["smoke.yaml", "quant.yaml", "streams.yaml", "sharded.yaml", "sharded-gpu.yaml"]

@@ -26,9 +26,9 @@ from kvbench.engines import model as base
 from kvbench.engines.contract import State
 from kvbench.kernels.model import generate, meter, passkey, quality, retrieval
 from kvbench.kernels.model.cache import make_cache
+from kvbench.stats import wilson
 from kvbench.suite.cache_spec import TASK_PHASES, format_of, spec_of
 from kvbench.suite.model_plan import PREFILL_UBATCH
-from kvbench.stats import wilson
 
 UBATCH = PREFILL_UBATCH  # prefill micro-batch of the task phases (llama.cpp's default ubatch)
 

@@ -23,11 +23,11 @@ from kvbench.engines import engine_for, metrics, residency
 from kvbench.engines.contract import TOKENS, State
 from kvbench.peers.registry import kernel_kind
 from kvbench.run import interrupt
+from kvbench.store import tokens
+from kvbench.store.schema import Record, make_record
 from kvbench.suite import resolved
 from kvbench.suite.resolved import Resolved
 from kvbench.suite.suite import Settings
-from kvbench.store import tokens
-from kvbench.store.schema import Record, make_record
 
 STAGE_WEIGHT = {"step": 1.0}  # relative share of the case's budget; others get OTHER_WEIGHT
 OTHER_WEIGHT = 0.25

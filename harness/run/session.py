@@ -25,8 +25,8 @@ from kvbench.run import floor, inputs, interrupt, memory, runner
 from kvbench.run.bandwidth import peak_read_bandwidth
 from kvbench.run.context import run_context, run_id
 from kvbench.run.progress import Progress
-from kvbench.suite.suite import Settings, Suite
 from kvbench.store.writer import ResultsWriter
+from kvbench.suite.suite import Settings, Suite
 
 ROW_BYTES = 4096  # a results row is ~2 KB of text: twice that, for the up-front space check
 SAMPLE_BYTES = 64  # one raw sample's line (case id, stage, round, index, ms) is ~40 bytes

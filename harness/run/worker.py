@@ -58,6 +58,7 @@ def load_tree(tree: Path) -> dict:
             spec.loader.exec_module(module)
         from kvbench import engines as chooser
         from kvbench.run.context import backend_name, set_device
+
         suite = importlib.import_module(f"kvbench.{room}.suite")
         expand, load_suite = suite.expand, suite.load_suite
 
