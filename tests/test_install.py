@@ -65,17 +65,38 @@ def test_kvbench_installs_beside_pypi_kernels(tmp_path):
     assert any(p.suffix == ".csv" for p in out.iterdir())
 
 
-def test_every_package_folder_is_in_pyprojects_package_list():
-    """A regular install ships only the packages pyproject lists: a new package folder left out
-    of the list imports from the source tree and breaks once installed."""
+def _setuptools_config() -> dict:
     import tomllib
 
-    listed = set(
-        tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]["packages"]
-    )
-    found = set()
+    return tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["setuptools"]
+
+
+def _importable_folders() -> dict[str, Path]:
+    """Every folder setuptools' build_py takes for a package: an identifier name holding files
+    (with or without __init__.py; the GPU sources' folders hold only .metal/.cu/.h/.inc)."""
+    found = {}
     for folder, name in ((ROOT / "harness", "kvbench"), (ROOT / "kernels", "kvbench.kernels")):
-        for init in folder.rglob("__init__.py"):
-            rel = init.parent.relative_to(folder).parts
-            found.add(".".join((name, *rel)))
-    assert found == listed
+        for d in [folder, *folder.rglob("*")]:
+            rel = d.relative_to(folder).parts
+            if not d.is_dir() or "__pycache__" in rel or not all(p.isidentifier() for p in rel):
+                continue
+            if any(f.is_file() for f in d.iterdir()):
+                found[".".join((name, *rel))] = d
+    return found
+
+
+def test_every_package_folder_is_in_pyprojects_package_list():
+    """A regular install ships only the packages pyproject lists: a new package folder left out
+    of the list imports from the source tree and breaks once installed, and a data folder left
+    out makes setuptools print a 30-line warning per folder on every install (#44 item 4)."""
+    assert set(_importable_folders()) == set(_setuptools_config()["packages"])
+
+
+def test_package_data_globs_cover_every_non_python_file():
+    """Every file a package folder holds other than .py ships: the GPU sources are read at run
+    time from beside kernels.py, so one left out breaks the GPU kernels of an installed copy."""
+    data = _setuptools_config()["package-data"]
+    for name, d in _importable_folders().items():
+        for f in d.iterdir():
+            if f.is_file() and f.suffix not in (".py", ".pyc"):
+                assert any(f.match(g) for g in data.get(name, [])), (name, f.name)
