@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from kvbench.engines import engine_for
-from kvbench.engines.streams import make_tables, workload_of
+from kvbench.engines.common import make_tables, workload_of
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.stores.layouts import KV_PAD
 from kvbench.kernels.stores.workloads import build_layout, build_paged

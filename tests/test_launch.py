@@ -8,7 +8,8 @@ grid = threadgroups x threads per threadgroup in each dimension.
 import pytest
 
 from kvbench.case import Case
-from kvbench.engines.cache import problem_of, skip_reason
+from kvbench.engines.cache import skip_reason
+from kvbench.engines.common import problem_of
 from kvbench.kernels.attention.gpu import launch
 from kvbench.kernels.attention.gpu.launch import (
     CUDA,

@@ -8,9 +8,8 @@ import pandas as pd
 import pytest
 
 from kvbench.case import Case
-from kvbench.engines import engine_for
+from kvbench.engines import common, engine_for
 from kvbench.engines import llamacpp as engine
-from kvbench.engines import model as model_engine
 from kvbench.kernels.model.fetch import model_path
 from kvbench.peers import llamacpp
 from kvbench.run import runner
@@ -96,6 +95,6 @@ def test_a_real_quality_row_compares_with_the_f16_cache():
     t = pd.DataFrame(got, columns=TOKEN_COLUMNS)
     assert len(t) == int4.n_scored and t["kl"].mean() == pytest.approx(int4.kl_mean, abs=2e-4)
     assert np.exp(t["nll"].mean()) == pytest.approx(int4.ppl, rel=1e-6)
-    chunks = model_engine.chunks_of("smollm2-135m", "default", 128, 2)
+    chunks = common.chunks_of("smollm2-135m", "default", 128, 2)
     assert t["token"].tolist() == [tok for c in chunks for tok in c[65:]]
     assert t["position"].tolist() == list(range(64, 127)) * 2

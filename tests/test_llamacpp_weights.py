@@ -125,7 +125,7 @@ def test_the_base_pass_runs_an_f16_cache_and_the_row_says_so(monkeypatch, tmp_pa
     monkeypatch.setattr(engine, "token_pass", lambda *a: ({k: [0] for k in cols}, None))
     monkeypatch.setattr(engine, "check_tokens", lambda *a: None)
     monkeypatch.setattr(engine.llamacpp_kl, "floored_nll_fix", lambda values, ppl: values)
-    monkeypatch.setattr(engine.model_engine, "chunk_bos", lambda model: None)
+    monkeypatch.setattr(engine.common, "chunk_bos", lambda model: None)
     engine.base_logits.cache_clear()
     job = engine.quality_job(case(kernel="llama.cpp", kv_dtype="q8_0"), tmp_path / "m.gguf")
     res = job({}, True)

@@ -10,7 +10,7 @@ import pytest
 from tiny_model import TINY, weights, write_gguf
 
 from kvbench.case import Case
-from kvbench.engines import engine_for
+from kvbench.engines import common, engine_for
 from kvbench.engines import model as engine
 from kvbench.errors import SuiteError
 from kvbench.kernels.model import matvec, rope
@@ -25,8 +25,8 @@ TOKENS = tuple(np.random.default_rng(1).integers(0, TINY["vocab"], 200).tolist()
 @pytest.fixture()
 def tiny(tmp_path, monkeypatch):
     model = load_model(write_gguf(tmp_path / "t.gguf", weights(seed=3)))
-    monkeypatch.setattr(engine, "model_of", lambda name: (model, None))
-    monkeypatch.setattr(engine, "tokens_of", lambda name, text: TOKENS)
+    monkeypatch.setattr(common, "model_of", lambda name: (model, None))
+    monkeypatch.setattr(common, "tokens_of", lambda name, text: TOKENS)
     engine.reference_of.cache_clear()
     yield model
     engine.reference_of.cache_clear()
@@ -100,7 +100,7 @@ def test_a_quality_row_has_quality_and_no_time(tiny):
     runner.measure_round(run, Settings(warmup_s=0, min_samples=1, max_samples=1, budget_s=0), 0)
     row = runner.finish(run, Settings(), {})
     assert row.kl_mean is not None and row.top1_agree is not None and row.n_samples == 0
-    assert row.median_ms is None and row.kv_bytes == engine.kv_bytes(c)
+    assert row.median_ms is None and row.kv_bytes == common.model_kv_bytes(c)
     assert row.bits_per_elem == 8.25  # int8: 8 bits + one fp16 scale per 64-element row
 
 
@@ -163,12 +163,12 @@ def bos_model(tmp_path):
     gguf = write_gguf(tmp_path / "bos.gguf", weights(seed=5), metadata=bpe_vocab(True))
     text = tmp_path / "t.txt"
     text.write_text("".join(chr(97 + (i * 7) % 26) for i in range(100)))  # 100 tokens
-    engine.model_of.cache_clear()
-    engine.tokens_of.cache_clear()
+    common.model_of.cache_clear()
+    common.tokens_of.cache_clear()
     engine.reference_of.cache_clear()
-    yield str(gguf), str(text), list(engine.tokens_of(str(gguf), str(text)))
-    engine.model_of.cache_clear()
-    engine.tokens_of.cache_clear()
+    yield str(gguf), str(text), list(common.tokens_of(str(gguf), str(text)))
+    common.model_of.cache_clear()
+    common.tokens_of.cache_clear()
     engine.reference_of.cache_clear()
 
 
@@ -188,13 +188,13 @@ def test_every_chunk_starts_with_bos_where_the_vocabulary_adds_one(bos_model):
     # cut into n_ctx pieces, each piece's first token overwritten by BOS (replaced, not shifted)
     gguf, text, tokens = bos_model
     assert tokens[0] == BOS and len(tokens) == 101 and BOS not in tokens[1:]
-    chunks = engine.chunks_of(gguf, text, 32, 3)
+    chunks = common.chunks_of(gguf, text, 32, 3)
     assert chunks == [[BOS, *tokens[i * 32 + 1 : (i + 1) * 32]] for i in range(3)]
     run = runner.CaseRun(c := case(phase="quality", model=gguf, text=text, chunks=3))
     runner.measure_round(run, Settings(warmup_s=0, min_samples=1, max_samples=1, budget_s=0), 0)
     row = runner.finish(run, Settings(), {})
     assert row.chunk_bos is True and row.n_scored == 3 * 15 and c.chunks == 3
-    model = engine.model_of(gguf)[0]
+    model = common.model_of(gguf)[0]
     assert row.ppl_ref == pytest.approx(ppl_of(model, chunks), rel=1e-6)
     # negative control: the plain slices (no BOS past the first chunk) score differently
     plain = [tokens[i * 32 : (i + 1) * 32] for i in range(3)]
@@ -205,16 +205,16 @@ def test_no_bos_is_put_in_where_the_vocabulary_adds_none(tmp_path):
     gguf = write_gguf(tmp_path / "nobos.gguf", weights(seed=5), metadata=bpe_vocab(False))
     text = tmp_path / "t.txt"
     text.write_text("".join(chr(97 + (i * 7) % 26) for i in range(100)))
-    engine.model_of.cache_clear()
-    engine.tokens_of.cache_clear()
+    common.model_of.cache_clear()
+    common.tokens_of.cache_clear()
     try:
-        tokens = list(engine.tokens_of(str(gguf), str(text)))
-        assert engine.chunk_bos(str(gguf)) is None and BOS not in tokens
-        assert engine.chunks_of(str(gguf), str(text), 32, 3) == [tokens[:32], tokens[32:64],
+        tokens = list(common.tokens_of(str(gguf), str(text)))
+        assert common.chunk_bos(str(gguf)) is None and BOS not in tokens
+        assert common.chunks_of(str(gguf), str(text), 32, 3) == [tokens[:32], tokens[32:64],
                                                                  tokens[64:96]]  # fmt: skip
     finally:
-        engine.model_of.cache_clear()
-        engine.tokens_of.cache_clear()
+        common.model_of.cache_clear()
+        common.tokens_of.cache_clear()
 
 
 def test_fp8_decode_rows_count_what_the_prefill_saturated(tiny):

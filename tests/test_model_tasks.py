@@ -12,7 +12,7 @@ import pytest
 from tiny_model import TINY, weights, write_gguf
 
 from kvbench.case import Case
-from kvbench.engines import engine_for
+from kvbench.engines import common, engine_for
 from kvbench.engines import model as base
 from kvbench.engines import model_tasks as engine
 from kvbench.errors import SuiteError
@@ -52,12 +52,12 @@ class HashTokenizer:
 def tiny(tmp_path, monkeypatch):
     model = load_model(write_gguf(tmp_path / "t.gguf", weights(seed=3)))
     tok = HashTokenizer()
-    monkeypatch.setattr(base, "model_of", lambda name: (model, tok))
-    monkeypatch.setattr(base, "tokens_of", lambda name, text: TOKENS)
-    for f in (engine.prompts_of, engine.reference_answers, engine.generate_reference):
+    monkeypatch.setattr(common, "model_of", lambda name: (model, tok))
+    monkeypatch.setattr(common, "tokens_of", lambda name, text: TOKENS)
+    for f in (common.prompts_of, engine.reference_answers, engine.generate_reference):
         f.cache_clear()
     yield model
-    for f in (engine.prompts_of, engine.reference_answers, engine.generate_reference):
+    for f in (common.prompts_of, engine.reference_answers, engine.generate_reference):
         f.cache_clear()
 
 
@@ -85,7 +85,7 @@ def test_task_rows_state_what_their_evidence_cost(tiny):
     run and the teacher-forced run), then gen_tokens decode steps each."""
     c = case(phase="retrieval", task="passkey", trials=2, depth=0.5)
     row = engine.build(c).check()
-    prompts = engine.prompts_of(c.model, c.task, c.context_len, c.depth, c.trials, c.seed)
+    prompts = common.prompts_of(c.model, c.task, c.context_len, c.depth, c.trials, c.seed)
     assert row["prefill_tokens"] == sum(len(p.tokens) - 1 for p in prompts)
     assert 2 <= row["decode_tokens"] <= sum(p.gen_tokens for p in prompts)
     assert 0 < row["prefill_s"] + row["decode_s"] <= row["wall_s"] and row["ref_wall_s"] > 0
@@ -207,7 +207,7 @@ def test_a_window_as_long_as_the_context_is_the_full_cache(tiny, monkeypatch):
     float32 summation order); a short window attends over less and errs more."""
     from kvbench.engines.model import quality_state
 
-    monkeypatch.setattr(base, "tokens_of", lambda name, text: TOKENS)
+    monkeypatch.setattr(common, "tokens_of", lambda name, text: TOKENS)
     base.reference_of.cache_clear()
     kw = dict(phase="quality", context_len=64, kv_dtype="int4")
     full = quality_state(case(**kw)).check()
@@ -223,8 +223,8 @@ def test_window_bytes_by_hand(tiny):
     """window 8 + 2 sinks at context 64, fp16: 10 positions x 2 layers x 2 KV heads x 64
     x 2 (K, V) x 2 bytes = 10240; bits per context element 16 x 10 / 64 = 2.5."""
     c = case(phase="quality", context_len=64, kv_dtype="fp16", window=8, sink_tokens=2)
-    assert base.kv_bytes(c) == 10 * 2 * 2 * 64 * 2 * 2
-    assert base.bits_per_elem(c) == pytest.approx(16 * 10 / 64)
+    assert common.model_kv_bytes(c) == 10 * 2 * 2 * 64 * 2 * 2
+    assert common.model_bits_per_elem(c) == pytest.approx(16 * 10 / 64)
 
 
 def test_retrieval_runs_in_a_window(tiny):

@@ -11,8 +11,8 @@ import pytest
 from conftest import numpy_attention
 
 from kvbench.engines import engine_for
+from kvbench.engines.common import make_tables, workload_of
 from kvbench.engines.paged import Run
-from kvbench.engines.streams import make_tables, workload_of
 from kvbench.errors import SuiteError
 from kvbench.kernels.stores.layouts import CacheFullError
 from kvbench.kernels.stores.paged import PagedLayout, gather_pages

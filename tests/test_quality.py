@@ -315,12 +315,13 @@ def test_the_engine_feeds_quality_in_ubatches_of_512(tiny_gemma, monkeypatch):
     """The engine's quality rows: chunks of 1024 in micro-batches of 512 (llama-perplexity's
     n_ubatch), so a window layer's ring is window + sinks + 511 cells; the row says so."""
     from kvbench.case import Case
+    from kvbench.engines import common
     from kvbench.engines import model as engine
 
     tokens = tuple(np.random.default_rng(2).integers(0, TINY["vocab"], 1024).tolist())
-    monkeypatch.setattr(engine, "model_of", lambda name: (tiny_gemma, None))
-    monkeypatch.setattr(engine, "tokens_of", lambda name, text: tokens)
-    monkeypatch.setattr(engine, "chunk_bos", lambda name: None)
+    monkeypatch.setattr(common, "model_of", lambda name: (tiny_gemma, None))
+    monkeypatch.setattr(common, "tokens_of", lambda name, text: tokens)
+    monkeypatch.setattr(common, "chunk_bos", lambda name: None)
     engine.reference_of.cache_clear()
     made = _caches(monkeypatch)
     try:

@@ -12,8 +12,7 @@ import pytest
 from tiny_model import weights, write_gguf
 
 from kvbench.case import Case
-from kvbench.engines import engine_for, residency
-from kvbench.engines import model as model_engine
+from kvbench.engines import common, engine_for, residency
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.model.load import load_model
 from kvbench.kernels.stores import cache as store_module
@@ -85,8 +84,8 @@ def test_the_filled_cache_is_resident(name):
 
 def test_the_model_cache_is_resident(tmp_path, monkeypatch):
     model = load_model(write_gguf(tmp_path / "t.gguf", weights(seed=3)))
-    monkeypatch.setattr(model_engine, "model_of", lambda name: (model, None))
-    monkeypatch.setattr(model_engine, "tokens_of", lambda name, text: tuple(range(1, 40)))
+    monkeypatch.setattr(common, "model_of", lambda name: (model, None))
+    monkeypatch.setattr(common, "tokens_of", lambda name, text: tuple(range(1, 40)))
     base = dict(model="smollm2-135m", n_layers=2, n_q_heads=4, n_kv_heads=2, head_dim=64)
     state = built(
         Case(**base, context_len=32, kernel="sdpa", kv_dtype="fp16", phase="model_decode")

@@ -12,7 +12,8 @@ from conftest import numpy_attention
 
 from kvbench import engines
 from kvbench.engines import metrics
-from kvbench.engines.streams import Run, build, counts, make_tables, skip_reason, workload_of
+from kvbench.engines.common import make_tables, workload_of
+from kvbench.engines.streams import Run, build, counts, skip_reason
 from kvbench.errors import SuiteError
 from kvbench.kernels.attention.registry import KERNELS, Kernel, any_format, reference
 from kvbench.kernels.formats.registry import get_format

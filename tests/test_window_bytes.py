@@ -103,29 +103,29 @@ def tiny_gemma(tmp_path_factory):
 def test_metadata_windows_are_the_loaded_models(tiny_gemma):
     """`kvbench plan` and the guard read the windows from the metadata (the architecture built
     with lazy weights); the loaded model reports the same through its own make_cache."""
-    from kvbench.engines import model as engine
+    from kvbench.engines import common
     from kvbench.kernels.model.source import model_shape
 
     assert model_shape(tiny_gemma).windows == ((8, 0), (8, 0), (8, 0), None)
-    assert engine.model_of(tiny_gemma)[0].config.windows == model_shape(tiny_gemma).windows
+    assert common.model_of(tiny_gemma)[0].config.windows == model_shape(tiny_gemma).windows
 
 
 def test_model_rows_count_their_layers_and_the_ring_is_one_forward(tiny_gemma):
     import mlx.core as mx
 
-    from kvbench.engines import model as engine
+    from kvbench.engines import common
     from kvbench.kernels.model.cache import make_cache
     from kvbench.kernels.model.run import prefill
     from kvbench.run import memory
 
     case = Case(tiny_gemma, 4, 4, 2, 64, 40, phase="quality", kv_dtype="fp16")
     row = 2 * 2 * 64 * 2  # K and V, 2 KV heads, head_dim 64, fp16
-    assert engine.kv_bytes(case) == (3 * 8 + 40) * row  # not 4 x 40
-    assert engine.kv_bytes(case, 5) == 4 * 5 * row
+    assert common.model_kv_bytes(case) == (3 * 8 + 40) * row  # not 4 x 40
+    assert common.model_kv_bytes(case, 5) == 4 * 5 * row
     # the guard plans the allocation: quality's one forward of 40 makes rings of 8 + 39
     assert memory.case_plan(case)["cache"] == (3 * 47 + 40) * row
     # ring: window 8 + one forward's 4 tokens - 1 = 11 cells, not 8 + capacity 40 - 1
-    model = engine.model_of(tiny_gemma)[0]
+    model = common.model_of(tiny_gemma)[0]
     cache = make_cache(CacheSpec("fp16"), model.config, 40, "sdpa", max_step=4)
     prefill(model, cache, list(range(1, 41)), 4)
     mx.eval(cache.arrays())

@@ -19,20 +19,16 @@ import math
 import mlx.core as mx
 
 from kvbench.case import Case
-from kvbench.engines import metrics
-from kvbench.engines.contract import State, memory_baseline, window_reason
+from kvbench.engines import common, metrics
+from kvbench.engines.contract import State, memory_baseline
 from kvbench.engines.parity import compare_outputs, parity_gate, recon_err
 from kvbench.kernels.attention.gpu import device as gpu_device
 from kvbench.kernels.attention.gpu import launch
-from kvbench.kernels.attention.gpu.kernels import DTYPE_NAMES, kv_code
-from kvbench.kernels.attention.gpu.launch import Problem
 from kvbench.kernels.attention.gpu.traffic import traffic_bytes
 from kvbench.kernels.attention.registry import (
     KERNELS,
-    effective_tile,
     reference,
     rotated,
-    unsupported_reason,
 )
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
@@ -44,36 +40,14 @@ from kvbench.suite.cache_spec import rotation_blocks
 GPU_KERNELS = ("metal", "cuda")
 
 
-def problem_of(case: Case, fmt) -> Problem:
-    """The attention call a case makes, as the GPU kernels' launch planner sees it."""
-    return Problem(
-        n_seqs=case.n_seqs,
-        n_q_heads=case.n_q_heads,
-        n_kv_heads=case.n_kv_heads,
-        head_dim=case.head_dim,
-        kv_len=case.context_len,
-        dtype=DTYPE_NAMES.get(fmt.compute_dtype, str(fmt.compute_dtype)),
-        kv_code=kv_code(fmt) or fmt.name,
-        group_size=case.group_size,
-        q_len=1 if case.phase == "decode" else case.context_len,
-    )
-
-
 def claims(case: Case) -> bool:
     """The fallback engine: every case no engine before it in ENGINES claimed."""
     return True
 
 
-def kernel_reason(case: Case, backend: str, problem: Problem) -> str | None:
-    """Why the case's kvbench kernel cannot run a call of this shape here, or None."""
-    fmt = resolved.of_case(case).k_fmt
-    reason = window_reason(case)
-    return reason or unsupported_reason(case.kernel, fmt, backend, problem, case.tile_kv)
-
-
 def skip_reason(case: Case, backend: str) -> str | None:
     fmt = resolved.of_case(case).k_fmt
-    return kernel_reason(case, backend, problem_of(case, fmt))
+    return common.kernel_reason(case, backend, common.problem_of(case, fmt))
 
 
 def gpu_fields(case: Case) -> dict:
@@ -85,7 +59,7 @@ def gpu_fields(case: Case) -> dict:
     if case.kernel not in GPU_KERNELS:
         return {}
     fmt = resolved.of_case(case).k_fmt
-    problem = problem_of(case, fmt)
+    problem = common.problem_of(case, fmt)
     plan = launch.plan(
         problem,
         case.tile_kv or launch.DEFAULT_TILE_KV,
@@ -105,21 +79,6 @@ def gpu_fields(case: Case) -> dict:
         "kernel_shared_bytes": n * t["shared_bytes"],
         "traffic_excess": t["request_excess"],
     }
-
-
-def effective(case: Case) -> dict:
-    """The case axes as the kernel runs them: a null tile_kv is the kernel's default tile, a
-    null rotation block llama.cpp's rule."""
-    bk, bv = rotation_blocks(case)
-    return {"tile_kv": effective_tile(case.kernel, case.tile_kv), "rot_block_k": bk,
-            "rot_block_v": bv}  # fmt: skip
-
-
-def saturated(fmt, k: mx.array, v: mx.array) -> dict:
-    """kv_saturated: elements of layer 0's K and V (every position, as written) the format
-    stores as its largest value (FP8); {} for a format that does not saturate."""
-    sat = [fmt.saturated(x) for x in (k, v)]
-    return {} if sat[0] is None else {"kv_saturated": int((sat[0] + sat[1]).item())}
 
 
 def build(case: Case) -> State:
@@ -196,7 +155,7 @@ def build(case: Case) -> State:
         pairs = ((k, rk, bk), (v, rv, bv))
         back = tuple(rotate(fmt.decode(x, mx.float32), r, b) for x, r, b in pairs)
         acc = {**compare_outputs(out, exact), "kv_recon_err": recon_err(back, (k32, v32))}
-        return acc | saturated(fmt, rotate(k_act, rk, bk), rotate(v_act, rv, bv))
+        return acc | common.saturated(fmt, rotate(k_act, rk, bk), rotate(v_act, rv, bv))
 
     return State(
         {"step": step, "write": write, "attend": attend_all},
@@ -206,6 +165,6 @@ def build(case: Case) -> State:
         alloc_bytes=alloc,
         baseline_bytes=baseline,
         cache=cache.arrays,
-        effective=effective(case),
+        effective=common.effective(case),
         extra={"fill_peak_bytes": fill_peak, **gpu_fields(case)},
     )

@@ -27,8 +27,7 @@ import mlx.core as mx
 import numpy as np
 
 from kvbench.case import Case
-from kvbench.engines import cache as cache_engine
-from kvbench.engines import metrics, streams
+from kvbench.engines import common, metrics
 from kvbench.engines.contract import State, memory_baseline
 from kvbench.engines.parity import compare_outputs, parity_gate
 from kvbench.kernels.attention.registry import KERNELS, reference
@@ -55,7 +54,7 @@ def claims(case: Case) -> bool:
 
 
 def skip_reason(case: Case, backend: str) -> str | None:
-    return streams.skip_reason(case, backend)
+    return common.workload_skip_reason(case, backend)
 
 
 def plan_edit(case: Case, cells) -> tuple[str, np.ndarray, np.ndarray]:
@@ -80,7 +79,7 @@ class Run:
     def __init__(self, case: Case, tables, n_layers: int):
         self.case, self.fmt = case, resolved.of_case(case).k_fmt
         q32, k_tab, v_tab = tables
-        self.layout, _ = build_layout(streams.workload_of(case), "unified", KV_PAD)
+        self.layout, _ = build_layout(common.workload_of(case), "unified", KV_PAD)
         self.cells = self.layout.streams[0]
         self.baseline = memory_baseline()
         self.store = LayoutStore(self.layout, self.fmt, n_layers, case.n_kv_heads, case.head_dim)
@@ -144,7 +143,7 @@ def traffic(case: Case, run: Run) -> tuple[int, int]:
 
 def build(case: Case) -> State:
     fmt = resolved.of_case(case).k_fmt
-    tables = streams.make_tables(case, streams.workload_of(case).n_tokens)
+    tables = common.make_tables(case, common.workload_of(case).n_tokens)
     run = Run(case, tables, case.n_layers)
 
     def attend() -> list[mx.array]:
@@ -175,6 +174,6 @@ def build(case: Case) -> State:
         alloc_bytes=run.alloc_bytes,
         baseline_bytes=run.baseline,
         cache=run.store.arrays,
-        effective=cache_engine.effective(case),
+        effective=common.effective(case),
         extra=row,
     )

@@ -51,8 +51,7 @@ from pathlib import Path
 import numpy as np
 
 from kvbench.case import Case
-from kvbench.engines import model as model_engine
-from kvbench.engines import model_tasks
+from kvbench.engines import common
 from kvbench.engines.contract import TOKENS, JobResult, State
 from kvbench.kernels.formats.rotation import default_block
 from kvbench.kernels.model import passkey
@@ -270,9 +269,9 @@ def quality_job(case: Case, gguf: Path):
             "top1_agree": got.get("same_top_p"),
             "n_scored": case.chunks * (case.context_len // 2 - 1),  # second half, less one
             # llama-perplexity starts every chunk with BOS where the GGUF's vocabulary adds one
-            "chunk_bos": model_engine.chunk_bos(case.model) is not None,
+            "chunk_bos": common.chunk_bos(case.model) is not None,
             # no -ub given: llama-perplexity's n_ubatch default (common/common.h), per chunk
-            "ubatch": model_engine.ubatch_of(case),
+            "ubatch": common.ubatch_of(case),
         }  # fmt: skip
         accuracy |= cost_fields(got) | {"ref_wall_s": ref["wall_s"]}
         values, again = token_pass(gguf, case, base, REF_KV)
@@ -339,13 +338,13 @@ def retrieval_job(case: Case, gguf: Path):
             return JobResult({}, {})
         key = (case.model, case.task, case.context_len, case.depth, case.trials, case.seed)
         runs, refs = [], []
-        for i, p in enumerate(model_tasks.prompts_of(*key)):
+        for i, p in enumerate(common.prompts_of(*key)):
             at = (gguf, p.units, passkey.position(p.units, case.depth, i))
             runs.append(passkey_answer(*at, type_k, type_v, env))
             refs.append(passkey_answer(*at, "f16", "f16", ()))
         texts = [r["answer_text"] for r in runs]
         truth = [r["key"] for r in runs]
-        row = model_tasks.answer_fields(case.task, texts, [r["answer_text"] for r in refs], truth)
+        row = common.answer_fields(case.task, texts, [r["answer_text"] for r in refs], truth)
         row["prompt_tokens"] = max(r["prompt_tokens"] for r in runs)
         row |= passkey_cost(runs) | {"ref_wall_s": sum(r["wall_s"] for r in refs)}
         return JobResult({}, row, extra={"peer_kv_types": f"{type_k}/{type_v}"})
@@ -359,7 +358,7 @@ JOBS = {"model_decode": decode_job, "quality": quality_job, "retrieval": retriev
 def build(case: Case) -> State:
     # peer_weights f32: the GGUF dequantized to float32 (harness/peers/llamacpp_weights.py)
     gguf = weights_file(require_model(case.model), case.peer_weights)
-    model, _ = model_engine.model_of(case.model)
+    model, _ = common.model_of(case.model)
     info = llamacpp.build_info()
     extra = {"peer_version": f"llama.cpp {info.get('tag', info.get('version', '?'))}",
              "peer_threads": threads()}  # fmt: skip
@@ -368,13 +367,13 @@ def build(case: Case) -> State:
     return State(
         {"step": lambda: None} if decode else {},
         lambda: {},
-        traffic=model_engine.decode_traffic(case, model) if decode else (0, 0),
-        flops=model_engine.decode_flops(case, model) if decode else None,
-        kv_bytes=model_engine.kv_bytes(case),
-        bits_per_elem=model_engine.bits_per_elem(case),
+        traffic=common.decode_traffic(case, model) if decode else (0, 0),
+        flops=common.decode_flops(case, model) if decode else None,
+        kv_bytes=common.model_kv_bytes(case),
+        bits_per_elem=common.model_bits_per_elem(case),
         baseline_bytes=None,  # llama.cpp's memory is not MLX's
         # llama.cpp's key order (the GGUF's), rotated in its own blocks
-        effective={"k_order": key_order(model), **model_engine.effective(case)},
+        effective={"k_order": key_order(model), **common.model_effective(case)},
         extra=extra,
         job=job,
     )

@@ -18,15 +18,13 @@ The float32 references are computed once per process and shared by every format.
 
 from __future__ import annotations
 
-import json
 from functools import lru_cache
 
 from kvbench.case import Case
-from kvbench.engines import model as base
+from kvbench.engines import common
 from kvbench.engines.contract import State
-from kvbench.kernels.model import generate, meter, passkey, quality, retrieval
+from kvbench.kernels.model import generate, meter, quality, retrieval
 from kvbench.kernels.model.cache import make_cache
-from kvbench.stats import wilson
 from kvbench.suite.cache_spec import TASK_PHASES, format_of, spec_of
 from kvbench.suite.model_plan import PREFILL_UBATCH
 
@@ -37,31 +35,18 @@ def claims(case: Case) -> bool:
     return case.phase in TASK_PHASES
 
 
-skip_reason = base.skip_reason
-
-
-@lru_cache(maxsize=16)
-def prompts_of(name: str, task: str, context_len: int, depth: float, trials: int, seed: int):
-    model, tokenizer = base.model_of(name)
-    if task == passkey.TASK:  # llama.cpp's prompt exactly, no chat template (model/passkey.py)
-        return tuple(passkey.prompt(tokenizer, context_len, depth, i) for i in range(trials))
-    chat = retrieval.chat_frame(tokenizer, model.metadata)
-    out = []
-    for i in range(trials):
-        trial = retrieval.make_trial(task, seed + i)
-        out.append(retrieval.build_prompt(trial, tokenizer, context_len, depth, seed + i, chat))
-    return tuple(out)
+skip_reason = common.model_skip_reason
 
 
 def answers(key: tuple, spec, kernel: str, tile_kv, case=None, saturated=None) -> list[str]:
     """Each trial's greedy continuation (its text) with `spec`'s cache (and the case's sliding
     window, if any); key: (model, task, context_len, depth, trials, seed). Each trial's K/V
     elements stored saturated (FP8) appended to `saturated` when given."""
-    model, tokenizer = base.model_of(key[0])
+    model, tokenizer = common.model_of(key[0])
     if case is not None:
-        model = base.windowed(model, case)
+        model = common.windowed(model, case)
     got = []
-    for p in prompts_of(*key):
+    for p in common.prompts_of(*key):
         capacity = len(p.tokens) + p.gen_tokens  # a window layer's ring: one prefill ubatch
         cache = make_cache(spec, model.config, capacity, kernel, tile_kv, max_step=UBATCH)
         got.append(retrieval.greedy_answer(model, cache, tokenizer, p, key[1], UBATCH))
@@ -78,18 +63,6 @@ def reference_answers(*key) -> tuple[tuple, float]:
     return got, m.wall_s
 
 
-def answer_fields(task: str, texts: list[str], ref_texts: list[str], truth: list[str]) -> dict:
-    """A retrieval row's columns: the summary of the answers read from the continuations
-    (retrieval.summarize) and every trial's continuation text, a JSON list (`answer_texts`)."""
-    got = [retrieval.extract(task, t) for t in texts]
-    ref = [retrieval.extract(task, t) for t in ref_texts]
-    row = retrieval.summarize(task, got, ref, truth)
-    n = row["n_trials"]
-    row["accuracy_lo"], row["accuracy_hi"] = wilson(row["n_correct"], n)
-    row["ref_agree_lo"], row["ref_agree_hi"] = wilson(row["n_ref_agree"], n)
-    return {**row, "answer_texts": json.dumps(texts)}
-
-
 def retrieval_state(case: Case) -> State:
     def check() -> dict:
         key = (case.model, case.task, case.context_len, case.depth, case.trials, case.seed)
@@ -97,22 +70,22 @@ def retrieval_state(case: Case) -> State:
         spec, sat = spec_of(case), []
         with meter.metered() as m:
             got = answers(key, spec, case.kernel, case.tile_kv, case, sat)
-        truth = [p.answer for p in prompts_of(*key)]
-        row = answer_fields(case.task, got, list(ref), truth)
-        row["prompt_tokens"] = max(len(p.tokens) for p in prompts_of(*key))
+        truth = [p.answer for p in common.prompts_of(*key)]
+        row = common.answer_fields(case.task, got, list(ref), truth)
+        row["prompt_tokens"] = max(len(p.tokens) for p in common.prompts_of(*key))
         row |= {"kv_saturated": sum(sat)} if spec.saturates else {}
-        return {**row, **m.fields(), "ref_wall_s": ref_s, "ubatch": base.ubatch_of(case)}
+        return {**row, **m.fields(), "ref_wall_s": ref_s, "ubatch": common.ubatch_of(case)}
 
-    return State({}, check, traffic=(0, 0), kv_bytes=base.kv_bytes(case),
-                 bits_per_elem=base.bits_per_elem(case),
-                 effective=base.effective(case))  # fmt: skip
+    return State({}, check, traffic=(0, 0), kv_bytes=common.model_kv_bytes(case),
+                 bits_per_elem=common.model_bits_per_elem(case),
+                 effective=common.model_effective(case))  # fmt: skip
 
 
 @lru_cache(maxsize=8)
 def generate_reference(name: str, text: str, context_len: int, n_chunks: int, n_new: int):
     """The chunks, the float32 cache's continuations and the wall seconds these took."""
-    model, _ = base.model_of(name)
-    chunks = base.chunks_of(name, text, context_len, n_chunks)
+    model, _ = common.model_of(name)
+    chunks = common.chunks_of(name, text, context_len, n_chunks)
     with meter.metered() as m:
         refs = [generate.reference(model, c, n_new, UBATCH) for c in chunks]
     return chunks, refs, m.wall_s
@@ -120,7 +93,7 @@ def generate_reference(name: str, text: str, context_len: int, n_chunks: int, n_
 
 def generate_state(case: Case) -> State:
     def check() -> dict:
-        model = base.windowed(base.model_of(case.model)[0], case)
+        model = common.windowed(common.model_of(case.model)[0], case)
         chunks, refs, ref_s = generate_reference(case.model, case.text, case.context_len,
                                                  case.chunks, case.gen_tokens)  # fmt: skip
         with meter.metered() as m:
@@ -128,13 +101,13 @@ def generate_state(case: Case) -> State:
                 model, chunks, refs, spec_of(case), case.gen_tokens, case.kernel, case.tile_kv,
                 case.quantized_kv_start, UBATCH,
             )  # fmt: skip
-        bos = base.chunk_bos(case.model) is not None
+        bos = common.chunk_bos(case.model) is not None
         return {**row, **m.fields(), "ref_wall_s": ref_s, "chunk_bos": bos,
-                "ubatch": base.ubatch_of(case)}  # fmt: skip
+                "ubatch": common.ubatch_of(case)}  # fmt: skip
 
-    return State({}, check, traffic=(0, 0), kv_bytes=base.kv_bytes(case),
-                 bits_per_elem=base.bits_per_elem(case),
-                 effective=base.effective(case))  # fmt: skip
+    return State({}, check, traffic=(0, 0), kv_bytes=common.model_kv_bytes(case),
+                 bits_per_elem=common.model_bits_per_elem(case),
+                 effective=common.model_effective(case))  # fmt: skip
 
 
 def build(case: Case) -> State:

@@ -30,8 +30,7 @@ from dataclasses import dataclass
 import mlx.core as mx
 
 from kvbench.case import Case
-from kvbench.engines import cache as cache_engine
-from kvbench.engines import metrics, streams
+from kvbench.engines import common, metrics
 from kvbench.engines.contract import State, memory_baseline
 from kvbench.engines.parity import compare_outputs, parity_gate
 from kvbench.kernels.attention.registry import KERNELS
@@ -60,7 +59,7 @@ def skip_reason(case: Case, backend: str) -> str | None:
     if case.kernel in ("metal", "cuda"):
         why = "has no block-table input yet" if case.page_read == "table" else "takes no mask"
         return f"kernel {case.kernel} {why}: paged runs with kernel sdpa or tiled"
-    return streams.skip_reason(case, backend)
+    return common.workload_skip_reason(case, backend)
 
 
 @dataclass
@@ -76,7 +75,7 @@ class Run:
     def __init__(self, case: Case, tables, n_layers: int):
         self.case, self.fmt = case, resolved.of_case(case).k_fmt
         q32, k_tab, v_tab = tables
-        self.layout, self.rp = build_paged(streams.workload_of(case), case.page_size)
+        self.layout, self.rp = build_paged(common.workload_of(case), case.page_size)
         self.baseline = memory_baseline()
         lay = self.layout
         self.store = PagedStore(lay, self.fmt, n_layers, case.n_kv_heads, case.head_dim)
@@ -186,24 +185,24 @@ def effective(case: Case) -> dict:
     if case.page_read == "table":
         pages = pages_per_tile(case.tile_kv, case.page_size, DEFAULT_TILE_KV)
         return {"tile_kv": pages * case.page_size}
-    return cache_engine.effective(case)
+    return common.effective(case)
 
 
 def build(case: Case) -> State:
     fmt = resolved.of_case(case).k_fmt
-    tables = streams.make_tables(case, streams.workload_of(case).n_tokens)
+    tables = common.make_tables(case, common.workload_of(case).n_tokens)
     run = Run(case, tables, case.n_layers)
-    stages = streams.layered_stages(run, run.build_inputs, run.inputs)
+    stages = common.layered_stages(run, run.build_inputs, run.inputs)
 
     def check() -> dict:
         mx.eval(stages["step"]())
         out = run.output(0)
-        ref = streams.sequence_reference(case, run.rp, tables, fmt)
+        ref = common.sequence_reference(case, run.rp, tables, fmt)
         parity_gate(f"{case.kernel} (paged, {case.page_read})", out, ref, fmt.compute_dtype)
-        exact = streams.sequence_reference(case, run.rp, tables, get_format("fp32"))
-        sat = streams.stored_saturated(fmt, run.layout.token, tables)  # [n_pages, page] ids
+        exact = common.sequence_reference(case, run.rp, tables, get_format("fp32"))
+        sat = common.stored_saturated(fmt, run.layout.token, tables)  # [n_pages, page] ids
         return compare_outputs(out, exact) | sat
 
     row = counts(case, run)
     traffic_bytes = traffic(case, run, row["bytes_touched"])
-    return streams.workload_state(run, stages, check, row, traffic_bytes, effective(case))
+    return common.workload_state(run, stages, check, row, traffic_bytes, effective(case))

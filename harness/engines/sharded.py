@@ -42,8 +42,7 @@ from pathlib import Path
 import mlx.core as mx
 
 from kvbench.case import Case
-from kvbench.engines import cache as cache_engine
-from kvbench.engines import metrics
+from kvbench.engines import common, metrics
 from kvbench.engines.contract import JobResult, State
 from kvbench.engines.parity import ParityError
 from kvbench.kernels.attention.sharded import sent_bytes, split_bounds
@@ -93,7 +92,8 @@ def skip_reason(case: Case, backend: str) -> str | None:
         n = hostfile_ranks(hostfile)
         names = "no readable host list" if n is None else f"{n} hosts"
         return f"KVBENCH_LAUNCH_HOSTFILE={hostfile} has {names}, the case {case.shards} shards"
-    return cache_engine.skip_reason(case, backend)
+    problem = common.problem_of(case, resolved.of_case(case).k_fmt)
+    return common.kernel_reason(case, backend, problem)
 
 
 def rank_bytes(case: Case, fmt) -> int:

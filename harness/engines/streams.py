@@ -23,7 +23,6 @@ Counting (docs/streams.md): cells per layer; bytes = 2 (K, V) x n_layers x forma
 
 from __future__ import annotations
 
-import dataclasses
 import math
 from dataclasses import dataclass
 
@@ -31,17 +30,14 @@ import mlx.core as mx
 import numpy as np
 
 from kvbench.case import Case
-from kvbench.engines import cache as cache_engine
-from kvbench.engines import metrics
+from kvbench.engines import common, metrics
 from kvbench.engines.contract import State, memory_baseline
 from kvbench.engines.parity import compare_outputs, parity_gate
-from kvbench.kernels.attention.gpu.launch import Problem
-from kvbench.kernels.attention.registry import KERNELS, reference
-from kvbench.kernels.data import make_qkv
+from kvbench.kernels.attention.registry import KERNELS
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.stores.footprint import row_bytes
-from kvbench.kernels.stores.layouts import KV_PAD, Layout, LayoutStore, cells_from_tokens
-from kvbench.kernels.stores.workloads import Replay, Workload, build_layout
+from kvbench.kernels.stores.layouts import KV_PAD, Layout, LayoutStore
+from kvbench.kernels.stores.workloads import Replay, build_layout
 from kvbench.suite import resolved
 
 
@@ -50,25 +46,7 @@ def claims(case: Case) -> bool:
     return case.layout == "unified" or case.workload != "none"
 
 
-def call_problem(case: Case, fmt) -> Problem:
-    """The shape of one attention call of the case (as plan_calls makes them): one sequence at
-    a time, or a unified buffer whose n_seqs queries are query rows of one call."""
-    problem = cache_engine.problem_of(case, fmt)  # kv_len is nominal for workloads
-    if case.decode_order == "sequential":
-        return dataclasses.replace(problem, n_seqs=1)
-    if case.layout == "unified":
-        return dataclasses.replace(problem, n_seqs=1, q_len=case.n_seqs)
-    return problem
-
-
-def skip_reason(case: Case, backend: str) -> str | None:
-    """The cache engine's kernels, asked about the streams' call shapes."""
-    fmt = resolved.of_case(case).k_fmt
-    return cache_engine.kernel_reason(case, backend, call_problem(case, fmt))
-
-
-def workload_of(case: Case) -> Workload:
-    return Workload(case.n_seqs, case.context_len, case.prefix_len, case.decode_order, case.churn)
+skip_reason = common.workload_skip_reason
 
 
 @dataclass
@@ -115,7 +93,7 @@ class Run:
     def __init__(self, case: Case, kind: str, tables, n_layers: int):
         self.case, self.fmt = case, resolved.of_case(case).k_fmt
         q32, k_tab, v_tab = tables
-        self.layout, self.rp = build_layout(workload_of(case), kind, KV_PAD)  # host metadata
+        self.layout, self.rp = build_layout(common.workload_of(case), kind, KV_PAD)  # host metadata
         self.baseline = memory_baseline()
         self.store = LayoutStore(self.layout, self.fmt, n_layers, case.n_kv_heads, case.head_dim)
         mx.eval(self.store.arrays())
@@ -161,40 +139,6 @@ class Run:
         return per_sequence(self.attend(layer, self.masks), self.layout, self.case.decode_order)
 
 
-def make_tables(case: Case, n_tokens: int):
-    """q32 [S, Hq, 1, D] and K/V tables [1, Hkv, n_tokens, D] (float32, by token id)."""
-    tables = make_qkv(
-        case.kv_data,
-        (case.n_seqs, case.n_q_heads, 1, case.head_dim),
-        (1, case.n_kv_heads, n_tokens, case.head_dim),
-        case.seed,
-    )
-    mx.eval(tables)
-    return tables
-
-
-def sequence_reference(case: Case, rp: Replay, tables, fmt) -> mx.array:
-    """[S, Hq, 1, D]: each sequence attends over exactly its own tokens' K/V (in fmt)."""
-    q32, k_tab, v_tab = tables
-    scale = 1.0 / math.sqrt(case.head_dim)
-    outs = []
-    for s, toks in enumerate(rp.seq_tokens):
-        idx = mx.array(toks)
-        k, v = (fmt.encode(mx.take(tab, idx, axis=2)) for tab in (k_tab, v_tab))
-        outs.append(reference(q32[s : s + 1], k, v, fmt, scale=scale))
-    return mx.concatenate(outs, axis=0)
-
-
-def stored_saturated(fmt, tokens, tables) -> dict:
-    """kv_saturated: elements of layer 0's K and V the format stores as its largest value
-    (FP8), over the cells of token ids `tokens` [S, L] (-1 empty) as the fill encoded them from
-    the float32 tables: every occupied cell once (a shared prefix once), the step's tokens
-    included (their cells are in the replay). {} for a format that does not saturate."""
-    _, k_tab, v_tab = tables
-    cells = [cells_from_tokens(tokens, tab) for tab in (k_tab, v_tab)]  # [S, Hkv, L, D] each
-    return cache_engine.saturated(fmt, *cells)
-
-
 def counts(case: Case, run: Run) -> dict:
     """The row's cell and byte counts (docs/streams.md)."""
     lay, fmt = run.layout, run.fmt
@@ -226,65 +170,24 @@ def traffic(case: Case, run: Run, touched: int) -> tuple[int, int]:
     return touched + case.n_layers * per_layer_read, case.n_layers * per_layer_written
 
 
-def layered_stages(run, build_inputs, inputs) -> dict:
-    """A many-sequence step over `run`'s store, layer by layer: mask (building the step's
-    masks or block-table inputs), write (every layer's new K/V), attend (every layer, with
-    `inputs` built once) and step (all three, the inputs built anew)."""
-    n_layers = run.store.n_layers
-
-    def write() -> list[mx.array]:
-        for layer in range(n_layers):
-            run.write(layer)
-        return run.store.arrays()
-
-    def attend() -> list[mx.array]:
-        return [o for layer in range(n_layers) for o in run.attend(layer, inputs)]
-
-    def step() -> list[mx.array]:
-        fresh, outs = build_inputs(), []
-        for layer in range(n_layers):
-            run.write(layer)
-            outs += run.attend(layer, fresh)
-        return outs + run.store.arrays()
-
-    return {"step": step, "write": write, "mask": build_inputs, "attend": attend}
-
-
-def workload_state(run, stages, check, row: dict, traffic_bytes, effective: dict) -> State:
-    """The State of a many-sequence case: its counts as row fields, and as kv_bytes the K/V
-    the workload holds (its occupied cells), not n_seqs x context_len: a shared prefix is
-    stored once, finished sequences are gone."""
-    return State(
-        stages,
-        check,
-        traffic=traffic_bytes,
-        kv_bytes=row["bytes_used"],
-        alloc_bytes=run.alloc_bytes,
-        baseline_bytes=run.baseline,
-        cache=run.store.arrays,
-        effective=effective,
-        extra=row,
-    )
-
-
 def build(case: Case) -> State:
     fmt = resolved.of_case(case).k_fmt
-    tables = make_tables(case, workload_of(case).n_tokens)
+    tables = common.make_tables(case, common.workload_of(case).n_tokens)
     run = Run(case, case.layout, tables, case.n_layers)
-    stages = layered_stages(run, run.build_masks, run.masks)
+    stages = common.layered_stages(run, run.build_masks, run.masks)
 
     def check() -> dict:
         mx.eval(stages["step"]())
         out = run.output(0)
         act = fmt.compute_dtype
-        parity_gate(case.kernel, out, sequence_reference(case, run.rp, tables, fmt), act)
+        parity_gate(case.kernel, out, common.sequence_reference(case, run.rp, tables, fmt), act)
         other = "unified" if case.layout == "per-stream" else "per-stream"
         twin = Run(case, other, tables, 1)
         parity_gate(f"{case.kernel} ({other} layout)", out, twin.output(0), act)
-        exact = sequence_reference(case, run.rp, tables, get_format("fp32"))
+        exact = common.sequence_reference(case, run.rp, tables, get_format("fp32"))
         tokens = np.stack([st.token for st in run.layout.streams])  # [n_stream, size]
-        return compare_outputs(out, exact) | stored_saturated(fmt, tokens, tables)
+        return compare_outputs(out, exact) | common.stored_saturated(fmt, tokens, tables)
 
     row = counts(case, run)
     traffic_bytes = traffic(case, run, row["bytes_touched"])
-    return workload_state(run, stages, check, row, traffic_bytes, cache_engine.effective(case))
+    return common.workload_state(run, stages, check, row, traffic_bytes, common.effective(case))

@@ -28,11 +28,10 @@ import mlx.core as mx
 import numpy as np
 
 from kvbench.case import Case
-from kvbench.engines import cache as cache_engine
-from kvbench.engines import metrics
+from kvbench.engines import common, metrics
 from kvbench.engines.contract import State, memory_baseline
 from kvbench.engines.parity import compare_outputs, parity_gate, recon_err
-from kvbench.kernels.attention.registry import KERNELS, reference
+from kvbench.kernels.attention.registry import KERNELS, reference, unsupported_reason
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.stores.cache import ALL, KVStore
@@ -48,12 +47,12 @@ def claims(case: Case) -> bool:
 def skip_reason(case: Case, backend: str) -> str | None:
     """The cache engine's kernels, asked about a call over the ring's cells."""
     fmt = resolved.of_case(case).k_fmt
-    problem = cache_engine.problem_of(case, fmt)
+    problem = common.problem_of(case, fmt)
     ring = case.sink_tokens + case.window
     problem = dataclasses.replace(problem, kv_len=ring)
     if case.kernel in ("metal", "cuda") and case.context_len < ring:
         return f"kernel {case.kernel} takes no mask array: the ring is not full at this context"
-    return cache_engine.unsupported_reason(case.kernel, fmt, backend, problem, case.tile_kv)
+    return unsupported_reason(case.kernel, fmt, backend, problem, case.tile_kv)
 
 
 def filled_ring(case: Case) -> Ring:
@@ -172,7 +171,7 @@ def build(case: Case) -> State:
         exact = reference(q32, {"data": k0}, {"data": v0}, dense, scale=scale)
         decoded = tuple(fmt.decode(x, mx.float32) for x in (ks, vs))
         # FP8: what layer 0's ring holds after the step (each cell's last position)
-        sat = cache_engine.saturated(fmt, cells_of(k_act, ring.pos), cells_of(v_act, ring.pos))
+        sat = common.saturated(fmt, cells_of(k_act, ring.pos), cells_of(v_act, ring.pos))
         return {**compare_outputs(out, exact), "kv_recon_err": recon_err(decoded, (k0, v0))} | sat
 
     row = counts(case, ring, fmt)
@@ -184,6 +183,6 @@ def build(case: Case) -> State:
         alloc_bytes=alloc,
         baseline_bytes=baseline,
         cache=store.arrays,
-        effective=cache_engine.effective(case),
+        effective=common.effective(case),
         extra=row,
     )

@@ -25,7 +25,7 @@ import mlx.core as mx
 from gates.cuda_wrap import Call, dtype_name
 from kvbench.case import Case
 from kvbench.engines import skip_reason
-from kvbench.engines.streams import call_problem
+from kvbench.engines.common import call_problem
 from kvbench.kernels.attention.gpu import kernels as gpu_kernels
 from kvbench.kernels.attention.registry import KERNELS
 from kvbench.kernels.formats.registry import get_format
