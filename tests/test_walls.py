@@ -380,3 +380,48 @@ def test_the_rooms_exist_with_a_docstring():
         mod = importlib.import_module(f"kvbench.kernels.{room}")
         assert mod.__doc__ and len(mod.__doc__) > 40, room
     assert importlib.import_module("kvbench.peers").__doc__
+
+
+# Inside engines/, no engine imports another (#41): what two engines share stands on a lower
+# floor (contract, metrics, parity, model_step; then common, residency), the engines above it,
+# the registry on top. The same rule as the model room: a module imports only lower floors.
+ENGINE_FLOORS = {
+    "contract": 0, "metrics": 0, "parity": 0, "model_step": 0,
+    "common": 1, "residency": 1,
+    "cache": 2, "streams": 2, "paged": 2, "window": 2, "edits": 2, "peers": 2, "model": 2,
+    "model_tasks": 2, "llamacpp": 2, "sharded": 2, "sharded_rank": 2,
+}  # fmt: skip
+ENGINES = "kvbench.engines"
+
+
+def against_the_engine_floors(root: Path = ROOT) -> list[tuple[str, str]]:
+    bad = []
+    for mod in modules_of(importlib.import_module(ENGINES))[1:]:
+        here = ENGINE_FLOORS[mod.rsplit(".", 1)[1]]
+        for imp in imports_of(mod, root):
+            name = imp[len(ENGINES) + 1 :].split(".")[0] if imp.startswith(ENGINES + ".") else ""
+            if name in ENGINE_FLOORS and ENGINE_FLOORS[name] >= here and imp != mod:
+                bad.append((mod, imp))
+    return sorted(bad)
+
+
+def test_every_engine_module_stands_on_a_floor():
+    names = {m.rsplit(".", 1)[1] for m in modules_of(importlib.import_module(ENGINES))[1:]}
+    assert names == set(ENGINE_FLOORS)
+
+
+def test_no_engine_imports_another_engine():
+    assert against_the_engine_floors() == []
+
+
+def test_a_planted_engine_to_engine_import_is_caught(tmp_path):
+    shutil.copytree(ROOT / "harness", tmp_path / "harness", ignore=IGNORE)
+    engines = [n for n, f in ENGINE_FLOORS.items() if f == max(ENGINE_FLOORS.values())]
+    planted = []
+    for i, name in enumerate(engines):  # each engine imports the next one (both forms)
+        other = engines[(i + 1) % len(engines)]
+        line = f"from {ENGINES} import {other}" if i % 2 else f"from {ENGINES}.{other} import x"
+        with module_file(f"{ENGINES}.{name}", tmp_path).open("a") as f:
+            f.write(f"\n{line}  # planted\n")
+        planted.append(f"{ENGINES}.{name}")
+    assert sorted({m for m, _ in against_the_engine_floors(tmp_path)}) == sorted(planted)

@@ -20,7 +20,7 @@ import mlx.core as mx
 
 from kvbench.case import Case
 from kvbench.engines import common, metrics
-from kvbench.engines.contract import State, memory_baseline
+from kvbench.engines.contract import State, allocated
 from kvbench.engines.parity import compare_outputs, parity_gate, recon_err
 from kvbench.kernels.attention.gpu import device as gpu_device
 from kvbench.kernels.attention.gpu import launch
@@ -95,12 +95,8 @@ def build(case: Case) -> State:
     act = fmt.compute_dtype
     q, k_act, v_act = q32.astype(act), k32.astype(act), v32.astype(act)
     mx.eval(q32, k32, v32, q, k_act, v_act)
-    baseline = memory_baseline()
-    cache = KVCache(
-        fmt, case.n_layers, case.n_seqs, case.n_kv_heads, case.context_len, case.head_dim
-    )
-    mx.eval(cache.arrays())
-    alloc = mx.get_active_memory() - baseline
+    shape = (case.n_layers, case.n_seqs, case.n_kv_heads, case.context_len, case.head_dim)
+    cache, baseline, alloc = allocated(lambda: KVCache(fmt, *shape))
     pos = case.context_len - lq  # decode: L-1 prefilled positions; prefill: none
     rk, rv = case.rotate_k, case.rotate_v
     bk, bv = rotation_blocks(case)

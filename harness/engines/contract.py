@@ -16,7 +16,7 @@ import functools
 import gc
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import NamedTuple
+from typing import NamedTuple, TypeVar
 
 import mlx.core as mx
 
@@ -110,3 +110,23 @@ def memory_baseline() -> int:
     baseline = mx.get_active_memory()
     mx.reset_peak_memory()
     return baseline
+
+
+def active_above(baseline: int) -> int:
+    """Active memory above `baseline`, after everything queued has run: the one measurement of
+    what a case holds (alloc_bytes here, resident bytes in engines/residency.py)."""
+    mx.synchronize()
+    return mx.get_active_memory() - baseline
+
+
+Made = TypeVar("Made")
+
+
+def allocated(make: Callable[[], Made]) -> tuple[Made, int, int]:
+    """(make()'s store, the baseline taken before it, alloc_bytes): the store's arrays
+    evaluated (zeroed, not yet filled) and the growth of active memory they caused. Every
+    engine's alloc_bytes comes from here; `make` returns an object with `arrays()`."""
+    baseline = memory_baseline()
+    made = make()
+    mx.eval(made.arrays())
+    return made, baseline, active_above(baseline)

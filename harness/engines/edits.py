@@ -28,7 +28,7 @@ import numpy as np
 
 from kvbench.case import Case
 from kvbench.engines import common, metrics
-from kvbench.engines.contract import State, memory_baseline
+from kvbench.engines.contract import State, allocated
 from kvbench.engines.parity import compare_outputs, parity_gate
 from kvbench.kernels.attention.registry import KERNELS, reference
 from kvbench.kernels.formats.registry import get_format
@@ -81,10 +81,9 @@ class Run:
         q32, k_tab, v_tab = tables
         self.layout, _ = build_layout(common.workload_of(case), "unified", KV_PAD)
         self.cells = self.layout.streams[0]
-        self.baseline = memory_baseline()
-        self.store = LayoutStore(self.layout, self.fmt, n_layers, case.n_kv_heads, case.head_dim)
-        mx.eval(self.store.arrays())
-        self.alloc_bytes = mx.get_active_memory() - self.baseline
+        shape = (n_layers, case.n_kv_heads, case.head_dim)
+        made = allocated(lambda: LayoutStore(self.layout, self.fmt, *shape))
+        self.store, self.baseline, self.alloc_bytes = made
         act, tok = self.fmt.compute_dtype, self.cells.token[None]  # [1, size]
         k = rope(cells_from_tokens(tok, k_tab), np.maximum(self.cells.pos, 0), case.rope_theta)
         self.store.put_every_layer((ALL, ALL, ALL), k.astype(act), cells_from_tokens(tok, v_tab))

@@ -31,7 +31,7 @@ import mlx.core as mx
 
 from kvbench.case import Case
 from kvbench.engines import common, metrics
-from kvbench.engines.contract import State, memory_baseline
+from kvbench.engines.contract import State, allocated
 from kvbench.engines.parity import compare_outputs, parity_gate
 from kvbench.kernels.attention.registry import KERNELS
 from kvbench.kernels.attention.tiled import DEFAULT_TILE_KV
@@ -76,11 +76,9 @@ class Run:
         self.case, self.fmt = case, resolved.of_case(case).k_fmt
         q32, k_tab, v_tab = tables
         self.layout, self.rp = build_paged(common.workload_of(case), case.page_size)
-        self.baseline = memory_baseline()
-        lay = self.layout
-        self.store = PagedStore(lay, self.fmt, n_layers, case.n_kv_heads, case.head_dim)
-        mx.eval(self.store.arrays())
-        self.alloc_bytes = mx.get_active_memory() - self.baseline
+        shape = (n_layers, case.n_kv_heads, case.head_dim)
+        made = allocated(lambda: PagedStore(self.layout, self.fmt, *shape))
+        self.store, self.baseline, self.alloc_bytes = made
         self.store.fill(k_tab, v_tab)
         q = q32.astype(self.fmt.compute_dtype)
         self.calls = self._plan_calls(q)

@@ -17,6 +17,8 @@ from __future__ import annotations
 import mlx.core as mx
 import numpy as np
 
+from kvbench.engines.contract import active_above
+
 # resident bytes may fall short of the declared bytes by this fraction before the gate fails:
 # MLX's allocator never rounds an allocation down, so an honest cache is at or above its bytes;
 # the slack only absorbs a measurement taken while a small temporary was being freed
@@ -35,8 +37,7 @@ def declared_bytes(arrays: list[mx.array]) -> int:
 
 def resident_bytes(baseline: int) -> int:
     """Active memory above `baseline`, after everything queued has run."""
-    mx.synchronize()
-    return mx.get_active_memory() - baseline
+    return active_above(baseline)
 
 
 def _span(a: mx.array) -> tuple[int, int] | None:

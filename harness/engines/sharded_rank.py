@@ -40,7 +40,7 @@ import mlx.core as mx
 from kvbench import timer
 from kvbench.case import Case
 from kvbench.engines import residency
-from kvbench.engines.contract import memory_baseline
+from kvbench.engines.contract import allocated
 from kvbench.engines.parity import compare_outputs, parity_gate, recon_err
 from kvbench.kernels.attention.registry import reference
 from kvbench.kernels.attention.sharded import (
@@ -95,10 +95,8 @@ class Rank:
         v = self.v32[:, h0:h1, p0:p1].astype(act)
         mx.eval(self.q, k, v)
         self.local_kv = (k, v)  # alive while measuring: the baseline below counts them
-        self.baseline = memory_baseline()
-        self.cache = KVCache(fmt, case.n_layers, b, h1 - h0, p1 - p0, d)
-        mx.eval(self.cache.arrays())
-        self.alloc_bytes = mx.get_active_memory() - self.baseline
+        shape = (case.n_layers, b, h1 - h0, p1 - p0, d)
+        self.cache, self.baseline, self.alloc_bytes = allocated(lambda: KVCache(fmt, *shape))
         held = p1 - p0 - (1 if part.owns_new else 0)
         self.cache.fill(k[:, :, :held], v[:, :, :held])  # every layer its own buffer
         self.k_new, self.v_new, self.pos = k[:, :, held:], v[:, :, held:], held

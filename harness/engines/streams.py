@@ -31,7 +31,7 @@ import numpy as np
 
 from kvbench.case import Case
 from kvbench.engines import common, metrics
-from kvbench.engines.contract import State, memory_baseline
+from kvbench.engines.contract import State, allocated
 from kvbench.engines.parity import compare_outputs, parity_gate
 from kvbench.kernels.attention.registry import KERNELS
 from kvbench.kernels.formats.registry import get_format
@@ -94,10 +94,9 @@ class Run:
         self.case, self.fmt = case, resolved.of_case(case).k_fmt
         q32, k_tab, v_tab = tables
         self.layout, self.rp = build_layout(common.workload_of(case), kind, KV_PAD)  # host metadata
-        self.baseline = memory_baseline()
-        self.store = LayoutStore(self.layout, self.fmt, n_layers, case.n_kv_heads, case.head_dim)
-        mx.eval(self.store.arrays())
-        self.alloc_bytes = mx.get_active_memory() - self.baseline
+        shape = (n_layers, case.n_kv_heads, case.head_dim)
+        made = allocated(lambda: LayoutStore(self.layout, self.fmt, *shape))
+        self.store, self.baseline, self.alloc_bytes = made
         self.store.fill(k_tab, v_tab)
         q = q32.astype(self.fmt.compute_dtype)
         self.calls = plan_calls(self.layout, self.rp, q, case.decode_order)

@@ -29,7 +29,7 @@ import numpy as np
 
 from kvbench.case import Case
 from kvbench.engines import common, metrics
-from kvbench.engines.contract import State, memory_baseline
+from kvbench.engines.contract import State, allocated
 from kvbench.engines.parity import compare_outputs, parity_gate, recon_err
 from kvbench.kernels.attention.registry import KERNELS, reference, unsupported_reason
 from kvbench.kernels.data import make_qkv
@@ -118,10 +118,8 @@ def build(case: Case) -> State:
     q, k_act, v_act = q32.astype(act), k32.astype(act), v32.astype(act)
     mx.eval(q32, k32, v32, q, k_act, v_act)
     ring = filled_ring(case)
-    baseline = memory_baseline()
-    store = KVStore(fmt, case.n_layers, case.n_seqs, case.n_kv_heads, ring.size, case.head_dim)
-    mx.eval(store.arrays())
-    alloc = mx.get_active_memory() - baseline
+    shape = (case.n_layers, case.n_seqs, case.n_kv_heads, ring.size, case.head_dim)
+    store, baseline, alloc = allocated(lambda: KVStore(fmt, *shape))
     store.put_every_layer((ALL, ALL, ALL), cells_of(k_act, ring.pos), cells_of(v_act, ring.pos))
     cell = int(ring.write(1)[0])  # the timed step's position L-1
     index = (ALL, ALL, slice(cell, cell + 1))
