@@ -5,11 +5,12 @@ from __future__ import annotations
 from kvbench.kernels.attention.registry import KERNELS, unsupported_reason
 from kvbench.kernels.data import KV_DATA
 from kvbench.kernels.formats.registry import FORMATS, get_format
+from kvbench.kernels.stores.footprint import LAYOUTS
 from kvbench.peers.registry import PEERS, missing_reason
 from kvbench.run.bandwidth import peak_read_bandwidth
 from kvbench.run.context import backend_name, run_context
 from kvbench.suite.presets import PRESETS
-from kvbench.suite.validate import DECODE_ORDERS, LAYOUTS, WORKLOADS
+from kvbench.suite.validate import DECODE_ORDERS, WORKLOADS
 
 
 def inventory() -> str:

@@ -42,14 +42,14 @@ from dataclasses import asdict, dataclass
 from kvbench.errors import UserError
 from kvbench.kernels.attention.sharded import BY, split_bounds, split_reason
 from kvbench.kernels.formats import fp8
+from kvbench.kernels.formats.protocol import row_parts
 from kvbench.kernels.formats.registry import FORMATS, get_format
-from kvbench.kernels.stores.footprint import LayoutArgs, cache_bytes, row_bytes
+from kvbench.kernels.stores.footprint import LAYOUTS, LayoutArgs, cache_bytes, row_bytes
 from kvbench.kernels.stores.layouts import KV_PAD
 from kvbench.kernels.stores.paged import PAGE_SIZES
 from kvbench.suite import resolved
 from kvbench.suite.presets import PRESETS
 
-LAYOUTS = ("per-stream", "unified", "paged", "window")
 MAX_CONTEXT = 2**40  # the budget search stops here: a layout that still fits fits any context
 UNITS = {"": 1, "B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
 UNITS |= {"KIB": 2**10, "MIB": 2**20, "GIB": 2**30, "TIB": 2**40}
@@ -191,20 +191,6 @@ def _format(kv_dtype: str, group_size: int | None, head_dim: int, fp8_scale="one
 
 # what each stored array is in the plan's split; any other name is code data (ggml's q5 fifth
 # bits `high`, TurboQuant's `codes` and QJL `signs`)
-PART_ROLE = {"scales": "scales", "norms": "scales", "rnorms": "scales", "biases": "biases",
-             "mins": "biases"}  # fmt: skip
-
-
-def row_parts(fmt, head_dim: int) -> dict:
-    """Bytes of one row (one position x one head) by role: data, scales, biases (every stored
-    array counted once: their sum is the format's nbytes)."""
-    parts = {"data": 0, "scales": 0, "biases": 0}
-    for name, a in fmt.alloc((1, 1, 1, head_dim)).items():  # lazy: nothing is allocated
-        parts[PART_ROLE.get(name, "data")] += a.nbytes
-    assert sum(parts.values()) == fmt.nbytes(1, head_dim), "alloc disagrees with nbytes"
-    return parts
-
-
 def check_layout(layout: str, la: LayoutArgs) -> None:
     """The layout's own arguments, and no others."""
     if layout not in LAYOUTS:

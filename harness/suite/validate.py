@@ -23,7 +23,7 @@ from kvbench.kernels.model.retrieval import TASKS as RETRIEVAL_TASKS
 from kvbench.kernels.model.source import HF_ID, is_path_like
 from kvbench.kernels.model.spec import AXES as K_AXES
 from kvbench.kernels.model.spec import Q_QUANTS
-from kvbench.kernels.stores.layouts import LAYOUT_KINDS
+from kvbench.kernels.stores.footprint import LAYOUTS
 from kvbench.kernels.stores.paged import PAGE_SIZES
 from kvbench.kernels.stores.workloads import ORDERS
 from kvbench.peers.llamacpp_weights import PEER_WEIGHTS
@@ -33,7 +33,6 @@ from kvbench.suite.presets import PRESETS
 
 PHASES = ("decode", "prefill", *MODEL_PHASES)
 SEED_MAX = 2**64 - 1  # mx.random.key takes an unsigned 64-bit seed
-LAYOUTS = (*LAYOUT_KINDS, "paged", "window")  # paged, window: docs/layouts.md
 PAGE_READS = ("gather", "table")
 KV_EDITS = ("none", "shift", "self-extend", "defrag")
 WORKLOADS = ("none", "independent", "shared-prefix")

@@ -73,3 +73,19 @@ class Format(Protocol):
     def bits_per_elem(self, head_dim: int) -> float:
         """Exact stored bits per K/V element at `head_dim`, scales and biases included."""
         return 8 * self.nbytes(1, head_dim) / head_dim
+
+
+# the role of each stored array that is not data, by its name (any other array is data: codes,
+# ggml's high bits, TurboQuant's signs); `kvbench plan` and the format tests read it
+PART_ROLE = {"scales": "scales", "norms": "scales", "rnorms": "scales", "biases": "biases",
+             "mins": "biases"}  # fmt: skip
+
+
+def row_parts(fmt: Format, head_dim: int) -> dict:
+    """Bytes of one row (one position x one head) by role: data, scales, biases (every stored
+    array counted once: their sum is the format's nbytes)."""
+    parts = {"data": 0, "scales": 0, "biases": 0}
+    for name, a in fmt.alloc((1, 1, 1, head_dim)).items():  # lazy: nothing is allocated
+        parts[PART_ROLE.get(name, "data")] += a.nbytes
+    assert sum(parts.values()) == fmt.nbytes(1, head_dim), "alloc disagrees with nbytes"
+    return parts

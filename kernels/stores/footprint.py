@@ -23,12 +23,15 @@ class LayoutArgs:
     prefix: int = 0  # unified, paged: tokens of one prompt every sequence shares
 
 
+# the layouts' own table: its keys are the layout names everywhere (suite checks, `kvbench plan`,
+# `kvbench list`), so a layout is named once, here
 FOOTPRINTS = {
     "per-stream": lambda n, ctx, la: {"cells": per_stream_cells(n, ctx)},
     "unified": lambda n, ctx, la: {"cells": unified_cells(n, ctx, la.prefix)},
-    "window": lambda n, ctx, la: {"cells": window_cells(n, la.window, la.sinks)},
     "paged": lambda n, ctx, la: paged_counts(n, ctx, la.page_size, la.prefix),
+    "window": lambda n, ctx, la: {"cells": window_cells(n, la.window, la.sinks)},
 }
+LAYOUTS = tuple(FOOTPRINTS)
 
 
 def layout_counts(layout: str, n_seqs: int, ctx: int, la: LayoutArgs) -> dict:
