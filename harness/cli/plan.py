@@ -17,8 +17,12 @@ def add_parser(sub) -> argparse.ArgumentParser:
     plan.add_argument(
         "--n-q-heads", type=int, help="query heads (the guard's transients; default: GQA 1)"
     )
-    plan.add_argument("--context", type=int, help="context length in tokens")
-    plan.add_argument("--kv-dtype", default="fp16", help="cache format (default fp16)")
+    plan.add_argument("--context", help="context length in tokens (k/M/G: 32k = 32,768)")
+    plan.add_argument(
+        "--kv-dtype",
+        default="fp16",
+        help="cache format, or a comma list side by side with the saving (default fp16)",
+    )
     plan.add_argument("--group-size", type=int, help="scale group size (default: per row/mode)")
     plan.add_argument(
         "--fp8-scale",
@@ -44,13 +48,37 @@ def add_parser(sub) -> argparse.ArgumentParser:
 def run(args) -> int:
     from kvbench.run.memory import available_bytes
     from kvbench.suite.plan import LayoutArgs, make_plan, parse_size, render, resolve_shape, to_json
+    from kvbench.suite.plan_table import (
+        BASE,
+        formats_of,
+        header,
+        side_by_side,
+        tokens_of,
+        trained_note,
+    )
 
     shape = resolve_shape(args.model, args.n_layers, args.n_kv_heads, args.head_dim, args.n_q_heads)
     budget = parse_size(args.budget) if args.budget is not None else None
     la = LayoutArgs(args.page_size, args.window, args.sinks, args.prefix)
-    plan = make_plan(
-        shape, args.kv_dtype, args.group_size, args.n_seqs, args.context, budget, args.layout, la,
-        args.shards, args.shard_by, available_bytes(), args.fp8_scale,
-    )  # fmt: skip
-    print(to_json(plan) if args.json else render(plan))
+    context, formats = tokens_of(args.context), formats_of(args.kv_dtype)
+
+    def plan_of(kv_dtype: str):
+        return make_plan(
+            shape, kv_dtype, args.group_size, args.n_seqs, context, budget, args.layout, la,
+            args.shards, args.shard_by, available_bytes(), args.fp8_scale,
+        )  # fmt: skip
+
+    plans = [plan_of(f) for f in formats]
+    if args.json:
+        print(to_json(plans[0]) if len(plans) == 1 else "[" + ",\n".join(map(to_json, plans)) + "]")
+        return 0
+    if len(plans) == 1:
+        print(render(plans[0]))
+    else:
+        base = next((p for p in plans if p.kv_dtype == BASE), None) or plan_of(BASE)
+        print(header(plans[0]) + "\n" + side_by_side(plans, base))
+    longest = max((p.context_len or 0 for p in plans), default=0)
+    note = trained_note(shape.model, longest) if budget is not None else None
+    if note:
+        print(note)
     return 0

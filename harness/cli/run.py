@@ -6,13 +6,19 @@ import argparse
 
 from kvbench.cli.common import check_blas, say
 from kvbench.errors import UserError
+from kvbench.suite.cli_axes import add_axis_options
 
 NAME = "run"
 
 
 def add_parser(sub) -> argparse.ArgumentParser:
-    p = sub.add_parser(NAME, help="run a suite and write results/<run-id>.csv")
-    p.add_argument("suite", help="suite YAML file")
+    p = sub.add_parser(
+        NAME,
+        help="run a suite and write results/<run-id>.csv",
+        epilog="e.g. kvbench run --model smollm2-135m --phase quality --kv-dtype fp16,q8_0,q4_0 "
+        "--rotate none,hadamard --context 2k",
+    )
+    p.add_argument("suite", nargs="?", help="suite YAML file (optional with axis options)")
     p.add_argument("--out", default="results", help="output directory (default: results)")
     p.add_argument(
         "--filter",
@@ -27,6 +33,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="run part I of N (cost-balanced; every case in exactly one part: docs/distributed.md)",
     )
     p.add_argument("--device", choices=("cpu", "gpu"), help="MLX device (default: MLX's)")
+    add_axis_options(p)
     p.set_defaults(func=run)
     return p
 
@@ -66,9 +73,10 @@ def model_passes(cases) -> int:
 def _run(args) -> int:
     from kvbench.run.context import set_device
     from kvbench.run.session import run_suite
-    from kvbench.suite.suite import apply_filters, expand, load_suite
+    from kvbench.suite.cli_axes import suite_of
+    from kvbench.suite.suite import apply_filters, expand
 
-    suite = load_suite(args.suite)
+    suite = suite_of(args)
     cases = apply_filters(expand(suite), args.filter or [])
     if args.shard:
         from kvbench.suite.shard import parse_shard, shard_cases
@@ -94,7 +102,7 @@ def _run(args) -> int:
             )
         return 0
     if not cases:
-        raise UserError(f"{args.suite}: --filter: no case matches")
+        raise UserError(f"{suite.path}: --filter: no case matches")
     set_device(args.device)
     check_blas(say_notice=True)
     import pandas as pd

@@ -472,8 +472,9 @@ def _memory_lines(plan: Plan) -> list[str]:
     """The memory guard's view (harness/run/memory.py): what `kvbench run` would check."""
     r = plan.run_bytes
     lines = [
-        f"to run a decode case with {plan.n_q_heads} query heads (the memory guard of "
-        "`kvbench run`; harness/suite/resolved.py"
+        f"kvbench's own run of a decode case with {plan.n_q_heads} query heads, not what a "
+        "deployment needs (it adds a float32 source copy of K/V and the attention's "
+        "transients; the memory guard of `kvbench run`, harness/suite/resolved.py"
         + ("; the cache engine holds every layer whole" if plan.layer_positions else "")
         + "):",
         f"  planned {_human(r['total'])}  (cache {r['cache']:,} + source K/V {r['source']:,} "

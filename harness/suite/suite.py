@@ -199,7 +199,11 @@ def _load_exclude(path: str, raw) -> list:
 
 
 def load_suite(path: str | Path) -> Suite:
-    path = str(path)
+    return suite_from_raw(str(path), read_raw(str(path)))
+
+
+def read_raw(path: str) -> dict:
+    """A suite file's YAML as a mapping (SuiteError, one line, for anything else)."""
     _regular_file(path)
     text = read_text(
         path, error=SuiteError
@@ -214,7 +218,11 @@ def load_suite(path: str | Path) -> Suite:
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "-"
         raise SuiteError(path, where, f"invalid YAML: {getattr(e, 'problem', e)}") from None
-    raw = _need(path, "(top level)", raw, dict, "a mapping")
+    return _need(path, "(top level)", raw, dict, "a mapping")
+
+
+def suite_from_raw(path: str, raw: dict) -> Suite:
+    """A checked Suite from a suite's mapping (a file's, or the command line's: cli_axes.py)."""
     if not any(raw.get(k) for k in ("fixed", "sweep", "zip")):  # else: n_layers of model=custom
         raise SuiteError(path, "fixed", "the suite names no axes (fixed, sweep or zip): empty")
     for key in raw:
