@@ -191,14 +191,52 @@ def paired_token_ratio(
     ratio = stat(a.mean(), b.mean())
     if n < 2 or not math.isfinite(ratio):
         return ratio, math.nan, math.nan
-    block = block or token_block(n)
-    rng = np.random.default_rng(seed)
-    starts = rng.integers(0, n, size=(resamples, math.ceil(n / block)))
-    idx = ((starts[:, :, None] + np.arange(block)) % n).reshape(resamples, -1)[:, :n]
+    idx = block_resamples(n, block or token_block(n), resamples, seed, circular=True)
     ratios = stat(a[idx].mean(axis=1), b[idx].mean(axis=1))  # [resamples]
+    return ratio, *percentile_interval(ratios, confidence)
+
+
+def block_resamples(n: int, block: int, resamples: int, seed: int, circular: bool) -> np.ndarray:
+    """[resamples, n] positions of a moving-block bootstrap, the one both paired intervals use
+    (per-token quality here, timing pairs in analysis/paired.py): blocks of `block` consecutive
+    positions from random starts (circular: wrapping past the end; else starts in
+    [0, n - block]), cut to n."""
+    rng = np.random.default_rng(seed)
+    if circular:
+        starts = rng.integers(0, n, size=(resamples, math.ceil(n / block)))
+        return ((starts[:, :, None] + np.arange(block)) % n).reshape(resamples, -1)[:, :n]
+    starts = rng.integers(0, n - block + 1, size=(resamples, math.ceil(n / block)))
+    return (starts[:, :, None] + np.arange(block)).reshape(resamples, -1)[:, :n]
+
+
+def percentile_interval(values, confidence: float) -> tuple[float, float]:
     tail = (1 - confidence) / 2 * 100
-    lo, hi = np.percentile(ratios, [tail, 100 - tail])
-    return ratio, float(lo), float(hi)
+    lo, hi = np.percentile(values, [tail, 100 - tail])
+    return float(lo), float(hi)
+
+
+def block_bootstrap_ci(
+    r: np.ndarray, confidence: float, resamples: int = BOOTSTRAP_RESAMPLES,
+    seed: int = BOOTSTRAP_SEED,
+) -> tuple[float, float]:  # fmt: skip
+    """Percentile CI of median(r) from a moving-block bootstrap (blocks of ceil(n^(1/3)), at
+    least 2; the paired gate's log-ratios of pairs taken in a row)."""
+    n = len(r)
+    if n < 2:
+        return math.nan, math.nan
+    block = max(2, math.ceil(n ** (1 / 3)))
+    idx = block_resamples(n, block, resamples, seed, circular=False)
+    return percentile_interval(np.median(r[idx], axis=1), confidence)  # medians [resamples]
+
+
+def log_normal_ratio(a: float, se_a: float, b: float, se_b: float) -> tuple[float, float, float]:
+    """(a / b, low, high): the 95% interval of a ratio of two independent means with standard
+    errors se_a and se_b, log-normal (delta method on log a - log b); nan where undefined."""
+    if not (a > 0 and b > 0) or any(x is None or x != x for x in (se_a, se_b)):
+        return (a / b if b else math.nan), math.nan, math.nan
+    r = a / b
+    half = Z95 * math.hypot(se_a / a, se_b / b)
+    return r, r * math.exp(-half), r * math.exp(half)
 
 
 def _kl_ratio(a, b):

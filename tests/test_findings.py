@@ -269,3 +269,81 @@ def test_formats_and_payoff_keep_a_rotated_format_apart_from_the_plain_one():
     fits += _line("int4", 2.0, 9e-4, 1.0, ctxs, rotate_k="hadamard")
     text = sorted(f.text for f in fd.payoff.find(frame(*fits)))
     assert len(text) == 2 and "rot K hadamard" in text[0] and "rot K none" in text[1], text
+
+
+def test_quality_keeps_each_model_apart():
+    # issue #41: the truth suite's SmolLM2 and Gemma rows printed "q4_0, hadamard K/V ... ppl
+    # 14.29", the median of Gemma's 14.02 and SmolLM2's 14.55
+    q4 = dict(status="ok", phase="quality", context_len=2048, kv_dtype="q4_0", kernel="reference",
+              rotate_k="hadamard", rotate_v="hadamard")  # fmt: skip
+    rows = pd.DataFrame([dict(q4, model="smollm2-135m", ppl=14.55),
+                         dict(q4, model="gemma3-270m", ppl=14.02)])  # fmt: skip
+    lines = sorted(f.text for f in fd.quality.find(rows))
+    assert lines == ["q4_0, hadamard K/V (gemma3-270m): ppl 14.02",
+                     "q4_0, hadamard K/V (smollm2-135m): ppl 14.55"], lines  # fmt: skip
+    # one model at two contexts: two lines, each saying its context
+    rows = rows.assign(model="m", context_len=[2048, 8192])
+    assert sorted(f.text for f in fd.quality.find(rows)) == [
+        "q4_0, hadamard K/V (ctx 2048): ppl 14.55",
+        "q4_0, hadamard K/V (ctx 8192): ppl 14.02",
+    ]
+
+
+def test_accuracy_keeps_rotated_and_unrotated_rows_apart():
+    # issue #41: rows with rel_err 0.10 (plain), 0.02 and 0.03 (rotated) printed one line
+    # "int4/g32 ... 0.03", the median of all three
+    rows = [row(1.0, kv_dtype="int4", group_size=32, rotate_k="none", rel_err=0.10),
+            row(1.0, kv_dtype="int4", group_size=32, rotate_k="hadamard", rel_err=0.02,
+                gqa_ratio=1),
+            row(1.0, kv_dtype="int4", group_size=32, rotate_k="hadamard", rel_err=0.03),
+            row(1.0, kv_dtype="fp16", rotate_k="none", rel_err=0.001)]  # fmt: skip
+    rows = frame(*rows).assign(bits_per_elem=[5.0, 5.0, 5.0, 16.0])
+    lines = [f.text for f in fd.accuracy.find(rows)]
+    assert lines == [
+        "int4/g32 rotK:hadamard: attention rel. error 0.025 (median of 2 cases) at 5 bits/elem",
+        "int4/g32 rotK:none: attention rel. error 0.1 (median of 1 cases) at 5 bits/elem",
+        "fp16 rotK:none: attention rel. error 0.001 (median of 1 cases) at 16 bits/elem",
+    ], lines
+
+
+def test_accuracy_lists_formats_by_bits_and_keeps_contexts_apart():
+    kinds = (("int8", 8.5, 0.004), ("int4", 4.5, 0.05))
+    rows = [row(1.0, kv_dtype=k, context_len=c, rel_err=e, bits_per_elem=b)
+            for k, b, e in kinds for c in (256, 1024)]  # fmt: skip
+    lines = [f.text.split(":")[0] for f in fd.accuracy.find(frame(*rows))]
+    assert lines == ["int4 (ctx 256)", "int8 (ctx 256)", "int4 (ctx 1024)", "int8 (ctx 1024)"]
+
+
+def test_the_one_grouping_never_pools_model_or_context():
+    d = frame(row(1.0, kv_dtype="int4"), row(2.0, kv_dtype="int8", gqa_ratio=1))
+    assert fd.common.group_axes(d) == ["model", "context_len", "gqa_ratio", "kv_dtype"]
+    assert fd.common.group_axes(d, compared=["kv_dtype"], pooled=["gqa_ratio"]) == [
+        "model", "context_len"]  # fmt: skip
+    with pytest.raises(ValueError):
+        fd.common.group_axes(d, pooled=["model"])
+
+
+def test_every_topic_has_a_planted_rows_test():
+    # each topic's find() is called on hand-made rows in some test module
+    import re
+    from pathlib import Path
+
+    text = "".join(p.read_text() for p in Path(__file__).parent.glob("test_*.py"))
+    alias = dict(re.findall(r"import (\w+) as (\w+)", text)[::-1])  # module -> a name for it
+    for module in fd.MODULES:
+        name = module.__name__.rsplit(".", 1)[1]
+        called = {f"{name}.find(", f"{alias.get(name, name)}.find("}
+        assert any(c in text for c in called), f"no planted-rows test calls {name}.find"
+
+
+def test_tradeoff_names_each_models_frontier_apart():
+    q = dict(status="ok", phase="quality", context_len=128, kernel="reference", n_scored=64,
+             group_size=None)  # fmt: skip
+    rows = pd.DataFrame(
+        [dict(q, model=m, kv_dtype=k, bits_per_elem=b, kl_mean=kl)
+         for m, pts in (("a", ((16, 1e-4), (4.5, 0.02), (8.5, 0.03))), ("b", ((16, 1e-4),)))
+         for k, (b, kl) in zip(("fp16", "int4", "int8"), pts)]
+    )  # fmt: skip
+    lines = [f.text for f in fd.tradeoff.find(rows)]
+    assert len(lines) == 2 and lines[0].startswith("a (KL at ctx 128)") and "b (" in lines[1]
+    assert "never on one: int8" in lines[0] and "never on one: none" in lines[1], lines

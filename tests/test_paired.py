@@ -10,6 +10,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from kvbench import stats
 from kvbench.analysis import paired
 from kvbench.analysis.compare import compare, judge
 from kvbench.analysis.rules import Rules
@@ -126,8 +127,8 @@ def test_block_bootstrap_ci_is_wider_for_autocorrelated_pairs():
     rng = np.random.default_rng(4)
     iid = rng.normal(0, 0.05, 400)
     walk = np.repeat(rng.normal(0, 0.05, 40), 10)  # blocks of 10 equal values: autocorrelated
-    lo_i, hi_i = paired.block_bootstrap_ci(iid, 0.95)
-    lo_w, hi_w = paired.block_bootstrap_ci(walk, 0.95)
+    lo_i, hi_i = stats.block_bootstrap_ci(iid, 0.95, paired.BOOTSTRAP_RESAMPLES)
+    lo_w, hi_w = stats.block_bootstrap_ci(walk, 0.95, paired.BOOTSTRAP_RESAMPLES)
     assert lo_i < 0 < hi_i and hi_w - lo_w > hi_i - lo_i
 
 

@@ -14,9 +14,9 @@ from kvbench.analysis.truth import (
     PAIRED,
     main,
     markdown,
-    ratio_interval,
     truth_table,
 )
+from kvbench.stats import log_normal_ratio as ratio_interval
 from kvbench.store import tokens
 
 

@@ -39,6 +39,7 @@ from scipy.stats import wilcoxon
 from kvbench import blas
 from kvbench.analysis.rules import Rules
 from kvbench.errors import UserError
+from kvbench.stats import block_bootstrap_ci
 
 WORKER = Path(__file__).resolve().parent.parent / "run" / "worker.py"
 PAIR_COLUMNS = ("case_id", "pair", "first", "base_ms", "new_ms", "block", "t_s")
@@ -150,22 +151,6 @@ def measure_case(
     return "ok", "", pairs
 
 
-def block_bootstrap_ci(r: np.ndarray, confidence: float) -> tuple[float, float]:
-    """Percentile CI of median(r) from a moving-block bootstrap (blocks of ceil(n^(1/3)))."""
-    n = len(r)
-    if n < 2:
-        return math.nan, math.nan
-    block = max(2, math.ceil(n ** (1 / 3)))
-    n_blocks = math.ceil(n / block)
-    rng = np.random.default_rng(BOOTSTRAP_SEED)
-    starts = rng.integers(0, n - block + 1, size=(BOOTSTRAP_RESAMPLES, n_blocks))
-    idx = (starts[:, :, None] + np.arange(block)).reshape(BOOTSTRAP_RESAMPLES, -1)[:, :n]
-    medians = np.median(r[idx], axis=1)  # [resamples]
-    tail = (1 - confidence) / 2 * 100
-    lo, hi = np.percentile(medians, [tail, 100 - tail])
-    return float(lo), float(hi)
-
-
 def judge_pairs(base_ms, new_ms, rules: Rules) -> dict:
     """Paired statistics and verdict (module docstring) of one case's pairs."""
     b, n = np.asarray(base_ms, dtype=float), np.asarray(new_ms, dtype=float)
@@ -174,7 +159,7 @@ def judge_pairs(base_ms, new_ms, rules: Rules) -> dict:
     if len(b) < max(rules.min_samples, 6):
         return {**out, "verdict": "inconclusive", "note": f"too few pairs ({len(b)})"}
     r = np.log(n / b)
-    lo, hi = block_bootstrap_ci(r, rules.confidence)
+    lo, hi = block_bootstrap_ci(r, rules.confidence, BOOTSTRAP_RESAMPLES, BOOTSTRAP_SEED)
     p = float(wilcoxon(r).pvalue) if np.any(r != 0) else 1.0
     ratio = float(math.exp(np.median(r)))
     out.update(ratio=ratio, ratio_ci_low=math.exp(lo), ratio_ci_high=math.exp(hi), p_value=p)

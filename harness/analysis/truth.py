@@ -32,7 +32,13 @@ import numpy as np
 import pandas as pd
 
 from kvbench.errors import UserError
-from kvbench.stats import TOKEN_RESAMPLES, TOKEN_SEED, paired_token_ratio, token_block
+from kvbench.stats import (
+    TOKEN_RESAMPLES,
+    TOKEN_SEED,
+    log_normal_ratio,
+    paired_token_ratio,
+    token_block,
+)
 from kvbench.store import tokens as token_store
 
 PEER = "llama.cpp"
@@ -40,17 +46,6 @@ PAIR_KEYS = ("model", "context_len", "chunks", "text", "kv_dtype", "v_dtype", "r
              "rotate_v")  # fmt: skip
 GOALS = {"ppl": 0.01, "kl": 0.15}  # |ratio - 1| aimed at (issue #33)
 DENSE = ("fp16", "bf16", "fp32")  # no KL goal: both sides' KL is rounding (1e-6 nats)
-Z95 = 1.959964
-
-
-def ratio_interval(a: float, se_a: float, b: float, se_b: float) -> tuple[float, float, float]:
-    """(a / b, low, high): the 95% interval of a ratio of two independent means with standard
-    errors se_a and se_b, log-normal (delta method on log a - log b); nan where undefined."""
-    if not (a > 0 and b > 0) or any(map(_missing, (se_a, se_b))):
-        return (a / b if b else math.nan), math.nan, math.nan
-    r = a / b
-    half = Z95 * math.hypot(se_a / a, se_b / b)
-    return r, r * math.exp(-half), r * math.exp(half)
 
 
 def _missing(x) -> bool:
@@ -84,7 +79,7 @@ def truth_table(df: pd.DataFrame, tokens: pd.DataFrame | None = None) -> pd.Data
                 tok = "nll" if name == "ppl" else "kl"
                 r, lo, hi = paired_token_ratio(pair[0][tok], pair[1][tok], name)
             elif why == INDEPENDENT:
-                r, lo, hi = ratio_interval(m[col], m.get(err), p[col], p.get(err))
+                r, lo, hi = log_normal_ratio(m[col], m.get(err), p[col], p.get(err))
             else:  # refused: the rows' ratio, no interval
                 r, lo, hi = (m[col] / p[col] if p[col] else math.nan), math.nan, math.nan
             undefined = (name == "kl" and dense) or not math.isfinite(r)

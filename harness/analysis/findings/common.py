@@ -136,6 +136,32 @@ def workload_axes(d: pd.DataFrame) -> list[str]:
     return varying(d, [a for a in WORKLOAD_AXES if a not in heads] + ["gqa_ratio"])
 
 
+KEPT_APART = ("model", "context_len")  # never pooled: one model's figure is not another's
+
+
+def group_axes(d: pd.DataFrame, compared=(), pooled=()) -> list[str]:
+    """The one grouping of rows every topic uses: model and context always (where d has them),
+    the other workload axes and the cache-choice axes where they vary in d, less the axes the
+    topic compares across (`compared`) or pools on purpose (`pooled`; never model or context)."""
+    if set(pooled) & set(KEPT_APART):
+        raise ValueError(f"{KEPT_APART} are never pooled")
+    always = [a for a in KEPT_APART if a in d and d[a].notna().any()]
+    rest = varying(d, [a for a in (*WORKLOAD_AXES, *with_role("choice")) if a not in KEPT_APART])
+    return [a for a in dict.fromkeys(always + rest) if a not in (*compared, *pooled)]
+
+
+def groups(d: pd.DataFrame, axes: list[str]):
+    """(the group's values of `axes`, its rows) per group, in the order rows first show them."""
+    for _, g in keyed(d, axes).groupby("key", sort=False):
+        yield {a: g.iloc[0][a] for a in axes}, g.drop(columns="key")
+
+
+def apart_text(values: dict, d: pd.DataFrame) -> str:
+    """' (model, ctx N)': the kept-apart axes of a group, said where d holds more than one."""
+    said = [_shown(a, values[a]) for a in KEPT_APART if a in values and d[a].nunique() > 1]
+    return f" ({', '.join(said)})" if said else ""
+
+
 def _against(d: pd.DataFrame, base: pd.DataFrame, by: str, keep: tuple) -> pd.DataFrame:
     """Rows of d joined to the baseline row with the same values of every varying case axis
     except `by` (and the axes in `keep` that the baseline may differ in); one baseline row per
@@ -192,25 +218,38 @@ def source_of(row: dict) -> str:
     return "llama.cpp" if row.get("kernel") == "llama.cpp" else "kvbench"
 
 
+# a cache configuration's words for a choice axis set off its default (any other choice axis:
+# its series text from the axis table); the format (kv_dtype with group_size) leads, a rotation
+# closes the text, and the blocks a rotation used and the tasks' fp16 start are said elsewhere
+CONFIG_WORDS = {"v_dtype": "V {}", "k_axis": "{} keys", "sink_tokens": "{} sinks",
+                "recent_tokens": "fp16 residual {}"}  # fmt: skip
+SAID_ELSEWHERE = ("kv_dtype", "group_size", "rotate_k", "rotate_v", "rot_block_k", "rot_block_v",
+                  "quantized_kv_start")  # fmt: skip
+CACHE_AXES = tuple(a for a in with_role("choice") if a not in SAID_ELSEWHERE)
+
+
+def _set(v) -> bool:
+    return v is not None and v == v and v != ""
+
+
 def cache_config(row: dict) -> str:
-    """A quality row's cache configuration: the format, and V's format, per-channel keys,
-    fp16 sinks and residual window when set (the model engine's options), a sliding
-    attention window with its sinks, and the rotation before quantization."""
+    """A row's cache configuration from the axis roles: the format, then every other cache
+    choice set off its default (V's format, per-channel keys, fp16 sinks and residual window,
+    ...), a sliding attention window with its sinks, and the rotation before quantization."""
     parts = [format_label(row)]
-    extra = (("v_dtype", "V {}"), ("k_axis", "{} keys"), ("sink_tokens", "{} sinks"),
-             ("recent_tokens", "fp16 residual {}"))  # fmt: skip
-    defaults = {"k_axis": "token", "sink_tokens": 0, "recent_tokens": 0}
-    w = row.get("window")
-    windowed = w is not None and w == w and w != ""
-    for col, text in extra:
+    windowed = _set(row.get("window"))
+    for col in CACHE_AXES:
         v = row.get(col)
         if windowed and col == "sink_tokens":
             continue  # a sliding window's sinks: named with it below
-        if v is not None and v == v and v != "" and v != defaults.get(col):
+        if _set(v) and v != _AXIS[col].default:
+            text = CONFIG_WORDS.get(col, _AXIS[col].series)
             parts.append(text.format(int(v) if isinstance(v, float) else v))
     if windowed:
         sinks = int(row.get("sink_tokens") or 0)
-        parts.append(f"sliding window {int(w)}" + (f" + {sinks} sinks" if sinks else ""))
+        parts.append(
+            f"sliding window {int(row['window'])}" + (f" + {sinks} sinks" if sinks else "")
+        )
     return ", ".join(parts + _rotation(row))
 
 

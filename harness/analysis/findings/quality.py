@@ -1,14 +1,26 @@
 """Topic "quality": per cache configuration, the quality columns a model-quality run records
-(ppl, delta_ppl, kl_mean; absent: no finding) [quality]."""
+(ppl, delta_ppl, kl_mean; absent: no finding) [quality]. Rows group through common.group_axes:
+each model and context apart (a median across models is no model's figure), named in the line
+where the rows hold more than one; the workload's other axes (text, chunks) are pooled."""
 
 from __future__ import annotations
 
 import pandas as pd
 
-from kvbench.analysis.findings.common import Finding, cache_config, source_of
+from kvbench.analysis.findings.common import (
+    KEPT_APART,
+    WORKLOAD_AXES,
+    Finding,
+    apart_text,
+    cache_config,
+    group_axes,
+    groups,
+    source_of,
+)
 
 TOPIC = "quality"
 QUALITY = ("delta_ppl", "kl_mean", "ppl")
+NAMES = {"delta_ppl": "Δppl {:+.3g}", "kl_mean": "KL {:.3g}", "ppl": "ppl {:.4g}"}
 
 
 def find(cur: pd.DataFrame) -> list[Finding]:
@@ -24,10 +36,13 @@ def find(cur: pd.DataFrame) -> list[Finding]:
             for r in d.to_dict("records")
         ]
     )
-    g = d.groupby("fmt", sort=False)[cols].median()
-    names = {"delta_ppl": "Δppl {:+.3g}", "kl_mean": "KL {:.3g}", "ppl": "ppl {:.4g}"}
+    pooled = [a for a in WORKLOAD_AXES if a not in KEPT_APART]
+    axes = [*group_axes(d, pooled=pooled), "fmt"]  # the configuration's choices: in fmt too
     out = []
-    for f, r in g.iterrows():
-        text = f"{f}: " + ", ".join(names[c].format(r[c]) for c in cols if pd.notna(r[c]))
+    for values, g in groups(d, axes):
+        r = g[cols].median()
+        text = f"{values['fmt']}{apart_text(values, d)}: " + ", ".join(
+            NAMES[c].format(r[c]) for c in cols if pd.notna(r[c])
+        )
         out.append(Finding(TOPIC, text, "quality", True))
     return out
