@@ -117,3 +117,9 @@ def test_run_with_neither_file_nor_axes_is_a_one_line_error(capsys):
     assert main(["run"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("kvbench: command line: ") and err.count("\n") == 1
+
+
+@pytest.mark.parametrize("pct", ["0", "-1", "nan", "100"])
+def test_a_bad_tolerance_is_one_line(pct, capsys):
+    assert main(["run", "--model", "llama-3-8b", "--context", "1k", "--tolerance", pct]) == 2
+    assert capsys.readouterr().err.startswith("kvbench: --tolerance: ")

@@ -351,3 +351,19 @@ def test_per_token_values_are_the_rows_tokens(tiny):
     assert t["token"].tolist() == Q.targets_of(ch[0]) + Q.targets_of(ch[1])
     assert np.exp(t["nll"].mean()) == pytest.approx(r["ppl"], rel=1e-6)
     assert t["kl"].mean() == pytest.approx(r["kl_mean"], rel=1e-6)
+
+
+def test_delta_ppl_err_is_the_paired_delta_method_error():
+    """delta_ppl_err by hand: Δppl = exp(mean a) - exp(mean b) over the same tokens; its
+    gradient (ppl, -ppl_ref) gives the per-token series ppl*a - ppl_ref*b, whose standard error
+    (n - 1 in the variance) is the paired error; far under ppl_err when the tokens agree."""
+    rng = np.random.default_rng(0)
+    ref = rng.gamma(2.0, 1.3, 500)
+    nll = ref + rng.normal(0.0, 0.01, 500)  # a cache close to the reference
+    stats = [{"kl": np.abs(nll - ref), "nll": nll, "agree": np.ones(500)}]
+    got = Q.summarize(stats, ref)
+    ppl, ppl_ref = np.exp(nll.mean()), np.exp(ref.mean())
+    series = ppl * nll - ppl_ref * ref
+    assert got["delta_ppl_err"] == pytest.approx(series.std(ddof=1) / np.sqrt(500), rel=1e-9)
+    assert got["ppl_ref_err"] == pytest.approx(ppl_ref * ref.std(ddof=1) / np.sqrt(500), rel=1e-9)
+    assert got["delta_ppl_err"] < got["ppl_err"] / 20

@@ -49,6 +49,21 @@ SHOW = show_columns()
 HIDE_IF_ALL = {a.name: a.default for a in TABLE if a.hide_default}
 
 
+def split_invariant(df: pd.DataFrame, cols: list[str]) -> tuple[list[str], dict]:
+    """The columns to show, and the axis columns (and an all-ok status) that hold one value in
+    every row: said once above the table instead of repeated in each line (issue 44)."""
+    if len(df) < 2:
+        return cols, {}
+    axis_cols = {a.name for a in TABLE if a.column} | {"status"}
+    same = {}
+    for c in cols:
+        values = df[c].map(lambda v: "" if v != v or v is None else v)
+        if c in axis_cols and values.nunique() == 1:
+            v = values.iloc[0]
+            same[c] = int(v) if isinstance(v, float) and v.is_integer() else v
+    return [c for c in cols if c not in same], same
+
+
 def table(df: pd.DataFrame) -> str:
     """A compact, aligned table of the rows a person reads first."""
     df = df.copy()
@@ -68,11 +83,23 @@ def table(df: pd.DataFrame) -> str:
         ]
     cols = [c for c in SHOW if c in df and df[c].notna().any() and (df[c] != "").any()]
     cols = [c for c in cols if not (c in HIDE_IF_ALL and (df[c] == HIDE_IF_ALL[c]).all())]
+    cols, same = split_invariant(df, cols)
     out = df[cols].rename(columns=SHOW)
     text = out.to_string(index=False, float_format=lambda v: f"{v:.4g}", na_rep="")
+    if same:
+        text = "every row: " + ", ".join(f"{SHOW[c]} {v}" for c, v in same.items()) + "\n" + text
     notes = [
         f"  {r.case_id} {r.status}: {r.error}"
         for r in df.itertuples()
         if r.status != "ok" and isinstance(r.error, str)
     ]
     return text + ("\n" + "\n".join(notes) if notes else "")
+
+
+def run_summary(df: pd.DataFrame, tolerance_pct: float | None = None) -> str:
+    """What `kvbench run` prints at its end: the rows, then the answer of its quality rows
+    (analysis/answer.py: baseline, each configuration against it, the pick)."""
+    from kvbench.analysis.answer import TOLERANCE_PCT, answer
+
+    text = answer(df, TOLERANCE_PCT if tolerance_pct is None else tolerance_pct)
+    return table(df) + ("\n\n" + text if text else "")

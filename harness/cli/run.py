@@ -33,6 +33,14 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="run part I of N (cost-balanced; every case in exactly one part: docs/distributed.md)",
     )
     p.add_argument("--device", choices=("cpu", "gpu"), help="MLX device (default: MLX's)")
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=1.0,
+        metavar="PCT",
+        help="the answer's pick: the smallest cache whose Δppl is within PCT%% of the baseline's "
+        "perplexity at 95%% (default 1)",
+    )
     add_axis_options(p)
     p.set_defaults(func=run)
     return p
@@ -76,6 +84,8 @@ def _run(args) -> int:
     from kvbench.suite.cli_axes import suite_of
     from kvbench.suite.suite import apply_filters, expand
 
+    if not 0 < args.tolerance < 100:  # NaN fails both
+        raise UserError(f"--tolerance: a percentage above 0 and under 100, got {args.tolerance}")
     suite = suite_of(args)
     cases = apply_filters(expand(suite), args.filter or [])
     if args.shard:
@@ -105,11 +115,11 @@ def _run(args) -> int:
         raise UserError(f"{suite.path}: --filter: no case matches")
     set_device(args.device)
     check_blas(say_notice=True)
+    writer = run_suite(suite, cases, args.out)
     import pandas as pd
 
-    from kvbench.analysis.summary import table
+    from kvbench.analysis.summary import run_summary  # after the run: its rows, then the answer
 
-    writer = run_suite(suite, cases, args.out)
-    print(table(pd.read_csv(writer.csv_path)))
+    print(run_summary(pd.read_csv(writer.csv_path), args.tolerance))
     print(f"\nresults: {writer.csv_path}\nsamples: {writer.samples_path}")
     return 0

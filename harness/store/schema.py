@@ -170,6 +170,10 @@ class _Measured:
     ppl_err: float | None = None  # its standard error: ppl x that of the mean nll
     ppl_ref: float | None = None  # perplexity with a float32 cache
     delta_ppl: float | None = None  # ppl - ppl_ref
+    ppl_ref_err: float | None = None  # ppl_ref's standard error (as ppl_err)
+    # delta_ppl's standard error, paired over the same scored tokens (the delta method:
+    # sem of ppl * nll - ppl_ref * nll_ref per token); far smaller than ppl_err's
+    delta_ppl_err: float | None = None
     kl_mean: float | None = None  # mean KL divergence of next-token distributions (nats)
     kl_err: float | None = None  # standard error of kl_mean over the scored tokens
     kl_p99: float | None = None  # its 99th percentile over the scored tokens

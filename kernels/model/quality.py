@@ -193,6 +193,9 @@ def summarize(stats: list[dict], ref_nll: np.ndarray) -> dict:
         "ppl_err": ppl * sem(nll),
         "ppl_ref": ppl_ref,
         "delta_ppl": ppl - ppl_ref,
+        "ppl_ref_err": ppl_ref * sem(ref_nll),
+        # paired: both perplexities score the same tokens, so their errors mostly cancel
+        "delta_ppl_err": sem(ppl * nll - ppl_ref * ref_nll),
         "kl_mean": float(kl.mean()),
         "kl_err": sem(kl),
         "kl_p99": float(np.percentile(kl, 99)),

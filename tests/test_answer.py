@@ -1,0 +1,83 @@
+"""The answer block of quality rows (harness/analysis/answer.py) and the terminal table's
+invariant columns (analysis/summary.py): figures by hand on made-up rows (issue 44 item 2)."""
+
+from __future__ import annotations
+
+import math
+
+import pandas as pd
+
+from kvbench.analysis.answer import answer, fp16_bytes, frontier, overlap_warnings
+from kvbench.analysis.summary import split_invariant
+
+SHAPE = dict(model="m", phase="quality", status="ok", n_layers=2, n_q_heads=4, n_kv_heads=2,
+             head_dim=64, context_len=1024, n_seqs=1, chunks=2, n_scored=1000, ppl_ref=10.0,
+             ppl_ref_err=0.5, kernel="reference")  # fmt: skip
+FP16 = 2 * 2 * 2 * 64 * 1024 * 2  # K and V x layers x kv heads x head_dim x positions x 2 B
+
+
+def row(kv, rot, kv_bytes, dppl, dppl_err, kl, kl_err, top1=0.9):
+    return {**SHAPE, "kv_dtype": kv, "rotate_k": rot, "rotate_v": rot, "kv_bytes": kv_bytes,
+            "ppl": 10.0 + dppl, "delta_ppl": dppl, "delta_ppl_err": dppl_err, "kl_mean": kl,
+            "kl_err": kl_err, "top1_agree": top1}  # fmt: skip
+
+
+ROWS = pd.DataFrame([
+    row("fp16", "none", FP16, 0.0, 0.001, 1e-6, 1e-7, 1.0),
+    row("q8_0", "none", FP16 * 17 // 32, 0.05, 0.02, 8e-4, 5e-5),
+    row("q8_0", "hadamard", FP16 * 17 // 32, -0.01, 0.02, 3e-4, 2e-5),
+    row("q4_0", "none", FP16 * 9 // 32, 2.9, 0.3, 0.16, 0.007),
+    row("q4_0", "hadamard", FP16 * 9 // 32, 1.0, 0.1, 0.054, 0.0023),
+])  # fmt: skip
+
+
+def test_fp16_bytes_from_its_row_or_the_formula():
+    assert fp16_bytes(ROWS) == (FP16, "its row")
+    assert fp16_bytes(ROWS[ROWS["kv_dtype"] != "fp16"]) == (FP16, "by formula")
+
+
+def test_pick_is_the_smallest_cache_within_the_tolerance_at_95pct():
+    text = answer(ROWS)  # 1% of ppl 10 = 0.1: q8_0's upper bound 0.05 + 1.96 x 0.02 = 0.089 fits
+    pick = next(line for line in text.splitlines() if line.startswith("pick"))
+    assert ": q8_0 rotK:hadamard rotV:hadamard," in pick and "53.1% of fp16's" in pick
+    assert f"saves {(FP16 - FP16 * 17 // 32) / 2**20:,.1f} MiB" in pick
+    # a tolerance of 0.5%: 0.05; q8_0's bounds are 0.089 and 0.029: hadamard only
+    assert "q8_0 rotK:hadamard" in answer(ROWS, tolerance_pct=0.5).split("pick")[1]
+    tight = answer(ROWS, tolerance_pct=0.01)  # 0.001: nothing's upper bound is under it
+    assert "none of these" in tight
+
+
+def test_baseline_and_rows_carry_their_errors():
+    text = answer(ROWS)
+    assert "ppl 10.000 ± 0.500" in text and "1,000 tokens scored" in text
+    line = next(x for x in text.splitlines() if x.startswith("q4_0 rotK"))
+    assert "+1.000 ± 0.100" in line and "5.40e-02 ± 2.30e-03" in line and "28.1%" in line
+
+
+def test_frontier_keeps_what_nothing_beats_in_bytes_and_kl():
+    t = pd.DataFrame({"configuration": list("abcd"), "bytes": [4, 2, 2, 1],
+                      "kl": [0.0, 0.1, 0.2, 0.5]})  # fmt: skip
+    assert frontier(t) == ["d", "b", "a"]  # c: as small as b, higher KL
+
+
+def test_overlapping_error_bars_warn_with_the_chunks_that_would_separate_them():
+    t = pd.DataFrame({"configuration": ["x", "y"], "dppl": [0.05, 0.0], "dppl_err": [0.02, 0.02],
+                      "kl": [1.0, 2.0], "kl_err": [0.01, 0.01]})  # fmt: skip
+    warns = overlap_warnings(t, chunks=2)
+    assert len(warns) == 1 and "by Δppl" in warns[0]  # KL 1 vs 2 is far apart
+    need = math.ceil(2 * (1.96 * math.hypot(0.02, 0.02) / 0.05) ** 2)  # 2 x 1.229 -> 3
+    assert need == 3
+    assert f"~{need:,} chunks (now 2)" in warns[0]
+
+
+def test_no_quality_rows_no_answer():
+    assert answer(ROWS.assign(phase="decode")) == ""
+
+
+def test_invariant_axis_columns_are_said_once():
+    df = pd.DataFrame({"model": ["m", "m"], "kv_dtype": ["fp16", "q8_0"], "status": ["ok", "ok"],
+                       "median_ms": [1.0, 1.0]})  # fmt: skip
+    cols, same = split_invariant(df, ["model", "kv_dtype", "status", "median_ms"])
+    assert cols == ["kv_dtype", "median_ms"]  # a measured column stays even when equal
+    assert same == {"model": "m", "status": "ok"}
+    assert split_invariant(df.iloc[:1], ["model"]) == (["model"], {})
