@@ -6,6 +6,7 @@ import mlx.core as mx
 
 from kvbench.case import Case
 from kvbench.engines import cache as cache_engine
+from kvbench.engines.contract import carrying
 from kvbench.kernels.attention import registry as attention
 
 
@@ -28,7 +29,7 @@ def test_each_layer_attends_with_the_previous_layers_output(monkeypatch):
         kernel="ops",
         kv_dtype="fp32",
     )
-    state = cache_engine.build(case)
+    state = carrying(cache_engine.build)(case)
     seen.clear()
     mx.eval(state.stages["step"]())
     assert len(seen) == 3

@@ -9,6 +9,7 @@ import mlx.core as mx
 import numpy as np
 import pytest
 
+from kvbench.engines.contract import carrying
 from kvbench.kernels.formats import fp8
 from kvbench.kernels.formats.registry import get_format
 
@@ -192,7 +193,7 @@ def test_cache_engine_runs_fp8_and_counts_saturation(kernel):
 
     case = Case("tiny", 2, 8, 2, 64, 96, kv_dtype="fp8_e4m3", kernel=kernel,
                 kv_data="outliers", fp8_scale="0.01")  # fmt: skip
-    state = build(case)
+    state = carrying(build)(case)
     fmt = get_format("fp8_e4m3", fp8_scale="0.01")
     assert state.kv_bytes == metrics.kv_bytes(case, fmt) == 2 * 2 * (2 * 96 * 64 + 4)
     assert state.alloc_bytes == state.kv_bytes - 2 * 2 * 4
@@ -200,7 +201,9 @@ def test_cache_engine_runs_fp8_and_counts_saturation(kernel):
     _, k, v = make_qkv("outliers", (1, 8, 1, 64), (1, 2, 96, 64), 0, None)
     kv = np.concatenate([np.array(x.astype(mx.float16), dtype=np.float32) for x in (k, v)])
     assert acc["kv_saturated"] == int(np.sum(np.abs(kv / np.float32(0.01)) > 464)) > 0
-    plain = build(Case("tiny", 2, 8, 2, 64, 96, kv_dtype="fp8_e4m3", kernel=kernel)).check()
+    plain = carrying(build)(
+        Case("tiny", 2, 8, 2, 64, 96, kv_dtype="fp8_e4m3", kernel=kernel)
+    ).check()
     assert plain["kv_saturated"] == 0 and plain["cosine"] > 0.99
 
 

@@ -12,10 +12,12 @@ from tiny_model import TINY, weights, write_gguf
 from kvbench.case import Case
 from kvbench.engines import common, engine_for
 from kvbench.engines import model as engine
+from kvbench.engines.contract import carrying
 from kvbench.errors import SuiteError
 from kvbench.kernels.model import matvec, rope
 from kvbench.kernels.model.load import load_model
 from kvbench.run import runner
+from kvbench.suite.cache_spec import spec_of
 from kvbench.suite.suite import Settings
 from kvbench.suite.validate import check_model
 
@@ -46,7 +48,7 @@ def test_the_model_phases_go_to_the_model_engine():
 def test_a_quality_row_states_what_its_evidence_cost(tiny):
     """Every token of every chunk goes through the model once in micro-batches (prefill), none
     one at a time; the float32 reference's own wall time beside it."""
-    row = engine.build(case(phase="quality", kv_dtype="int8", chunks=3)).check()
+    row = carrying(engine.build)(case(phase="quality", kv_dtype="int8", chunks=3)).check()
     assert row["prefill_tokens"] == 3 * 32 and row["decode_tokens"] == 0
     assert row["decode_s"] is None and row["decode_tokens_per_s"] is None
     assert 0 < row["prefill_s"] <= row["wall_s"] and row["ref_wall_s"] > 0
@@ -54,8 +56,8 @@ def test_a_quality_row_states_what_its_evidence_cost(tiny):
 
 
 def test_quality_of_fp16_is_near_zero_and_of_int4_is_not(tiny):
-    fp16 = engine.build(case(phase="quality", kv_dtype="fp16")).check()
-    int4 = engine.build(case(phase="quality", kv_dtype="int4")).check()
+    fp16 = carrying(engine.build)(case(phase="quality", kv_dtype="fp16")).check()
+    int4 = carrying(engine.build)(case(phase="quality", kv_dtype="int4")).check()
     assert fp16["kl_mean"] < 1e-5 and fp16["n_scored"] == 15  # second half of 32, less one
     assert int4["kl_mean"] > 10 * fp16["kl_mean"]
     assert abs(fp16["ppl"] - fp16["ppl_ref"]) / fp16["ppl_ref"] < 0.01
@@ -67,7 +69,7 @@ def test_quality_of_fp16_is_near_zero_and_of_int4_is_not(tiny):
      dict(kv_dtype="int4", sink_tokens=4, recent_tokens=8, kernel="sdpa")],
 )  # fmt: skip
 def test_every_decode_sample_is_the_same_token_at_the_same_depth(tiny, opts):
-    state = engine.build(case(phase="model_decode", **opts))
+    state = carrying(engine.build)(case(phase="model_decode", **opts))
     first, second = state.stages["step"](), state.stages["step"]()
     mx.eval(first, second)
     assert mx.array_equal(first[0], second[0])  # rewound: the same logits, not a deeper step
@@ -76,19 +78,19 @@ def test_every_decode_sample_is_the_same_token_at_the_same_depth(tiny, opts):
 def test_a_decode_row_says_how_its_step_ran(tiny, monkeypatch):
     """matvec and rope are what one step did, counted, not a setting: on the CPU the blocked
     products and the RoPE table; with both paths swapped back, gemm and fast."""
-    state = engine.build(case(phase="model_decode", kv_dtype="fp16", kernel="sdpa"))
+    state = carrying(engine.build)(case(phase="model_decode", kv_dtype="fp16", kernel="sdpa"))
     assert state.extra == {"matvec": "blocked", "rope": "table"}
     for _, m in tiny.net.named_modules():
         back = {**{v: k for k, v in matvec.SWAPS.items()}, rope.TableRoPE: nn.RoPE}
         if type(m) in back:
             monkeypatch.setattr(m, "__class__", back[type(m)])
-    state = engine.build(case(phase="model_decode", kv_dtype="fp16", kernel="sdpa"))
+    state = carrying(engine.build)(case(phase="model_decode", kv_dtype="fp16", kernel="sdpa"))
     assert state.extra == {"matvec": "gemm", "rope": "fast"}
 
 
 def test_bytes_by_hand(tiny):
     # fp16: 2 layers x 2 heads x 64 x 2 B x (K, V) = 1024 B per position; 32 positions held
-    state = engine.build(case(phase="model_decode", kv_dtype="fp16", kernel="sdpa"))
+    state = carrying(engine.build)(case(phase="model_decode", kv_dtype="fp16", kernel="sdpa"))
     assert state.kv_bytes == 32 * 1024
     assert state.alloc_bytes == 31 * 1024  # measured: the 31 prefilled positions
     assert state.traffic[1] == 1024  # one position written
@@ -100,14 +102,16 @@ def test_a_quality_row_has_quality_and_no_time(tiny):
     runner.measure_round(run, Settings(warmup_s=0, min_samples=1, max_samples=1, budget_s=0), 0)
     row = runner.finish(run, Settings(), {})
     assert row.kl_mean is not None and row.top1_agree is not None and row.n_samples == 0
-    assert row.median_ms is None and row.kv_bytes == common.model_kv_bytes(c)
+    assert row.median_ms is None and row.kv_bytes == common.model_kv_bytes(c, spec_of(c))
     assert row.bits_per_elem == 8.25  # int8: 8 bits + one fp16 scale per 64-element row
 
 
 def test_bits_of_a_mixed_spec_count_everything_it_holds(tiny):
     # K int8 (8.25 bits) and V int4 (4.25 bits) average 6.25; 4 fp16 sinks of 32 positions
     # add (16 - 6.25) * 4 / 32
-    state = engine.build(case(phase="quality", kv_dtype="int8", v_dtype="int4", sink_tokens=4))
+    state = carrying(engine.build)(
+        case(phase="quality", kv_dtype="int8", v_dtype="int4", sink_tokens=4)
+    )
     assert state.bits_per_elem == pytest.approx(6.25 + (16 - 6.25) * 4 / 32)
 
 
@@ -221,11 +225,13 @@ def test_fp8_decode_rows_count_what_the_prefill_saturated(tiny):
     """model_decode with an FP8 cache: kv_saturated is what the prefill stored saturated (a
     scale of 1e-4 saturates most of it; vLLM's calibrated scale none), not the timed steps'
     rewrites; other formats have no such field."""
-    tiny_scale = engine.build(case(phase="model_decode", kv_dtype="fp8_e4m3", fp8_scale=1e-4))
-    calibrated = engine.build(case(phase="model_decode", kv_dtype="fp8_e4m3",
+    tiny_scale = carrying(engine.build)(
+        case(phase="model_decode", kv_dtype="fp8_e4m3", fp8_scale=1e-4)
+    )
+    calibrated = carrying(engine.build)(case(phase="model_decode", kv_dtype="fp8_e4m3",
                                    fp8_scale="calibrated"))  # fmt: skip
     n = tiny_scale.check()["kv_saturated"]
     mx.eval(tiny_scale.stages["step"]())  # a timed step leaves the row's count as it was
     assert tiny_scale.check()["kv_saturated"] == n > 0
     assert calibrated.check() == {"kv_saturated": 0}
-    assert engine.build(case(phase="model_decode", kv_dtype="q8_0")).check() == {}
+    assert carrying(engine.build)(case(phase="model_decode", kv_dtype="q8_0")).check() == {}

@@ -15,6 +15,7 @@ from kvbench.case import Case
 from kvbench.engines import common, engine_for
 from kvbench.engines import model as base
 from kvbench.engines import model_tasks as engine
+from kvbench.engines.contract import carrying
 from kvbench.errors import SuiteError
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.model import generate as G
@@ -23,6 +24,7 @@ from kvbench.kernels.model.capture import capture_kv
 from kvbench.kernels.model.load import load_model
 from kvbench.kernels.model.run import forward
 from kvbench.kernels.model.spec import CacheSpec
+from kvbench.suite.cache_spec import spec_of
 from kvbench.suite.validate import check_model
 
 TOKENS = tuple(np.random.default_rng(1).integers(0, TINY["vocab"], 200).tolist())
@@ -73,7 +75,7 @@ def test_task_phases_go_to_the_task_engine():
 
 def test_retrieval_row_of_the_float32_cache_agrees_with_itself(tiny):
     c = case(phase="retrieval", task="passkey", trials=3, depth=0.25)
-    row = engine.build(c).check()
+    row = carrying(engine.build)(c).check()
     assert row["n_trials"] == 3 and row["n_ref_agree"] == 3 and row["ref_agree"] == 1.0
     assert row["accuracy"] == row["ref_accuracy"] and row["prompt_tokens"] <= 200 - 8
     assert row["accuracy_lo"] <= row["accuracy"] <= row["accuracy_hi"]
@@ -84,27 +86,31 @@ def test_task_rows_state_what_their_evidence_cost(tiny):
     (at most gen_tokens per trial); generate: each chunk but its last token twice (the free
     run and the teacher-forced run), then gen_tokens decode steps each."""
     c = case(phase="retrieval", task="passkey", trials=2, depth=0.5)
-    row = engine.build(c).check()
+    row = carrying(engine.build)(c).check()
     prompts = common.prompts_of(c.model, c.task, c.context_len, c.depth, c.trials, c.seed)
     assert row["prefill_tokens"] == sum(len(p.tokens) - 1 for p in prompts)
     assert 2 <= row["decode_tokens"] <= sum(p.gen_tokens for p in prompts)
     assert 0 < row["prefill_s"] + row["decode_s"] <= row["wall_s"] and row["ref_wall_s"] > 0
     assert row["ubatch"] == min(512, c.context_len) and row["decode_tokens_per_s"] > 0
-    gen = engine.build(case(phase="generate", context_len=48, gen_tokens=8, chunks=2)).check()
+    gen = carrying(engine.build)(
+        case(phase="generate", context_len=48, gen_tokens=8, chunks=2)
+    ).check()
     assert gen["prefill_tokens"] == 2 * 2 * 47 and gen["decode_tokens"] == 2 * 2 * 8
     assert gen["decode_tokens_per_s"] == pytest.approx(32 / gen["decode_s"])
 
 
 def test_retrieval_rows_of_two_formats_share_prompts_and_reference(tiny):
-    engine.build(case(phase="retrieval", task="niah", trials=2, kv_dtype="fp32")).check()
-    row = engine.build(case(phase="retrieval", task="niah", trials=2, kv_dtype="int4")).check()
+    carrying(engine.build)(case(phase="retrieval", task="niah", trials=2, kv_dtype="fp32")).check()
+    row = carrying(engine.build)(
+        case(phase="retrieval", task="niah", trials=2, kv_dtype="int4")
+    ).check()
     assert engine.reference_answers.cache_info().hits >= 1
     assert row["n_trials"] == 2 and 0 <= row["n_ref_agree"] <= 2
 
 
 def test_generate_of_the_float32_cache_never_diverges(tiny):
-    row = engine.build(case(phase="generate", context_len=48, gen_tokens=8)).check()
-    row32 = engine.build(case(phase="generate", context_len=48, gen_tokens=8,
+    row = carrying(engine.build)(case(phase="generate", context_len=48, gen_tokens=8)).check()
+    row32 = carrying(engine.build)(case(phase="generate", context_len=48, gen_tokens=8,
                               kv_dtype="fp32")).check()  # fmt: skip
     assert row32["gen_first_diverge"] == 8 and row32["gen_agree"] == 1.0
     assert row32["gen_kl_mean"] == pytest.approx(0, abs=1e-7) and row32["gen_tokens_scored"] == 8
@@ -113,8 +119,8 @@ def test_generate_of_the_float32_cache_never_diverges(tiny):
 
 def test_generate_int4_errs_more_than_fp16(tiny):
     kw = dict(phase="generate", context_len=64, gen_tokens=12, chunks=2)
-    fp16 = engine.build(case(**kw)).check()
-    int4 = engine.build(case(kv_dtype="int4", **kw)).check()
+    fp16 = carrying(engine.build)(case(**kw)).check()
+    int4 = carrying(engine.build)(case(kv_dtype="int4", **kw)).check()
     assert int4["gen_kl_mean"] > 10 * fp16["gen_kl_mean"] and int4["gen_tokens_scored"] == 24
 
 
@@ -210,9 +216,9 @@ def test_a_window_as_long_as_the_context_is_the_full_cache(tiny, monkeypatch):
     monkeypatch.setattr(common, "tokens_of", lambda name, text: TOKENS)
     base.reference_of.cache_clear()
     kw = dict(phase="quality", context_len=64, kv_dtype="int4")
-    full = quality_state(case(**kw)).check()
-    same = quality_state(case(window=60, sink_tokens=4, **kw)).check()
-    short = quality_state(case(window=8, sink_tokens=2, **kw)).check()
+    full = carrying(quality_state)(case(**kw)).check()
+    same = carrying(quality_state)(case(window=60, sink_tokens=4, **kw)).check()
+    short = carrying(quality_state)(case(window=8, sink_tokens=2, **kw)).check()
     assert same["kl_mean"] == pytest.approx(full["kl_mean"], rel=1e-3)  # summation order only
     assert same["top1_agree"] == full["top1_agree"]
     assert short["kl_mean"] > 1.5 * full["kl_mean"]
@@ -223,13 +229,13 @@ def test_window_bytes_by_hand(tiny):
     """window 8 + 2 sinks at context 64, fp16: 10 positions x 2 layers x 2 KV heads x 64
     x 2 (K, V) x 2 bytes = 10240; bits per context element 16 x 10 / 64 = 2.5."""
     c = case(phase="quality", context_len=64, kv_dtype="fp16", window=8, sink_tokens=2)
-    assert common.model_kv_bytes(c) == 10 * 2 * 2 * 64 * 2 * 2
-    assert common.model_bits_per_elem(c) == pytest.approx(16 * 10 / 64)
+    assert common.model_kv_bytes(c, spec_of(c)) == 10 * 2 * 2 * 64 * 2 * 2
+    assert common.model_bits_per_elem(c, spec_of(c)) == pytest.approx(16 * 10 / 64)
 
 
 def test_retrieval_runs_in_a_window(tiny):
     c = case(phase="retrieval", task="passkey", trials=1, window=32, sink_tokens=4)
-    row = engine.build(c).check()
+    row = carrying(engine.build)(c).check()
     assert row["n_trials"] == 1 and row["prompt_tokens"] <= 200
 
 
@@ -244,20 +250,23 @@ def test_window_checks():
 def test_fp8_retrieval_rows_count_saturated_elements(tiny):
     """kv_saturated over every trial's cache: a scale of 1e-4 saturates, 1.0 does not."""
     rows = [
-        engine.build(
+        carrying(engine.build)(
             case(phase="retrieval", task="passkey", trials=2, kv_dtype="fp8_e4m3", fp8_scale=s)
         ).check()  # fmt: skip
         for s in (1e-4, "one")
     ]
     assert rows[0]["kv_saturated"] > 0 == rows[1]["kv_saturated"]
-    assert "kv_saturated" not in engine.build(case(phase="retrieval", task="passkey")).check()
+    assert (
+        "kv_saturated"
+        not in carrying(engine.build)(case(phase="retrieval", task="passkey")).check()
+    )
 
 
 @pytest.mark.parametrize("start", [0, 40])
 def test_fp8_generate_rows_count_saturated_elements(tiny, start):
     """kv_saturated over every prompt's free run, through the fp16-first cache too."""
     rows = [
-        engine.build(
+        carrying(engine.build)(
             case(
                 phase="generate",
                 context_len=48,

@@ -17,6 +17,7 @@ from kvbench.errors import SuiteError
 from kvbench.kernels.stores.layouts import CacheFullError
 from kvbench.kernels.stores.paged import PagedLayout, gather_pages
 from kvbench.kernels.stores.workloads import Workload, build_paged
+from kvbench.suite.resolved import of_case
 from kvbench.suite.suite import resolve
 from kvbench.suite.validate import check_axis
 
@@ -126,7 +127,7 @@ PATHS = [
 def test_every_kernel_and_read_matches_each_sequences_own_kv(kernel, read, dtype, order):
     c = case(kernel=kernel, page_read=read, kv_dtype=dtype, churn=1, decode_order=order, tile_kv=16)
     tables = make_tables(c, workload_of(c).n_tokens)
-    run = Run(c, tables, n_layers=1)
+    run = Run(c, of_case(c).k_fmt, tables, n_layers=1)
     tol = 2e-5 if dtype == "fp32" else 3e-3
     out = np.array(run.output(0).astype(mx.float32))
     np.testing.assert_allclose(out, own_oracle(c, run.rp, tables), atol=tol)

@@ -11,6 +11,7 @@ from test_model_tasks import HashTokenizer, case, tiny  # noqa: F401 - the fixtu
 
 from kvbench.engines import llamacpp as llama_engine
 from kvbench.engines import model_tasks as engine
+from kvbench.engines.contract import carrying
 from kvbench.kernels.model import passkey
 from kvbench.peers.llamacpp_passkey import parse_passkey, passkey_command
 
@@ -129,7 +130,7 @@ def test_llamacpp_engine_runs_only_this_retrieval_task():
 
 def test_retrieval_rows_keep_every_answer_text(tiny):  # noqa: F811 - the fixture
     c = case(phase="retrieval", task=passkey.TASK, trials=2, depth=0.5, context_len=120)
-    row = engine.build(c).check()
+    row = carrying(engine.build)(c).check()
     texts = json.loads(row["answer_texts"])
     assert len(texts) == 2 and all(isinstance(t, str) for t in texts)
     assert row["n_trials"] == 2 and row["n_ref_agree"] == 2  # the float32 cache against itself

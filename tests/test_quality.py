@@ -311,6 +311,16 @@ def test_ubatched_quality_equals_one_forward(tiny_gemma):
     assert Q.quality(tiny_gemma, ch, CacheSpec("q4_0"), joined, ubatch=6) == got
 
 
+def spec_only(c):
+    """The resolved case as the model engine reads it (its cache spec), for a model with no
+    file to plan from (of_case reads the model's metadata for its planned bytes)."""
+    from types import SimpleNamespace
+
+    from kvbench.suite.cache_spec import spec_of
+
+    return SimpleNamespace(spec=spec_of(c))
+
+
 def test_the_engine_feeds_quality_in_ubatches_of_512(tiny_gemma, monkeypatch):
     """The engine's quality rows: chunks of 1024 in micro-batches of 512 (llama-perplexity's
     n_ubatch), so a window layer's ring is window + sinks + 511 cells; the row says so."""
@@ -326,10 +336,10 @@ def test_the_engine_feeds_quality_in_ubatches_of_512(tiny_gemma, monkeypatch):
     made = _caches(monkeypatch)
     try:
         c = Case("g", 4, 4, 2, 64, 1024, phase="quality", kv_dtype="fp16", kernel="reference")
-        row = engine.build(c).check()
+        row = engine.build(c, spec_only(c)).check()
         w = Case("g", 4, 4, 2, 64, 1024, phase="quality", kv_dtype="fp16", kernel="reference",
                  window=16, sink_tokens=4)  # fmt: skip
-        wrow = engine.build(w).check()
+        wrow = engine.build(w, spec_only(w)).check()
     finally:
         engine.reference_of.cache_clear()
     assert row["ubatch"] == wrow["ubatch"] == 512 and row["n_scored"] == 511

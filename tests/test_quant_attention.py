@@ -9,6 +9,7 @@ import pytest
 from kvbench.case import Case
 from kvbench.engines import metrics
 from kvbench.engines.cache import build
+from kvbench.engines.contract import carrying
 from kvbench.engines.parity import compare_outputs
 from kvbench.errors import SuiteError
 from kvbench.kernels.attention.registry import KERNELS, reference, unsupported_reason
@@ -54,7 +55,7 @@ def test_cache_is_packed_and_measured(name):
     """alloc_bytes (active-memory growth) equals the exact formula: the cache is packed."""
     kernel = "sdpa" if name == "fp16" else "dequant_sdpa"
     case = Case("tiny", 2, 8, 2, 64, 96, kv_dtype=name, kernel=kernel, kv_data="outliers")
-    state = build(case)
+    state = carrying(build)(case)
     assert state.alloc_bytes == metrics.kv_bytes(case, get_format(name))
     acc = state.check()
     assert acc["cosine"] > 0.9  # per-row 4-bit scales suffer from the outlier channels
@@ -122,7 +123,7 @@ def test_peak_memory_covers_stages_not_the_check(monkeypatch):
     real_build = cache_engine.build
 
     def build_with_big_check(case):
-        state = real_build(case)
+        state = carrying(real_build)(case)
         check = state.check
 
         def heavy_check():

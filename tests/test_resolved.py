@@ -4,8 +4,11 @@ issue #32 by their figures, a planted mismatch caught, and the planned bytes by 
 
 from __future__ import annotations
 
+import ast
 import dataclasses
 import random
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -15,6 +18,8 @@ from kvbench.run import memory
 from kvbench.suite import resolved
 from kvbench.suite.plan import LayoutArgs, make_plan, resolve_shape
 from kvbench.suite.presets import PRESETS
+
+ROOT = Path(__file__).resolve().parents[1]
 
 CUSTOM = [(32, 32, 8, 128), (2, 6, 2, 64), (3, 4, 4, 96)]  # layers, q heads, kv heads, D
 LAYOUTS = {
@@ -197,3 +202,64 @@ def test_the_row_byte_formula_is_written_once(tmp_path):
     (tmp_path / "harness").mkdir()
     (tmp_path / "harness" / "x.py").write_text("b = 2 * L * fmt.nbytes(cells * hkv, d)\n")
     assert nbytes_callers(tmp_path) == {"harness/x.py"}
+
+
+# ---- of_case is the only resolver (#41) ------------------------------------------------------
+# A call that turns a case into its formats or its model cache's spec by another route than
+# suite/resolved.py of_case, with the reason it may: anything else the scan finds fails the test
+ROUTES = ("format_of", "v_format_of", "spec_of", "formats")
+OTHER_ROUTES = {
+    ("harness/suite/resolved.py", "of_case"): "the resolver itself",
+    ("harness/suite/cache_spec.py", "v_format_of"): "V's format is K's unless v_dtype is set",
+    ("harness/suite/validate.py", "check_case"): "a suite's check: the format resolves",
+    ("harness/suite/validate.py", "check_model"): "a suite's check: the spec's formats resolve",
+    ("harness/suite/suite.py", "model_kernel"): "a model case's default kernel, chosen before the "
+                                                "case exists",
+    ("harness/suite/shard.py", "case_cost"): "shard costs are counted before any model file is "
+                                             "fetched (of_case reads a model's metadata)",
+    ("kernels/model/spec.py", "kv_bytes"): "kernels/ cannot import the harness: the exact bytes of "
+                                           "a CacheSpec, from its formats",
+    ("kernels/model/cache.py", "__init__"): "the model caches built from a CacheSpec (make_cache)",
+}  # fmt: skip
+
+
+def resolver_calls(root: Path) -> list[tuple[str, str]]:
+    """(file, function) of every call of a route from a case to its formats or spec (ROUTES, or
+    get_format of a case's or a spec's field), found by walking the tree's modules."""
+    found = set()
+    for folder in ("harness", "kernels"):
+        for path in sorted((root / folder).rglob("*.py")):
+            for fn in ast.walk(ast.parse(path.read_text())):
+                if isinstance(fn, ast.FunctionDef):
+                    found |= {(str(path.relative_to(root)), fn.name) for c in ast.walk(fn)
+                              if isinstance(c, ast.Call) and _routes(c)}  # fmt: skip
+    return sorted(found)
+
+
+def _routes(call: ast.Call) -> bool:
+    f = call.func
+    name = f.id if isinstance(f, ast.Name) else f.attr if isinstance(f, ast.Attribute) else ""
+    first = ast.unparse(call.args[0]) if call.args else ""
+    if name == "formats":
+        return isinstance(f, ast.Attribute) and not call.args  # spec.formats()
+    return name in ROUTES or (name == "get_format" and first.startswith(("case.", "spec.")))
+
+
+def test_of_case_is_the_only_resolver():
+    assert [c for c in resolver_calls(ROOT) if c not in OTHER_ROUTES] == []
+    # a listed route that is gone leaves the list, so the list stays the truth
+    assert set(OTHER_ROUTES) <= set(resolver_calls(ROOT))
+
+
+def test_a_planted_resolver_is_caught(tmp_path):
+    skip = shutil.ignore_patterns("__pycache__", "*.metal", "*.cu", "*.h")
+    for folder in ("harness", "kernels"):
+        shutil.copytree(ROOT / folder, tmp_path / folder, ignore=skip)
+    plants = {"harness/engines/cache.py": "format_of(case)",
+              "harness/engines/model.py": "spec_of(case).formats()",
+              "harness/run/runner.py": "get_format(case.kv_dtype)"}  # fmt: skip
+    for path, call in plants.items():
+        with (tmp_path / path).open("a") as f:
+            f.write(f"\n\ndef planted(case):\n    return {call}\n")
+    new = [c for c in resolver_calls(tmp_path) if c not in OTHER_ROUTES]
+    assert new == sorted((p, "planted") for p in plants)

@@ -11,6 +11,7 @@ import pytest
 
 from kvbench.case import Case
 from kvbench.engines.cache import build
+from kvbench.engines.contract import carrying
 from kvbench.errors import SuiteError
 from kvbench.kernels.attention.registry import KERNELS, rotated
 from kvbench.kernels.formats import rotation
@@ -189,7 +190,7 @@ def test_cache_engine_stores_rotated_and_passes_parity(kernel):
     plain = Case(**TINY, kv_dtype="int4", group_size=32, kernel=kernel, kv_data="outliers")
     rot = Case(**{**vars(plain), "rotate_k": "hadamard", "rotate_v": "hadamard"})
     assert plain.case_id != rot.case_id and "rotK:hadamard" in rot.label()
-    acc = {c.rotate_k: build(c).check() for c in (plain, rot)}  # parity gate inside check
+    acc = {c.rotate_k: carrying(build)(c).check() for c in (plain, rot)}  # parity gate inside check
     # outlier channels: the rotation spreads them over the group (measured here: recon error
     # 0.170 -> 0.084, cosine 0.967 -> 0.980 for dequant_sdpa)
     assert acc["hadamard"]["cosine"] > acc["none"]["cosine"]
@@ -203,22 +204,22 @@ def test_cache_engine_rotates_in_the_cases_blocks():
 
     base = dict(TINY, head_dim=128, kv_dtype="fp32", kernel="sdpa", rotate_k="hadamard")
     case = Case(**base, rotate_v="hadamard", rot_block_k=32)
-    state = build(case)
+    state = carrying(build)(case)
     _, k, v = make_qkv(case.kv_data, (1, 8, 1, 128), (1, 2, 96, 128), case.seed, None)
     k_stored, v_stored = (np.array(a) for a in state.cache()[:2])
     for got, x, block in ((k_stored, k, 32), (v_stored, v, 64)):
         want = np.array(x) @ np.kron(np.eye(128 // block), np_walsh(block))
         np.testing.assert_allclose(got[:, :, :95], want[:, :, :95], atol=1e-5)
     assert state.effective["rot_block_k"] == 32 and state.effective["rot_block_v"] == 64
-    assert build(Case(**base)).effective["rot_block_k"] == 128  # llama.cpp's rule
-    assert build(Case(**base)).effective["rot_block_v"] is None  # V not rotated
+    assert carrying(build)(Case(**base)).effective["rot_block_k"] == 128  # llama.cpp's rule
+    assert carrying(build)(Case(**base)).effective["rot_block_v"] is None  # V not rotated
     assert state.check()["rel_err"] < 1e-5  # exact on fp32: the rotation undone
 
 
 def test_cache_engine_rotation_keeps_bytes():
     base = Case(**TINY, kv_dtype="int4", group_size=32, kernel="dequant_sdpa")
     rot = Case(**{**vars(base), "rotate_k": "hadamard"})
-    assert build(rot).kv_bytes == build(base).kv_bytes
+    assert carrying(build)(rot).kv_bytes == carrying(build)(base).kv_bytes
 
 
 @pytest.mark.parametrize(

@@ -11,6 +11,7 @@ import pytest
 
 from kvbench.case import Case
 from kvbench.engines import engine_for, sharded
+from kvbench.engines.contract import carrying
 from kvbench.engines.parity import ParityError
 from kvbench.errors import SuiteError
 from kvbench.run.session import run_suite
@@ -156,7 +157,7 @@ def test_two_ranks_by_context_through_the_runner(ranks, write_suite, tmp_path, q
 def test_two_ranks_by_uneven_heads_summed(ranks):
     """3 KV heads over 2 ranks (2 + 1), the all_sum combine, int4 stored on the ranks."""
     c = case(shard_by="heads", combine="sum", kv_dtype="int4")
-    state = sharded.build(c)
+    state = carrying(sharded.build)(c)
     plan = {"warmup_s": 0.0, "budget_s": 0.02, "min_samples": 2, "max_samples": 3}
     result = state.job({"step": {**plan, "target_ci": 0.05}}, True)
     assert 2 <= len(result.samples["step"]) <= 3

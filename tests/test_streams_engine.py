@@ -13,11 +13,13 @@ from conftest import numpy_attention
 from kvbench import engines
 from kvbench.engines import metrics
 from kvbench.engines.common import make_tables, workload_of
+from kvbench.engines.contract import carrying
 from kvbench.engines.streams import Run, build, counts, skip_reason
 from kvbench.errors import SuiteError
 from kvbench.kernels.attention.registry import KERNELS, Kernel, any_format, reference
 from kvbench.kernels.formats.registry import get_format
 from kvbench.run import runner
+from kvbench.suite.resolved import of_case
 from kvbench.suite.suite import Settings, expand, load_suite, resolve
 
 TINY = {"model": "tiny", "n_seqs": 3, "context_len": 40, "kv_dtype": "fp32"}
@@ -44,7 +46,7 @@ def test_every_sequence_matches_its_own_reference_in_both_layouts(order, kernel)
     tables = make_tables(c, workload_of(c).n_tokens)
     outs = {}
     for kind in ("per-stream", "unified"):
-        run = Run(c, kind, tables, n_layers=1)
+        run = Run(c, of_case(c).k_fmt, kind, tables, n_layers=1)
         outs[kind] = np.array(run.output(0))
         np.testing.assert_allclose(outs[kind], own_oracle(c, run.rp, tables), atol=2e-5)
     np.testing.assert_allclose(outs["per-stream"], outs["unified"], atol=2e-5)
@@ -52,7 +54,7 @@ def test_every_sequence_matches_its_own_reference_in_both_layouts(order, kernel)
 
 def test_check_passes_and_stages_run():
     c = case(workload="independent", layout="unified", kv_dtype="fp16")
-    state = build(c)
+    state = carrying(build)(c)
     acc = state.check()
     assert acc["rel_err"] < 1e-2 and acc["cosine"] > 0.999
     assert list(state.stages) == ["step", "write", "mask", "attend"]
@@ -70,7 +72,7 @@ def test_counts_for_a_hand_worked_case():
     c = case(context_len=9, kv_dtype="fp16", workload="shared-prefix", prefix_frac=1 / 3)
     assert c.prefix_len == 3
     tables = make_tables(c, workload_of(c).n_tokens)
-    per = Run(c, "per-stream", tables, c.n_layers)
+    per = Run(c, of_case(c).k_fmt, "per-stream", tables, c.n_layers)
     assert counts(c, per) == {
         "cells_alloc": 768,
         "cells_used": 27,
@@ -81,7 +83,7 @@ def test_counts_for_a_hand_worked_case():
         "bytes_touched": 3 * 256 * 1024,  # every stream read up to n_kv
         "bytes_needed": 27 * 1024,  # each sequence's own 9 cells
     }
-    got = counts(c, Run(c, "unified", tables, c.n_layers))
+    got = counts(c, Run(c, of_case(c).k_fmt, "unified", tables, c.n_layers))
     assert (got["cells_alloc"], got["cells_used"], got["n_kv"]) == (256, 21, 256)
     assert got["bytes_touched"] == 3 * 256 * 1024  # n_kv cells for each of the 3 sequences
     assert got["bytes_needed"] == 27 * 1024  # the prefix counts once per sequence using it
@@ -125,7 +127,7 @@ def test_streams_suites_load():
 def test_write_stage_stores_the_step_tokens(kind):
     c = case(workload="shared-prefix", prefix_frac=0.5, churn=2)
     tables = make_tables(c, workload_of(c).n_tokens)
-    run = Run(c, kind, tables, n_layers=1)
+    run = Run(c, of_case(c).k_fmt, kind, tables, n_layers=1)
     streams, cells, k, v = run.writes
     run.store.write(0, streams, cells, mx.zeros_like(k), mx.zeros_like(v))  # wipe them
     oracle = own_oracle(c, run.rp, tables)
@@ -146,7 +148,7 @@ def test_the_case_tile_reaches_the_kernel(monkeypatch):
     for kind, order in [("per-stream", "sequential"), ("unified", "interleaved")]:
         seen.clear()
         c = case(workload="independent", layout=kind, decode_order=order, kernel="tiled", tile_kv=8)
-        state = build(c)
+        state = carrying(build)(c)
         mx.eval(state.stages["attend"]())
         assert seen and set(seen) == {8}
 
@@ -192,7 +194,7 @@ def test_suite_rejects_kv_file_with_a_workload(write_suite, tmp_path):
 def test_alloc_bytes_is_the_stores_exact_size(kind, kv_dtype):
     """alloc_bytes measures the K/V stores only: not masks, queries or the step's writes."""
     c = case(workload="shared-prefix", prefix_frac=0.5, layout=kind, kv_dtype=kv_dtype)
-    state = build(c)
+    state = carrying(build)(c)
     assert state.alloc_bytes == state.extra["bytes_alloc"]
 
 
@@ -206,7 +208,7 @@ def test_kv_bytes_of_a_workload_row_is_the_occupied_cells():
     assert metrics.kv_bytes(c, get_format("fp16")) == 27 * 1024
     uni = dataclasses.replace(c, layout="unified")
     for cs, cells in ((c, 27), (uni, 21)):
-        state = build(cs)
+        state = carrying(build)(cs)
         assert state.kv_bytes == state.extra["bytes_used"] == cells * 1024
         run = runner.CaseRun(cs, {"step": [1.0, 1.1, 0.9]}, reported=runner.reported(cs, state))
         row = runner.finish(run, Settings(), {})
@@ -217,7 +219,7 @@ def test_a_workload_row_records_the_effective_tile():
     """A null tile_kv is the kernel's default (tiled: 256) in the row; sdpa has no tiles."""
     for kernel, tile, want in (("tiled", None, 256), ("tiled", 8, 8), ("sdpa", None, None)):
         c = case(workload="independent", kernel=kernel, tile_kv=tile)
-        state = build(c)
+        state = carrying(build)(c)
         run = runner.CaseRun(c, {"step": [1.0, 1.1, 0.9]}, reported=runner.reported(c, state))
         row = runner.finish(run, Settings(), {})
         assert (row.tile_kv, row.case_id) == (want, c.case_id)

@@ -71,16 +71,17 @@ def test_more_splits_cost_partials_and_q_not_kv():
 def test_a_gpu_kernel_row_records_its_planned_launch_and_traffic(monkeypatch):
     from kvbench.case import Case
     from kvbench.engines.cache import gpu_fields
+    from kvbench.suite.resolved import of_case
 
     monkeypatch.setenv("KVBENCH_GPU_CORES", "132")  # plan for an H100's SM count
     case = Case("tiny", 2, 8, 2, 64, 1024, kernel="cuda", kv_dtype="fp16")
-    f = gpu_fields(case)
+    f = gpu_fields(case, of_case(case).k_fmt)
     # by hand, per layer: K and V 2 x (1 x 2 x 1024 x 64) fp16 = 524288 B; q and out 8 x 64 x 2
     assert f["kernel_min_bytes"] == 2 * (524288 + 2 * 1024)
     assert f["kernel_read_bytes"] >= 2 * (524288 + 1024)
     assert f["traffic_excess"] >= 0 and f["gpu_cores"] == 132
     assert f["gpu_threads"] == launch.DEFAULT_THREADS and f["gpu_splits"] >= 1
-    assert gpu_fields(Case("tiny", 2, 8, 2, 64, 1024, kernel="sdpa")) == {}
+    assert gpu_fields(Case("tiny", 2, 8, 2, 64, 1024, kernel="sdpa"), None) == {}
 
 
 def test_fp8_and_iq4_nl_by_hand():

@@ -12,6 +12,7 @@ from kvbench.case import Case
 from kvbench.kernels.model.spec import CacheSpec, kv_bytes
 from kvbench.kernels.stores.footprint import layer_positions
 from kvbench.suite import plan
+from kvbench.suite.cache_spec import spec_of
 from kvbench.suite.presets import PRESETS
 
 GEMMA = PRESETS["gemma3-270m"]
@@ -67,23 +68,24 @@ def test_the_guard_plans_each_layers_allocation():
     for one forward over an 8192-token chunk."""
     from kvbench.suite.model_plan import model_plan
 
-    task = model_plan(_case("retrieval", task="passkey"), 262144, GEMMA.windows)
+    def plan_of(c, *args):  # the plan of a case with its own cache spec, as of_case makes it
+        return model_plan(c, spec_of(c), *args)
+
+    task = plan_of(_case("retrieval", task="passkey"), 262144, GEMMA.windows)
     cells = 3 * 8192 + 15 * 1023
     assert task["cache"] == 2 * cells * FP16_ROW == 40_879_104
     assert task["reference"] == 2 * cells * 256 * 4  # the float32 cache, the same layers
-    quality = model_plan(_case("quality"), 262144, GEMMA.windows)
+    quality = plan_of(_case("quality"), 262144, GEMMA.windows)
     assert quality["cache"] == task["cache"] == 2 * (3 * 8192 + 15 * 1023) * FP16_ROW
     assert quality["scores"] == 2 * 4 * 512 * 8192 * 4  # 4 query heads, 512 queries, float32
     # the reference's 4,096 scored rows of 262,144 log-probabilities and one 512-row micro-batch
     # of the row's own (compared as each is computed), not a second chunk's: 4.8 GB, not 8.6
     assert quality["logits"] == (4096 + 512) * 262144 * 4 == 4_831_838_208
     # a case window makes every layer a ring of window + sinks + 511
-    win = model_plan(_case("retrieval", task="passkey", window=1000, sink_tokens=24), 1, ())
+    win = plan_of(_case("retrieval", task="passkey", window=1000, sink_tokens=24), 1, ())
     assert win["cache"] == 2 * 18 * (1024 + 511) * FP16_ROW
     # without windows (a shape whose layers differ from the model's): every layer whole
-    assert (
-        model_plan(_case("retrieval", task="passkey"), 1, ())["cache"] == 2 * 18 * 8192 * FP16_ROW
-    )
+    assert plan_of(_case("retrieval", task="passkey"), 1, ())["cache"] == 2 * 18 * 8192 * FP16_ROW
     # `kvbench plan` counts what a layer holds (min(context, window)), the rows' kv_bytes too
     shape = plan.resolve_shape("gemma3-270m", None, None, None)
     assert plan.make_plan(shape, "fp16", context_len=8192).total_bytes == 2 * 32_256 * FP16_ROW
@@ -120,8 +122,8 @@ def test_model_rows_count_their_layers_and_the_ring_is_one_forward(tiny_gemma):
 
     case = Case(tiny_gemma, 4, 4, 2, 64, 40, phase="quality", kv_dtype="fp16")
     row = 2 * 2 * 64 * 2  # K and V, 2 KV heads, head_dim 64, fp16
-    assert common.model_kv_bytes(case) == (3 * 8 + 40) * row  # not 4 x 40
-    assert common.model_kv_bytes(case, 5) == 4 * 5 * row
+    assert common.model_kv_bytes(case, spec_of(case)) == (3 * 8 + 40) * row  # not 4 x 40
+    assert common.model_kv_bytes(case, spec_of(case), 5) == 4 * 5 * row
     # the guard plans the allocation: quality's one forward of 40 makes rings of 8 + 39
     assert memory.case_plan(case)["cache"] == (3 * 47 + 40) * row
     # ring: window 8 + one forward's 4 tokens - 1 = 11 cells, not 8 + capacity 40 - 1

@@ -36,6 +36,7 @@ from kvbench.kernels.formats.rotation import rotate
 from kvbench.kernels.stores.cache import KVCache
 from kvbench.suite import resolved
 from kvbench.suite.cache_spec import rotation_blocks
+from kvbench.suite.resolved import Resolved
 
 GPU_KERNELS = ("metal", "cuda")
 
@@ -50,7 +51,7 @@ def skip_reason(case: Case, backend: str) -> str | None:
     return common.kernel_reason(case, backend, common.problem_of(case, fmt))
 
 
-def gpu_fields(case: Case) -> dict:
+def gpu_fields(case: Case, fmt) -> dict:
     """The launch a custom GPU kernel (metal, cuda) makes for the case, as planned (tile,
     threads, splits, vector width, the core count it planned for), and its traffic model per
     step (kernels/attention/gpu/traffic.py, every layer): bytes it reads and writes against the
@@ -58,7 +59,6 @@ def gpu_fields(case: Case) -> dict:
     threadgroup-memory traffic, and the excess over moving each byte once. {} for others."""
     if case.kernel not in GPU_KERNELS:
         return {}
-    fmt = resolved.of_case(case).k_fmt
     problem = common.problem_of(case, fmt)
     plan = launch.plan(
         problem,
@@ -81,9 +81,9 @@ def gpu_fields(case: Case) -> dict:
     }
 
 
-def build(case: Case) -> State:
+def build(case: Case, r: Resolved) -> State:
     """Allocate and fill the cache for `case` (untimed) and return its stages."""
-    fmt = resolved.of_case(case).k_fmt
+    fmt = r.k_fmt
     lq = 1 if case.phase == "decode" else case.context_len
     q32, k32, v32 = make_qkv(
         case.kv_data,
@@ -162,5 +162,5 @@ def build(case: Case) -> State:
         baseline_bytes=baseline,
         cache=cache.arrays,
         effective=common.effective(case),
-        extra={"fill_peak_bytes": fill_peak, **gpu_fields(case)},
+        extra={"fill_peak_bytes": fill_peak, **gpu_fields(case, fmt)},
     )

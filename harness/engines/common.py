@@ -42,7 +42,7 @@ from kvbench.kernels.stores.layouts import cells_from_tokens
 from kvbench.kernels.stores.workloads import Replay, Workload
 from kvbench.stats import wilson
 from kvbench.suite import resolved
-from kvbench.suite.cache_spec import rotation_blocks, spec_of
+from kvbench.suite.cache_spec import rotation_blocks
 from kvbench.suite.model_plan import PREFILL_UBATCH
 
 UBATCH = PREFILL_UBATCH  # prefill micro-batch (llama.cpp's default n_ubatch): a window ring holds
@@ -246,11 +246,11 @@ def decode_flops(case: Case, model) -> int:
     return 2 * matmul_macs(model) + c.n_layers * 4 * c.n_heads * case.context_len * c.head_dim
 
 
-def decode_traffic(case: Case, model) -> tuple[int, int]:
+def decode_traffic(case: Case, model, spec) -> tuple[int, int]:
     """(read, written) of one decode step, each tensor once: every weight, the K/V of the
     context_len - 1 positions held, the new token's K/V written (activations not counted)."""
-    held = model_kv_bytes(case, case.context_len - 1)
-    return weight_bytes(model) + held, model_kv_bytes(case) - held
+    held = model_kv_bytes(case, spec, case.context_len - 1)
+    return weight_bytes(model) + held, model_kv_bytes(case, spec) - held
 
 
 def windowed(model, case: Case):
@@ -268,33 +268,33 @@ def model_effective(case: Case) -> dict:
     return dict(zip(("rot_block_k", "rot_block_v"), rotation_blocks(case)))
 
 
-def model_kv_bytes(case: Case, n_tokens: int | None = None) -> int:
+def model_kv_bytes(case: Case, spec, n_tokens: int | None = None) -> int:
     """Exact bytes the case's cache holds after n_tokens (default context_len), each layer at
     its own positions: a sliding-window layer (the model's, or every layer with `window`)
     holds min(n_tokens, window + sinks)."""
     c = windowed(model_of(case.model)[0], case).config
     n = case.context_len if n_tokens is None else n_tokens
-    return kv_spec.kv_bytes(spec_of(case), n, c.n_layers, c.n_kv_heads, c.head_dim,
+    return kv_spec.kv_bytes(spec, n, c.n_layers, c.n_kv_heads, c.head_dim,
                             windows=c.windows)  # fmt: skip
 
 
-def model_bits_per_elem(case: Case) -> float:
+def model_bits_per_elem(case: Case, spec) -> float:
     """Stored bits per K/V element of the whole spec (separate formats, fp16 sinks and
     residual window, per-channel scales included): kv_bytes over the context's elements (a
     sliding window holds fewer than the context: its bits per context element are fewer)."""
     c = model_of(case.model)[0].config
     elems = 2 * c.n_layers * c.n_kv_heads * case.context_len * c.head_dim
-    return 8 * model_kv_bytes(case) / elems
+    return 8 * model_kv_bytes(case, spec) / elems
 
 
 def model_skip_reason(case: Case, backend: str) -> str | None:
     """A plain spec runs the kernel on the stored format; any other spec (separate K/V formats,
     per-channel keys, sinks, a residual window) hands the kernel a dense view."""
-    spec = spec_of(case)
+    r = resolved.of_case(case)
     f32 = case.kernel in KERNELS and KERNELS[case.kernel].float32
     dense = get_format("fp32" if f32 else "fp16")
     try:
-        for fmt in spec.formats() if spec.plain else (dense,):
+        for fmt in (r.k_fmt, r.v_fmt) if r.spec.plain else (dense,):
             kv_store.check_kernel(case.kernel, fmt, backend)
     except ValueError as e:
         return str(e)

@@ -75,18 +75,19 @@ class State:
 class Engine(NamedTuple):
     claims: Callable[[Case], bool]  # does this engine run the case?
     skip_reason: Callable[[Case, str], str | None]  # (case, backend) -> reason, or None
-    build: Callable[[Case], State]
+    build: Callable[[Case], State]  # carrying(the engine's build(case, resolved))
 
 
-def carrying(build: Callable[[Case], State]) -> Callable[[Case], State]:
-    """An engine's build whose State carries the case resolved (suite/resolved.py), unless the
-    engine set it itself."""
+def carrying(build: Callable[[Case, Resolved], State]) -> Callable[[Case], State]:
+    """An engine's `build(case, resolved)` handed the case resolved once (suite/resolved.py
+    of_case: formats, the model cache's spec, cells, bytes), which the engine reads instead of
+    resolving anything itself; its State carries it for the runner's row."""
 
     @functools.wraps(build)
     def built(case: Case) -> State:
-        state = build(case)
-        if state.resolved is None:
-            state.resolved = resolved.of_case(case)
+        r = resolved.of_case(case)
+        state = build(case, r)
+        state.resolved = r
         return state
 
     return built

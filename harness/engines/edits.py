@@ -44,7 +44,7 @@ from kvbench.kernels.stores.edits import (
 from kvbench.kernels.stores.footprint import row_bytes
 from kvbench.kernels.stores.layouts import KV_PAD, LayoutStore, cells_from_tokens
 from kvbench.kernels.stores.workloads import build_layout
-from kvbench.suite import resolved
+from kvbench.suite.resolved import Resolved
 
 GROUP = 4  # self-extend's group factor (llama.cpp's ga_n)
 
@@ -76,8 +76,8 @@ def plan_edit(case: Case, cells) -> tuple[str, np.ndarray, np.ndarray]:
 
 
 class Run:
-    def __init__(self, case: Case, tables, n_layers: int):
-        self.case, self.fmt = case, resolved.of_case(case).k_fmt
+    def __init__(self, case: Case, fmt, tables, n_layers: int):
+        self.case, self.fmt = case, fmt
         q32, k_tab, v_tab = tables
         self.layout, _ = build_layout(common.workload_of(case), "unified", KV_PAD)
         self.cells = self.layout.streams[0]
@@ -140,10 +140,10 @@ def traffic(case: Case, run: Run) -> tuple[int, int]:
     return moved, moved
 
 
-def build(case: Case) -> State:
-    fmt = resolved.of_case(case).k_fmt
+def build(case: Case, r: Resolved) -> State:
+    fmt = r.k_fmt
     tables = common.make_tables(case, common.workload_of(case).n_tokens)
-    run = Run(case, tables, case.n_layers)
+    run = Run(case, fmt, tables, case.n_layers)
 
     def attend() -> list[mx.array]:
         return [run.attend(layer) for layer in range(run.store.n_layers)]

@@ -62,6 +62,7 @@ from kvbench.peers import llamacpp, llamacpp_kl
 from kvbench.peers.llamacpp_passkey import TOOL, run_passkey
 from kvbench.peers.llamacpp_perplexity import run_perplexity
 from kvbench.peers.llamacpp_weights import weights_file
+from kvbench.suite.resolved import Resolved
 
 KERNEL = "llama.cpp"
 N_GEN = 16  # decode steps per llama-bench repetition
@@ -355,7 +356,7 @@ def retrieval_job(case: Case, gguf: Path):
 JOBS = {"model_decode": decode_job, "quality": quality_job, "retrieval": retrieval_job}
 
 
-def build(case: Case) -> State:
+def build(case: Case, r: Resolved) -> State:
     # peer_weights f32: the GGUF dequantized to float32 (harness/peers/llamacpp_weights.py)
     gguf = weights_file(require_model(case.model), case.peer_weights)
     model, _ = common.model_of(case.model)
@@ -367,10 +368,10 @@ def build(case: Case) -> State:
     return State(
         {"step": lambda: None} if decode else {},
         lambda: {},
-        traffic=common.decode_traffic(case, model) if decode else (0, 0),
+        traffic=common.decode_traffic(case, model, r.spec) if decode else (0, 0),
         flops=common.decode_flops(case, model) if decode else None,
-        kv_bytes=common.model_kv_bytes(case),
-        bits_per_elem=common.model_bits_per_elem(case),
+        kv_bytes=common.model_kv_bytes(case, r.spec),
+        bits_per_elem=common.model_bits_per_elem(case, r.spec),
         baseline_bytes=None,  # llama.cpp's memory is not MLX's
         # llama.cpp's key order (the GGUF's), rotated in its own blocks
         effective={"k_order": key_order(model), **common.model_effective(case)},

@@ -39,7 +39,8 @@ from kvbench.engines.model_step import ModelStep
 from kvbench.kernels.model import cache as kv_store
 from kvbench.kernels.model import matvec, meter, quality, rope
 from kvbench.kernels.model.run import prefill
-from kvbench.suite.cache_spec import MODEL_PHASES, format_of, spec_of
+from kvbench.suite.cache_spec import MODEL_PHASES
+from kvbench.suite.resolved import Resolved
 
 
 def claims(case: Case) -> bool:
@@ -60,13 +61,13 @@ def reference_of(name: str, text: str, context_len: int, n_chunks: int):
     return chunks, ref, m.wall_s
 
 
-def decode_state(case: Case, n_new: int = 1) -> State:
+def decode_state(case: Case, r: Resolved, n_new: int = 1) -> State:
     """The timed step: n_new tokens (at most common.UBATCH) at depth context_len - n_new
     (engines/model_step.py); 1 is the model_decode phase's decode step, more a prefill
     micro-batch (kvbench profile --ubatch). With settings.stages the runner also times the
     step's KV write and attention over the stored cache on their own (write_ms, attend_ms)."""
     model, _ = common.model_of(case.model)
-    spec = spec_of(case)
+    spec = r.spec
     depth = case.context_len - n_new
     tokens = common.tokens_of(case.model, case.text)
     if len(tokens) < case.context_len:
@@ -82,10 +83,10 @@ def decode_state(case: Case, n_new: int = 1) -> State:
     return State(
         {"step": step, "write": step.part("write"), "attend": step.part("attend")},
         lambda: held,
-        traffic=common.decode_traffic(case, model),
+        traffic=common.decode_traffic(case, model, spec),
         flops=common.decode_flops(case, model),
-        bits_per_elem=common.model_bits_per_elem(case),
-        kv_bytes=common.model_kv_bytes(case),
+        bits_per_elem=common.model_bits_per_elem(case, r.spec),
+        kv_bytes=common.model_kv_bytes(case, r.spec),
         alloc_bytes=cache.held_bytes(),
         baseline_bytes=baseline,
         cache=cache.arrays,
@@ -106,24 +107,24 @@ def cpu_paths(step: ModelStep) -> dict:
             "rope": "table" if rope.table_calls() > tabled else "fast"}  # fmt: skip
 
 
-def quality_state(case: Case) -> State:
+def quality_state(case: Case, r: Resolved) -> State:
     model = common.windowed(common.model_of(case.model)[0], case)
 
     def check() -> dict:
         chunks, ref, ref_s = reference_of(case.model, case.text, case.context_len, case.chunks)
         with meter.metered() as m:
-            row = quality.quality(model, chunks, spec_of(case), ref, case.kernel, common.UBATCH,
+            row = quality.quality(model, chunks, r.spec, ref, case.kernel, common.UBATCH,
                                   case.tile_kv, keep_tokens=True)  # fmt: skip
         bos = common.chunk_bos(case.model) is not None
         per_token = row.pop("per_token")  # the run's per-token file (store/tokens.py)
         return {**row, **m.fields(), "ref_wall_s": ref_s, "chunk_bos": bos,
                 "ubatch": common.ubatch_of(case), TOKENS: per_token}  # fmt: skip
 
-    return State({}, check, traffic=(0, 0), kv_bytes=common.model_kv_bytes(case),
-                 bits_per_elem=common.model_bits_per_elem(case),
+    return State({}, check, traffic=(0, 0), kv_bytes=common.model_kv_bytes(case, r.spec),
+                 bits_per_elem=common.model_bits_per_elem(case, r.spec),
                  effective=common.model_effective(case))  # fmt: skip
 
 
-def build(case: Case) -> State:
-    format_of(case)  # a bad format fails here, not in the model
-    return quality_state(case) if case.phase == "quality" else decode_state(case)
+def build(case: Case, r: Resolved) -> State:
+    """The case resolved (a bad format failed there, not in the model): its cache spec."""
+    return quality_state(case, r) if case.phase == "quality" else decode_state(case, r)

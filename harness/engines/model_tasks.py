@@ -25,8 +25,9 @@ from kvbench.engines import common
 from kvbench.engines.contract import State
 from kvbench.kernels.model import generate, meter, quality, retrieval
 from kvbench.kernels.model.cache import make_cache
-from kvbench.suite.cache_spec import TASK_PHASES, format_of, spec_of
+from kvbench.suite.cache_spec import TASK_PHASES
 from kvbench.suite.model_plan import PREFILL_UBATCH
+from kvbench.suite.resolved import Resolved
 
 UBATCH = PREFILL_UBATCH  # prefill micro-batch of the task phases (llama.cpp's default ubatch)
 
@@ -63,11 +64,11 @@ def reference_answers(*key) -> tuple[tuple, float]:
     return got, m.wall_s
 
 
-def retrieval_state(case: Case) -> State:
+def retrieval_state(case: Case, r: Resolved) -> State:
     def check() -> dict:
         key = (case.model, case.task, case.context_len, case.depth, case.trials, case.seed)
         ref, ref_s = reference_answers(*key)
-        spec, sat = spec_of(case), []
+        spec, sat = r.spec, []
         with meter.metered() as m:
             got = answers(key, spec, case.kernel, case.tile_kv, case, sat)
         truth = [p.answer for p in common.prompts_of(*key)]
@@ -76,8 +77,8 @@ def retrieval_state(case: Case) -> State:
         row |= {"kv_saturated": sum(sat)} if spec.saturates else {}
         return {**row, **m.fields(), "ref_wall_s": ref_s, "ubatch": common.ubatch_of(case)}
 
-    return State({}, check, traffic=(0, 0), kv_bytes=common.model_kv_bytes(case),
-                 bits_per_elem=common.model_bits_per_elem(case),
+    return State({}, check, traffic=(0, 0), kv_bytes=common.model_kv_bytes(case, r.spec),
+                 bits_per_elem=common.model_bits_per_elem(case, r.spec),
                  effective=common.model_effective(case))  # fmt: skip
 
 
@@ -91,25 +92,25 @@ def generate_reference(name: str, text: str, context_len: int, n_chunks: int, n_
     return chunks, refs, m.wall_s
 
 
-def generate_state(case: Case) -> State:
+def generate_state(case: Case, r: Resolved) -> State:
     def check() -> dict:
         model = common.windowed(common.model_of(case.model)[0], case)
         chunks, refs, ref_s = generate_reference(case.model, case.text, case.context_len,
                                                  case.chunks, case.gen_tokens)  # fmt: skip
         with meter.metered() as m:
             row = generate.generate_error(
-                model, chunks, refs, spec_of(case), case.gen_tokens, case.kernel, case.tile_kv,
+                model, chunks, refs, r.spec, case.gen_tokens, case.kernel, case.tile_kv,
                 case.quantized_kv_start, UBATCH,
             )  # fmt: skip
         bos = common.chunk_bos(case.model) is not None
         return {**row, **m.fields(), "ref_wall_s": ref_s, "chunk_bos": bos,
                 "ubatch": common.ubatch_of(case)}  # fmt: skip
 
-    return State({}, check, traffic=(0, 0), kv_bytes=common.model_kv_bytes(case),
-                 bits_per_elem=common.model_bits_per_elem(case),
+    return State({}, check, traffic=(0, 0), kv_bytes=common.model_kv_bytes(case, r.spec),
+                 bits_per_elem=common.model_bits_per_elem(case, r.spec),
                  effective=common.model_effective(case))  # fmt: skip
 
 
-def build(case: Case) -> State:
-    format_of(case)  # a bad format fails here, not in the model
-    return retrieval_state(case) if case.phase == "retrieval" else generate_state(case)
+def build(case: Case, r: Resolved) -> State:
+    """The case resolved (a bad format failed there, not in the model): its cache spec."""
+    return retrieval_state(case, r) if case.phase == "retrieval" else generate_state(case, r)

@@ -46,7 +46,7 @@ from kvbench.kernels.stores.paged import (
     pages_per_tile,
 )
 from kvbench.kernels.stores.workloads import build_paged
-from kvbench.suite import resolved
+from kvbench.suite.resolved import Resolved
 
 
 def claims(case: Case) -> bool:
@@ -72,8 +72,8 @@ class Call:
 class Run:
     """A paged pool filled for a case, with the functions of its stages."""
 
-    def __init__(self, case: Case, tables, n_layers: int):
-        self.case, self.fmt = case, resolved.of_case(case).k_fmt
+    def __init__(self, case: Case, fmt, tables, n_layers: int):
+        self.case, self.fmt = case, fmt
         q32, k_tab, v_tab = tables
         self.layout, self.rp = build_paged(common.workload_of(case), case.page_size)
         shape = (n_layers, case.n_kv_heads, case.head_dim)
@@ -186,10 +186,10 @@ def effective(case: Case) -> dict:
     return common.effective(case)
 
 
-def build(case: Case) -> State:
-    fmt = resolved.of_case(case).k_fmt
+def build(case: Case, r: Resolved) -> State:
+    fmt = r.k_fmt
     tables = common.make_tables(case, common.workload_of(case).n_tokens)
-    run = Run(case, tables, case.n_layers)
+    run = Run(case, fmt, tables, case.n_layers)
     stages = common.layered_stages(run, run.build_inputs, run.inputs)
 
     def check() -> dict:

@@ -34,7 +34,7 @@ from kvbench.kernels.formats.registry import get_format
 from kvbench.peers.base import DecodeData
 from kvbench.peers.registry import PEERS, peer_unsupported_reason, version
 from kvbench.suite import resolved
-from kvbench.suite.cache_spec import format_of
+from kvbench.suite.resolved import Resolved
 
 
 def _torch_cuda_reason() -> str | None:
@@ -59,7 +59,7 @@ def skip_reason(case: Case, backend: str) -> str | None:
     if not peer.windowed and window_reason(case):
         return window_reason(case)
     try:
-        format_of(case)
+        resolved.of_case(case)
     except (KeyError, ValueError) as e:
         return str(e).strip("'\"")
     reason = peer_unsupported_reason(case.kernel, case.kv_dtype, backend)
@@ -68,9 +68,9 @@ def skip_reason(case: Case, backend: str) -> str | None:
     return reason
 
 
-def build(case: Case) -> State:
+def build(case: Case, r: Resolved) -> State:
     """Build the peer for `case`: convert the data, allocate, prefill and prime (untimed)."""
-    fmt = resolved.of_case(case).k_fmt
+    fmt = r.k_fmt
     peer = PEERS[case.kernel]
     q32, k32, v32 = make_qkv(
         case.kv_data,

@@ -48,6 +48,7 @@ from kvbench.engines.parity import ParityError
 from kvbench.kernels.attention.sharded import sent_bytes, split_bounds
 from kvbench.kernels.stores.footprint import row_bytes
 from kvbench.suite import resolved
+from kvbench.suite.resolved import Resolved
 
 STAGES = ("step", "write", "attend", "comm")
 BACKENDS = ("ring", "mpi", "nccl", "jaccl", "jaccl-ring")  # mlx.launch --backend choices
@@ -117,9 +118,9 @@ def step_sent_bytes(case: Case) -> int:
     return case.n_layers * one
 
 
-def build(case: Case) -> State:
+def build(case: Case, r: Resolved) -> State:
     """No arrays here: the ranks build the cache when the runner calls the job."""
-    fmt = resolved.of_case(case).k_fmt
+    fmt = r.k_fmt
     return State(
         dict.fromkeys(STAGES),  # timed in the ranks
         check=_checked_in_job,

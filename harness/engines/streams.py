@@ -38,7 +38,7 @@ from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.stores.footprint import row_bytes
 from kvbench.kernels.stores.layouts import KV_PAD, Layout, LayoutStore
 from kvbench.kernels.stores.workloads import Replay, build_layout
-from kvbench.suite import resolved
+from kvbench.suite.resolved import Resolved
 
 
 def claims(case: Case) -> bool:
@@ -90,8 +90,8 @@ class Run:
     growth when the (zeroed) stores are allocated, before they are filled and before masks,
     queries and the step's writes exist (as the cache engine measures its cache)."""
 
-    def __init__(self, case: Case, kind: str, tables, n_layers: int):
-        self.case, self.fmt = case, resolved.of_case(case).k_fmt
+    def __init__(self, case: Case, fmt, kind: str, tables, n_layers: int):
+        self.case, self.fmt = case, fmt
         q32, k_tab, v_tab = tables
         self.layout, self.rp = build_layout(common.workload_of(case), kind, KV_PAD)  # host metadata
         shape = (n_layers, case.n_kv_heads, case.head_dim)
@@ -169,10 +169,10 @@ def traffic(case: Case, run: Run, touched: int) -> tuple[int, int]:
     return touched + case.n_layers * per_layer_read, case.n_layers * per_layer_written
 
 
-def build(case: Case) -> State:
-    fmt = resolved.of_case(case).k_fmt
+def build(case: Case, r: Resolved) -> State:
+    fmt = r.k_fmt
     tables = common.make_tables(case, common.workload_of(case).n_tokens)
-    run = Run(case, case.layout, tables, case.n_layers)
+    run = Run(case, fmt, case.layout, tables, case.n_layers)
     stages = common.layered_stages(run, run.build_masks, run.masks)
 
     def check() -> dict:
@@ -181,7 +181,7 @@ def build(case: Case) -> State:
         act = fmt.compute_dtype
         parity_gate(case.kernel, out, common.sequence_reference(case, run.rp, tables, fmt), act)
         other = "unified" if case.layout == "per-stream" else "per-stream"
-        twin = Run(case, other, tables, 1)
+        twin = Run(case, fmt, other, tables, 1)
         parity_gate(f"{case.kernel} ({other} layout)", out, twin.output(0), act)
         exact = common.sequence_reference(case, run.rp, tables, get_format("fp32"))
         tokens = np.stack([st.token for st in run.layout.streams])  # [n_stream, size]

@@ -38,6 +38,7 @@ from kvbench.kernels.stores.cache import ALL, KVStore
 from kvbench.kernels.stores.footprint import row_bytes
 from kvbench.kernels.stores.window import Ring
 from kvbench.suite import resolved
+from kvbench.suite.resolved import Resolved
 
 
 def claims(case: Case) -> bool:
@@ -104,8 +105,8 @@ def traffic(case: Case, fmt, touched: int) -> tuple[int, int]:
     return touched + case.n_layers * read, case.n_layers * written
 
 
-def build(case: Case) -> State:
-    fmt = resolved.of_case(case).k_fmt
+def build(case: Case, r: Resolved) -> State:
+    fmt = r.k_fmt
     act = fmt.compute_dtype
     ctx = case.context_len
     q32, k32, v32 = make_qkv(

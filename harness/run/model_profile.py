@@ -22,6 +22,7 @@ from kvbench import stats, timer
 from kvbench.case import Case
 from kvbench.engines import model as model_engine
 from kvbench.run import runner
+from kvbench.suite.resolved import of_case
 from kvbench.suite.suite import Settings
 
 PART_NAMES = {
@@ -119,7 +120,7 @@ def format_breakdown(case: Case, backend: str, n_new: int, table: dict) -> str:
 
 def profile_model(case: Case, settings: Settings, backend: str, n_new: int = 1) -> str:
     """The breakdown of one model step of `case` as text."""
-    state = model_engine.decode_state(case, n_new)
+    state = model_engine.decode_state(case, of_case(case), n_new)
     step = state.profile
     stages = {"step": state.stages["step"], **step.parts()}
     samples = measure(stages, settings, step)

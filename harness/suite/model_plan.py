@@ -28,7 +28,6 @@ from collections import Counter
 from kvbench.case import Case
 from kvbench.kernels.model.spec import kv_bytes
 from kvbench.kernels.stores.footprint import layer_cells
-from kvbench.suite.cache_spec import spec_of
 
 PREFILL_UBATCH = 512  # the prefill micro-batch of every model phase (llama.cpp's n_ubatch default)
 F32 = 4
@@ -39,16 +38,17 @@ def capacity(case: Case) -> int:
     return case.context_len + (case.gen_tokens if case.phase == "generate" else 0)
 
 
-def model_plan(case: Case, vocab: int, windows: tuple = ()) -> dict[str, int]:
+def model_plan(case: Case, spec, vocab: int, windows: tuple = ()) -> dict[str, int]:
     """The parts of a model-phase case's planned bytes (module docstring) and their total;
-    `windows`: the model's per-layer windows (kernels/model/load.py Shape.windows)."""
+    `spec`: its cache (suite/resolved.py of_case); `windows`: the model's per-layer windows
+    (kernels/model/load.py Shape.windows)."""
     n = capacity(case)
     layers, heads, dim = case.n_layers, case.n_kv_heads, case.head_dim
     query = min(PREFILL_UBATCH, n)  # one forward's positions
     if case.window is not None:
         windows = ((case.window, case.sink_tokens),) * layers
     cells = Counter(layer_cells(n, windows if len(windows) == layers else (), layers, query))
-    cache = sum(kv_bytes(spec_of(case), c, k, heads, dim) for c, k in cells.items())
+    cache = sum(kv_bytes(spec, c, k, heads, dim) for c, k in cells.items())
     ref = sum(2 * k * c * heads * dim * F32 for c, k in cells.items())
     reference = 0 if case.phase == "model_decode" else ref
     logits = 0

@@ -27,7 +27,7 @@ from functools import lru_cache
 
 from kvbench.case import Case
 from kvbench.kernels.stores.footprint import LayoutArgs, kv_bytes, layer_positions, layout_counts
-from kvbench.suite.cache_spec import MODEL_PHASES, format_of, v_format_of
+from kvbench.suite.cache_spec import MODEL_PHASES, format_of, spec_of, v_format_of
 from kvbench.suite.model_plan import model_plan
 
 
@@ -45,6 +45,7 @@ class Resolved:
     cache_bytes: int
     planned: dict  # the planned peak: cache, source, transient, total (bytes)
     layer_cells: tuple | None = None  # per layer, where a model's window layers hold fewer
+    spec: object | None = None  # a model phase's cache (kernels/model/spec.py CacheSpec)
 
 
 def layout_args(case: Case) -> LayoutArgs:
@@ -126,5 +127,6 @@ def of_case(case: Case) -> Resolved:
     from kvbench.kernels.model.source import model_shape
 
     shape = model_shape(case.model)  # its vocabulary (none: no logits) and window layers
-    planned = model_plan(case, shape.vocab or 0, shape.windows)
-    return dataclasses.replace(r, cache_bytes=planned["cache"], planned=planned)
+    spec = spec_of(case)
+    planned = model_plan(case, spec, shape.vocab or 0, shape.windows)
+    return dataclasses.replace(r, cache_bytes=planned["cache"], planned=planned, spec=spec)

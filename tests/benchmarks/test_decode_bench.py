@@ -15,6 +15,7 @@ import mlx.core as mx
 import pytest
 
 from kvbench.engines.cache import build
+from kvbench.engines.contract import carrying
 from kvbench.run.context import run_context
 from kvbench.suite.suite import resolve
 
@@ -29,7 +30,7 @@ CONTEXT_KEYS = ("device", "backend", "mlx_version", "kvbench_version", "schema_v
 @pytest.mark.parametrize("combo", CASES, ids=lambda c: f"{c['kv_dtype']}-{c['kernel']}")
 def test_decode_step(benchmark, combo):
     case = resolve("tests/benchmarks", combo)
-    state = build(case)
+    state = carrying(build)(case)
     state.check()  # parity gate: a wrong kernel is never timed
     step = state.stages["step"]
 
