@@ -6,6 +6,9 @@ import subprocess
 import sys
 
 import pandas as pd
+import pytest
+
+from kvbench.cli import main
 
 
 def kvbench(*args, cwd=None):
@@ -87,3 +90,22 @@ def test_run_filtered_case_end_to_end(tmp_path):
     rows = pd.read_csv(csv)
     assert len(rows) == 2 and set(rows["status"]) == {"ok"}
     assert str(csv) in r.stdout and "median_ms" in r.stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["run", "--model", "llama-3-8b", "--context", "1k", "--out", ""],
+        ["import", "x.json", "--out", " "],
+        ["merge", "results", "-o", ""],
+        ["compare", "a.csv", "b.csv", "-o", ""],
+    ],
+)
+def test_an_empty_output_path_is_refused_not_the_current_directory(argv, tmp_path, monkeypatch,
+                                                                   capsys):  # fmt: skip
+    """#44 item 9: `--out ''` wrote the run's files into the current directory."""
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and ": empty: " in err
+    assert list(tmp_path.iterdir()) == []

@@ -169,3 +169,19 @@ def test_paired_gate_end_to_end_on_a_clone_of_this_repository(tmp_path, monkeypa
     assert tuple(pairs.columns) == PAIR_COLUMNS and len(pairs) == 8
     assert list(pairs["first"][:4]) == ["base", "new", "base", "new"]
     assert (pairs[["base_ms", "new_ms"]] > 0).all().all()
+
+
+@pytest.mark.parametrize("budget", ["0", "-1", "nan", "1e9"])
+def test_pair_budget_out_of_bounds_is_refused_before_anything_runs(budget, monkeypatch, capsys):
+    """#44 item 9: a budget of 0 or less stopped at the first look (20 biased pairs) and called
+    identical code 1.16x slower; now one line, exit 2, and the gate never starts."""
+    import kvbench.analysis.gate as g
+    from kvbench.cli import main
+
+    def ran(*a, **k):
+        raise AssertionError("the paired gate ran")
+
+    monkeypatch.setattr(g, "paired", ran)
+    assert main(["gate", "HEAD", "--pair-budget-s", budget]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("kvbench: --pair-budget-s: ") and err.count("\n") == 1

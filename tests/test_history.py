@@ -39,8 +39,20 @@ def test_history_in_git_order_finds_the_planted_step(tmp_path, capsys, monkeypat
 def test_commits_outside_the_repo_fall_back_to_timestamps(tmp_path):
     res = tmp_path / "results"
     res.mkdir()
-    write_run(res, "late", {"c1": draw(20, 2.0)}, commit="bbbbbbbbbbbb", timestamp="2026-02")
-    write_run(res, "early", {"c1": draw(20, 1.0)}, commit="aaaaaaaaaaaa", timestamp="2026-01")
+    write_run(
+        res,
+        "late",
+        {"c1": draw(20, 2.0)},
+        commit="bbbbbbbbbbbb",
+        timestamp="2026-02-01T00:00:00+00:00",
+    )
+    write_run(
+        res,
+        "early",
+        {"c1": draw(20, 1.0)},
+        commit="aaaaaaaaaaaa",
+        timestamp="2026-01-01T00:00:00+00:00",
+    )
     h = history(res, repo=tmp_path)  # not a git repository
     assert h.order == "timestamp" and h.points == ["aaaaaaaaaaaa", "bbbbbbbbbbbb"]
     assert list(h.table["step"]) == ["", "slower"]

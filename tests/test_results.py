@@ -52,8 +52,21 @@ def test_latest_measured_run_wins_and_ref_prefers_a_clean_tree(repo):
     res = path / "results"
     c = shas[0][:12]
     write_run(res, "later", {"c1": draw(10, 5.0)}, commit=c, timestamp="2026-02-01T00:00:00+00:00")
-    write_run(res, "latest-dirty", {"c1": draw(10, 9.0)}, commit=c, dirty=True, timestamp="2026-03")
-    write_run(res, "latest-error", {"c1": {"status": "error"}}, commit=c, timestamp="2026-04")
+    write_run(
+        res,
+        "latest-dirty",
+        {"c1": draw(10, 9.0)},
+        commit=c,
+        dirty=True,
+        timestamp="2026-03-01T00:00:00+00:00",
+    )
+    write_run(
+        res,
+        "latest-error",
+        {"c1": {"status": "error"}},
+        commit=c,
+        timestamp="2026-04-01T00:00:00+00:00",
+    )
     picked = load("HEAD~2", res, path).pick()
     assert list(picked["run_id"]) == ["later"]  # ok before error, clean before dirty
     assert list(load(str(res)).pick()["run_id"]) == ["latest-dirty"]  # a directory: latest ok
@@ -101,3 +114,18 @@ def test_cli_compare_pool(tmp_path, capsys):
     assert main(["compare", str(base), str(new), "--pool"]) == 0
     out = capsys.readouterr().out
     assert out.count("[pooled: 2 runs per case]") == 2 and "20/20" in out
+
+
+@pytest.mark.parametrize("stamp", ["yesterday", "2026-13-01T00:00:00+00:00", "99999"])
+def test_a_timestamp_that_is_not_a_time_is_refused(tmp_path, stamp):
+    """#44 item 9: 'yesterday' was accepted and sorted (as text) after every real time, so
+    compare and history took that row as the newest without a word."""
+    write_run(tmp_path, "r1", {"c1": [1.0]}, timestamp=stamp)
+    with pytest.raises(UserError, match=r"r1\.csv: timestamp: not a time .* data row 1"):
+        load(str(tmp_path))
+
+
+def test_real_timestamps_with_offsets_still_load(tmp_path):
+    write_run(tmp_path, "r1", {"c1": [1.0]}, timestamp="2026-01-01T00:00:00+02:00")
+    write_run(tmp_path, "r2", {"c1": [1.0]}, timestamp="2026-01-01T00:00:00Z")
+    assert len(load(str(tmp_path)).rows) == 2

@@ -125,3 +125,21 @@ def test_merge_keeps_the_kept_rows_per_token_values(tmp_path):
     merge([str(a)], tmp_path / "out")
     got = read_tokens(tmp_path / "out" / "r1.csv")
     assert got.values.tolist() == [list(x) for x in lines[:2]]  # only the kept rows' tokens
+
+
+@pytest.mark.parametrize("bare_first", [True, False])
+def test_merge_keeps_the_copy_of_a_run_that_has_its_samples(tmp_path, bare_first):
+    """#44 item 9: two identical copies of a run, one without its samples file: the copy with
+    samples is kept whatever the input order (it kept the first given, and compare then said
+    'no raw samples')."""
+    import shutil
+
+    full, bare = tmp_path / "full", tmp_path / "bare"
+    run = write_run(full, "r1", {"c1": [1.0, 1.2, 1.1]}, host="h")
+    bare.mkdir()
+    shutil.copy(run, bare / run.name)  # the results CSV alone
+    inputs = [str(bare), str(full)] if bare_first else [str(full), str(bare)]
+    merged = merge(inputs, tmp_path / "out")
+    assert (merged.rows, merged.dropped) == (1, 1)
+    samples = load_dir(tmp_path / "out").samples
+    assert sorted(samples["ms"]) == [1.0, 1.1, 1.2]

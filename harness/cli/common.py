@@ -37,9 +37,19 @@ def emit(text: str, out: str | None) -> None:
         write_atomic(out, text if text.endswith("\n") else text + "\n")
 
 
+def named_dir(value: str, key: str) -> str:
+    """An output directory option as given; an empty or blank one is refused (a path of ''
+    wrote into the current directory: issue 44)."""
+    if not value.strip():
+        raise UserError(f"{key}: empty: name a directory (default: results)")
+    return value
+
+
 def check_output(out: str | None, inputs=()) -> None:
     """An -o file is checked before any work (not a directory, folder writable, not one of the
-    inputs, not an existing results or samples file)."""
+    inputs, not an existing results or samples file); an empty one is refused."""
+    if out is not None and not out.strip():
+        raise UserError("-o: empty: name a file, or leave -o out")
     if out:
         from kvbench.store.results import check_output as check
 

@@ -52,9 +52,23 @@ def add_parser(sub) -> argparse.ArgumentParser:
     return gate
 
 
+PAIR_BUDGET_S = (0.5, 3600.0)  # the bounds of --pair-budget-s
+
+
+def check_pair_budget(budget_s: float) -> None:
+    """The time pairs are taken before the gate may stop on a verdict. With 0 or less it stopped
+    at its first look (20 pairs), and the first pairs are biased: identical code was called
+    1.16x slower, p 0.002 (issue 44). NaN compares false everywhere: refused too."""
+    lo, hi = PAIR_BUDGET_S
+    if not lo <= budget_s <= hi:
+        raise UserError(f"--pair-budget-s: {budget_s:g} is outside {lo:g}..{hi:g} s: fewer "
+                        "seconds stop on the first, biased pairs")  # fmt: skip
+
+
 def run(args) -> int:
     from kvbench.analysis.gate import gate
 
+    check_pair_budget(args.pair_budget_s)
     rules = rules_of(args)
     check_output(args.output, (args.suite,))
     if args.rounds is None:

@@ -16,8 +16,9 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
+    from kvbench.cli.common import named_dir
     from kvbench.store.importer import import_file
 
-    csv_path, n = import_file(args.file, args.out)
+    csv_path, n = import_file(args.file, named_dir(args.out, "--out"))
     print(f"imported {n} benchmarks: {csv_path}")
     return 0

@@ -16,7 +16,8 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 
 def run(args) -> int:
+    from kvbench.cli.common import named_dir
     from kvbench.store.merge import merge, render
 
-    print(render(merge(args.results, args.output)))
+    print(render(merge(args.results, named_dir(args.output, "-o"))))
     return 0

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from kvbench.cli.common import check_blas, say
+from kvbench.cli.common import check_blas, named_dir, say
 from kvbench.errors import UserError
 from kvbench.suite.cli_axes import add_axis_options
 
@@ -84,6 +84,7 @@ def _run(args) -> int:
     from kvbench.suite.cli_axes import suite_of
     from kvbench.suite.suite import apply_filters, expand
 
+    named_dir(args.out, "--out")
     if not 0 < args.tolerance < 100:  # NaN fails both
         raise UserError(f"--tolerance: a percentage above 0 and under 100, got {args.tolerance}")
     suite = suite_of(args)

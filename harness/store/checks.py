@@ -20,6 +20,7 @@ This module imports neither mlx nor kernels/.
 
 from __future__ import annotations
 
+import datetime as dt
 import sys
 from pathlib import Path
 
@@ -121,8 +122,26 @@ def _refuse(path, col: str, i: int, what: str, value) -> UserError:
     return UserError(f"{path}: {col}: {what} in data row {i + 1}: {value!r}")
 
 
+def check_times(rows: pd.DataFrame, path) -> None:
+    """Every timestamp given is an ISO 8601 date and time (as kvbench writes them): the newest
+    row is picked by it, and text such as 'yesterday' sorted after every real time (#44)."""
+    if "timestamp" not in rows:
+        return
+    for i, v in enumerate(rows["timestamp"]):
+        if v is None or v != v or str(v).strip() == "":
+            continue  # not recorded (an import without a time): ranked last, as before
+        try:
+            ok = len(str(v)) >= 16 and str(v)[10] in "T " and dt.datetime.fromisoformat(str(v))
+        except ValueError:
+            ok = False
+        if not ok:
+            raise _refuse(path, "timestamp", i, "not a time (ISO 8601 date and time)", v)
+
+
 def check_rows(rows: pd.DataFrame, path) -> None:
-    """Timings of measured rows finite and not negative; a median wherever there are samples."""
+    """Timings of measured rows finite and not negative; a median wherever there are samples;
+    timestamps that are times."""
+    check_times(rows, path)
     measured = rows["status"].isin(MEASURED).to_numpy()
     cols = [c for c in rows.columns if c.endswith("_ms") or c == "n_samples"]
     for col in cols:

@@ -64,7 +64,17 @@ def merge(inputs: list[str], out_dir: str | Path) -> Merged:
     if any(out_dir.resolve() == f.parent.resolve() for f in files):
         raise UserError(f"{out_dir}: -o must not be one of the inputs")
     loaded = [load_run(f) for f in files]
-    rows = pd.concat([r.assign(_file=i) for i, (r, _) in enumerate(loaded)], ignore_index=True)
+    tokens = [read_tokens(f) for f in files]
+    rows = pd.concat(
+        [
+            r.assign(_file=i, _bare=bare(r, s, t))
+            for i, ((r, s), t) in enumerate(zip(loaded, tokens))
+        ],
+        ignore_index=True,
+    )
+    # of equal rows the picking rule keeps the first: a copy with its evidence (samples,
+    # per-token values) first, never a bare copy of the same run because it was given first
+    rows = rows.sort_values("_bare", kind="stable").drop(columns="_bare")
     kept = pick_rows(rows, keys=MERGE_KEYS)
     names = run_names(kept)
     for name in names.values():  # never over a run already in OUT (checked before writing)
@@ -75,9 +85,17 @@ def merge(inputs: list[str], out_dir: str | Path) -> Merged:
                                 "directory")  # fmt: skip
     for i, part in kept.groupby("_file", sort=True):
         write_run(out_dir, names[i], part, loaded[i][1])
-        write_tokens(out_dir, names[i], part, read_tokens(files[i]))
+        write_tokens(out_dir, names[i], part, tokens[i])
     hosts = kept["host"].fillna("?").value_counts().to_dict()
     return Merged(out_dir, len(names), len(kept), len(rows) - len(kept), hosts)
+
+
+def bare(rows: pd.DataFrame, samples: pd.DataFrame, tokens: pd.DataFrame) -> list[int]:
+    """Per row: 0 when its run file holds its samples or per-token values, else 1."""
+    have = set(tokens["case_id"].astype(str))
+    if not samples.empty:
+        have |= set(samples["case_id"].astype(str))
+    return [0 if str(c) in have else 1 for c in rows["case_id"]]
 
 
 def run_names(kept: pd.DataFrame) -> dict[int, str]:

@@ -19,8 +19,10 @@ import copy
 
 from kvbench.axes import TABLE, Axis
 from kvbench.errors import SuiteError
-from kvbench.suite.cache_spec import MODEL_PHASES
-from kvbench.suite.validate import check_axis
+
+# kvbench.suite.validate and cache_spec read kernels/ registries (and so import mlx): imported
+# where values are checked, so that the CLI's parser (every command's, `kvbench merge` on a
+# machine without MLX included) builds without them
 
 WHERE = "command line"
 SUFFIX = {"k": 2**10, "m": 2**20, "g": 2**30}
@@ -69,6 +71,8 @@ def parse_value(axis: Axis, text: str, key: str):
 
 def given_axes(args) -> dict[str, list]:
     """axis -> its values from the parsed options, each checked as a suite's value would be."""
+    from kvbench.suite.validate import check_axis
+
     by_name = {a.name: a for a in TABLE}
     out: dict[str, list] = {}
     set_by: dict[str, str] = {}
@@ -149,6 +153,8 @@ def suite_of(args):
 
 
 def _model_phases_only(fixed: dict, sweep: dict, groups: list) -> bool:
+    from kvbench.suite.cache_spec import MODEL_PHASES
+
     phases = {fixed.get("phase", "decode")} if "phase" not in sweep else set(sweep["phase"])
     for g in groups:
         phases = set(g["phase"]) if "phase" in g else phases
