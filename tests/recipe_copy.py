@@ -67,3 +67,18 @@ def insert_after(path: Path, anchor: str, text: str) -> None:
     i = next(i for i, line in enumerate(lines) if anchor in line)
     lines.insert(i + 1, text)
     path.write_text("".join(lines))
+
+
+def kvbench_in(root: Path, *args: str, timeout: float = 300) -> subprocess.CompletedProcess:
+    """The kvbench command line of the copy (`kvbench ARGS`)."""
+    code = MOUNT + "from kvbench.cli import main\nsys.exit(main(sys.argv[1:]))"
+    return subprocess.run([sys.executable, "-c", code, str(root), *args], cwd=root,
+                          capture_output=True, text=True, timeout=timeout)  # fmt: skip
+
+
+def result_rows(out: Path):
+    """The rows of the one run written under `out` (its results CSV, not samples or tokens)."""
+    import pandas as pd
+
+    (csv,) = [p for p in out.glob("*.csv") if p.name.count(".") == 1]
+    return pd.read_csv(csv)

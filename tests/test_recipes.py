@@ -4,7 +4,7 @@ run on the copy (tests/recipe_copy.py). A step the recipe leaves out makes its t
 
 from __future__ import annotations
 
-from recipe_copy import insert_after, pytest_in, recipe, scratch_copy
+from recipe_copy import insert_after, kvbench_in, pytest_in, recipe, result_rows, scratch_copy
 
 # a toy format: int8 codes with one fp16 step per row (its scale array named "steps", so the
 # recipe's PART_ROLE step is needed: without it the steps would count as data)
@@ -98,3 +98,141 @@ def test_the_add_a_format_recipe_followed_literally(tmp_path):
     assert "PASSED tests/test_toy8.py::test_toy8_against_numpy_and_by_hand" in ran
     assert "test_every_format_implements_the_protocol[toy8]" in ran  # its data_bits held too
     assert "covers_every_format" in ran and "over_the_grid" in ran
+
+
+TOY_STORE = '''
+"""toy: one buffer per sequence under its own name (a recipe test's layout)."""
+
+
+def toy_cells(n_seqs: int, ctx: int) -> int:
+    return n_seqs * ctx
+'''
+TOY_ENGINE = '''
+"""toy: a recipe test's engine: the full cache, one buffer per sequence, one decode step."""
+
+from __future__ import annotations
+
+import math
+
+from kvbench.case import Case
+from kvbench.engines import common, metrics
+from kvbench.engines.contract import State, allocated
+from kvbench.engines.parity import compare_outputs, parity_gate
+from kvbench.kernels.attention.registry import KERNELS, reference
+from kvbench.kernels.data import make_qkv
+from kvbench.kernels.formats.registry import get_format
+from kvbench.kernels.stores.cache import KVCache
+from kvbench.suite import resolved
+from kvbench.suite.resolved import Resolved
+
+
+def claims(case: Case) -> bool:
+    return case.layout == "toy"
+
+
+def skip_reason(case: Case, backend: str) -> str | None:
+    problem = common.problem_of(case, resolved.of_case(case).k_fmt)
+    return common.kernel_reason(case, backend, problem)
+
+
+def build(case: Case, r: Resolved) -> State:
+    fmt, ctx = r.k_fmt, case.context_len
+    q32, k32, v32 = make_qkv(case.kv_data, (case.n_seqs, case.n_q_heads, 1, case.head_dim),
+                             (case.n_seqs, case.n_kv_heads, ctx, case.head_dim), case.seed)
+    shape = (case.n_layers, case.n_seqs, case.n_kv_heads, ctx, case.head_dim)
+    cache, baseline, alloc = allocated(lambda: KVCache(fmt, *shape))
+    cache.fill(k32.astype(fmt.compute_dtype), v32.astype(fmt.compute_dtype))
+    q, kernel = q32.astype(fmt.compute_dtype), KERNELS[case.kernel].fn
+    scale = 1 / math.sqrt(case.head_dim)
+
+    def step():
+        return [kernel(q, *cache.view(i, ctx), fmt, mask=None, scale=scale, tile_kv=None)
+                for i in range(case.n_layers)]
+
+    def check():
+        out = step()[0]
+        parity_gate(case.kernel, out, reference(q32, *cache.view(0, ctx), fmt, scale=scale),
+                    fmt.compute_dtype)
+        exact = reference(q32, {"data": k32}, {"data": v32}, get_format("fp32"), scale=scale)
+        return compare_outputs(out, exact)
+
+    return State({"step": step}, check, traffic=metrics.traffic_bytes(case, fmt),
+                 kv_bytes=metrics.kv_bytes(case, fmt), alloc_bytes=alloc, baseline_bytes=baseline,
+                 cache=cache.arrays, effective=common.effective(case))
+'''
+TOY_LAYOUT_TEST = """
+from kvbench.case import Case
+from kvbench.engines import engine_for
+from kvbench.kernels.formats.registry import get_format
+from kvbench.suite.resolved import of_case
+
+
+def test_toy_bytes_by_hand_and_against_the_engine():
+    c = Case("tiny", 2, 8, 2, 64, 48, layout="toy", n_seqs=3, kv_dtype="fp16")
+    want = 2 * 2 * 3 * 48 * 2 * 64 * 2  # K and V x layers x seqs x ctx x heads x D x 2 bytes
+    assert of_case(c).cache_bytes == want
+    assert engine_for(c).build(c).kv_bytes == want
+"""
+TOY_SUITE = """
+name: toy
+settings: {warmup_s: 0.0, min_samples: 3, max_samples: 3, budget_s: 0.05, rounds: 1}
+fixed: {model: tiny, context_len: 32, n_seqs: 2, layout: toy}
+sweep:
+  kv_dtype: [fp16, int8]
+  kernel: [sdpa, dequant_sdpa]
+exclude:
+  - {kv_dtype: fp16, kernel: dequant_sdpa}
+  - {kv_dtype: int8, kernel: sdpa}
+"""
+
+
+def test_the_add_a_layout_recipe_followed_literally(tmp_path):
+    text = recipe("Add a layout")
+    named_files = (
+        "kernels/stores/<layout>.py",
+        "`FOOTPRINTS`",
+        "harness/engines/<layout>.py",
+        "`ENGINES`",
+        "`ENGINE_FLOORS`",
+        "`LAYOUTS`",
+        "tests/test_<layout>.py",
+    )
+    for named in named_files:
+        assert named in text, named
+    root = scratch_copy(tmp_path)
+    (root / "kernels/stores/toy.py").write_text(TOY_STORE)  # 1.
+    footprint = root / "kernels/stores/footprint.py"
+    insert_after(
+        footprint,
+        "from kvbench.kernels.stores.window import",
+        "from kvbench.kernels.stores.toy import toy_cells\n",
+    )
+    insert_after(
+        footprint,
+        '"window": lambda n, ctx, la:',
+        '    "toy": lambda n, ctx, la: {"cells": toy_cells(n, ctx)},\n',
+    )
+    (root / "harness/engines/toy.py").write_text(TOY_ENGINE)  # 2.
+    engines = root / "harness/engines/__init__.py"
+    insert_after(engines, "from kvbench.engines import (", "    toy,\n")
+    line = '    "toy": Engine(toy.claims, toy.skip_reason, carrying(toy.build)),\n'
+    engines.write_text(
+        engines.read_text().replace('    "cache": Engine(', line + '    "cache": Engine(')
+    )
+    walls = root / "tests/test_walls.py"
+    insert_after(walls, '"model_tasks": 2, "llamacpp": 2,', '    "toy": 2,\n')
+    resolved_test = root / "tests/test_resolved.py"  # 4. (3: no arguments of its own)
+    insert_after(resolved_test, '"window": ({"window": 64', '    "toy": ({}, None),\n')
+    (root / "tests/test_toy.py").write_text(TOY_LAYOUT_TEST)
+    (root / "suites/toy.yaml").write_text(TOY_SUITE)
+    got = pytest_in(root, "tests/test_toy.py", "tests/test_walls.py", "tests/test_resolved.py",
+                    "-rA", "-k", "toy or engine or grid")  # fmt: skip
+    assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-2000:]
+    assert (
+        "PASSED tests/test_toy.py::test_toy_bytes_by_hand_and_against_the_engine" in got.stdout
+    ), got.stdout[-2000:]
+    assert "test_no_engine_imports_another_engine" in got.stdout
+    run = kvbench_in(root, "run", "suites/toy.yaml", "--out", str(tmp_path / "out"))
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    rows = result_rows(tmp_path / "out")
+    assert sorted(rows["status"]) == ["ok", "ok"] and set(rows["layout"]) == {"toy"}

@@ -30,7 +30,7 @@ def add_parser(sub) -> argparse.ArgumentParser:
         help="FP8 formats: one (default), calibrated, per_head or a number: the scale's bytes",
     )
     plan.add_argument("--n-seqs", type=int, default=1, help="sequences (default 1)")
-    plan.add_argument("--layout", default="per-stream", help="per-stream, unified, paged or window")
+    plan.add_argument("--layout", default="per-stream", help="a layout (`kvbench list`)")
     plan.add_argument("--page-size", type=int, help="paged: slots per page (8-256)")
     plan.add_argument("--window", type=int, help="window: positions attended")
     plan.add_argument("--sinks", type=int, default=0, help="window: sink tokens kept")
