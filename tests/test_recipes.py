@@ -236,3 +236,102 @@ def test_the_add_a_layout_recipe_followed_literally(tmp_path):
     assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
     rows = result_rows(tmp_path / "out")
     assert sorted(rows["status"]) == ["ok", "ok"] and set(rows["layout"]) == {"toy"}
+
+
+TOY_PEER = '''
+"""toy_numpy: a recipe test's peer: float64 numpy attention, one query head at a time."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from kvbench.peers.base import DecodeData, Preallocated
+
+
+class ToyNumpy(Preallocated):
+    def __init__(self, data: DecodeData):
+        self.q = np.array(data.q, dtype=np.float64)
+        super().__init__(data, np.array(data.k, np.float64), np.array(data.v, np.float64))
+
+    def copy(self, a):
+        return a.copy()
+
+    def empty_like(self, a):
+        return np.empty_like(a)
+
+    def nbytes_of(self, a) -> int:
+        return a.nbytes
+
+    def to_numpy(self, a) -> np.ndarray:
+        return np.asarray(a, dtype=np.float32)
+
+    def attend(self, layer: int, kv):
+        k, v = kv
+        b, hq, _, d = self.q.shape
+        group = hq // k.shape[1]
+        out = np.empty_like(self.q)
+        for h in range(hq):
+            s = self.q[:, h] @ k[:, h // group].swapaxes(-1, -2) * self.scale  # [B, 1, L]
+            p = np.exp(s - s.max(axis=-1, keepdims=True))
+            out[:, h] = (p / p.sum(axis=-1, keepdims=True)) @ v[:, h // group]
+        return out
+'''
+TOY_PEER_TEST = """
+import numpy as np
+import mlx.core as mx
+
+from kvbench.kernels.attention.registry import reference
+from kvbench.kernels.data import make_qkv
+from kvbench.kernels.formats.registry import get_format
+from kvbench.peers.base import DecodeData
+from kvbench.peers.registry import PEERS
+
+
+def test_toy_numpy_against_the_reference():
+    q, k, v = make_qkv("gaussian", (1, 4, 1, 32), (1, 2, 24, 32), 0)
+    data = DecodeData(q, k, v, n_layers=2, kv_dtype="fp32", scale=32 ** -0.5)
+    peer = PEERS["toy_numpy"].make(data)
+    got = np.asarray(peer.to_numpy(peer.attend(0, peer.write(0))))  # the 24th token written
+    want = reference(q, {"data": k}, {"data": v}, get_format("fp32"), scale=32 ** -0.5)
+    assert np.allclose(got, np.array(want), atol=1e-5)
+"""
+TOY_PEER_SUITE = """
+name: toy-peer
+settings: {warmup_s: 0.0, min_samples: 3, max_samples: 3, budget_s: 0.05, rounds: 1}
+fixed: {model: tiny, context_len: 32, kv_dtype: fp32}
+sweep:
+  kernel: [sdpa, toy_numpy]
+"""
+
+
+def test_the_add_a_peer_recipe_followed_literally(tmp_path):
+    text = recipe("Add a peer")
+    for named in ("harness/peers/<name>.py", "`Preallocated`", "harness/peers/registry.py",
+                  "`PEERS`", "tests/test_<name>.py", "`EXTERNAL_PEERS`"):  # fmt: skip
+        assert named in text, named
+    root = scratch_copy(tmp_path)
+    (root / "harness/peers/toy_numpy.py").write_text(TOY_PEER)  # 1.
+    registry = root / "harness/peers/registry.py"  # 2.
+    insert_after(
+        registry,
+        "from kvbench.peers.numpy_ref import",
+        "from kvbench.peers.toy_numpy import ToyNumpy\n",
+    )
+    insert_after(
+        registry,
+        '"numpy_ref": Peer(',
+        '    "toy_numpy": Peer(ToyNumpy, "numpy", "numpy", ("fp32",), ("cpu",), False),\n',
+    )
+    (root / "tests/test_toy_numpy.py").write_text(TOY_PEER_TEST)  # 3.
+    (root / "suites/toy-peer.yaml").write_text(TOY_PEER_SUITE)
+    got = pytest_in(root, "tests/test_toy_numpy.py", "tests/test_walls.py", "-rA", "-k",
+                    "toy or floor")  # fmt: skip
+    assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-2000:]
+    assert "PASSED tests/test_toy_numpy.py::test_toy_numpy_against_the_reference" in got.stdout
+    run = kvbench_in(root, "run", "suites/toy-peer.yaml", "--out", str(tmp_path / "out"))
+    assert run.returncode == 0, run.stdout[-2000:] + run.stderr[-2000:]
+    rows = result_rows(tmp_path / "out").set_index("kernel")
+    assert (
+        rows.loc["toy_numpy", "status"] == "ok" and rows.loc["toy_numpy", "kernel_kind"] == "peer"
+    )
+    assert rows.loc["toy_numpy", "rel_err"] < 1e-5  # its output against the float32 reference
