@@ -211,7 +211,7 @@ def check_layout(layout: str, la: LayoutArgs) -> None:
 
 
 def total_bytes(shape: KVShape, fmt, layout: str, n_seqs: int, ctx: int, la: LayoutArgs) -> int:
-    return cache_bytes(fmt, layout, n_seqs, ctx, la, n_layers=shape.n_layers,
+    return cache_bytes(fmt, fmt, layout, n_seqs, ctx, la, n_layers=shape.n_layers,
                        n_kv_heads=shape.n_kv_heads, head_dim=shape.head_dim,
                        windows=shape.windows)  # fmt: skip
 

@@ -26,7 +26,12 @@ from dataclasses import dataclass
 from functools import lru_cache
 
 from kvbench.case import Case
-from kvbench.kernels.stores.footprint import LayoutArgs, kv_bytes, layer_positions, layout_counts
+from kvbench.kernels.stores.footprint import (
+    LayoutArgs,
+    cache_bytes,
+    layer_positions,
+    layout_counts,
+)
 from kvbench.suite.cache_spec import MODEL_PHASES, format_of, spec_of, v_format_of
 from kvbench.suite.model_plan import model_plan
 
@@ -78,15 +83,13 @@ def of_shape(
     per_layer = None
     if windows and layout == "per-stream":
         per_layer = tuple(n_seqs * p for p in layer_positions(context_len, windows, n_layers))
-    one = {"n_layers": 1, "n_kv_heads": n_kv_heads, "head_dim": head_dim}
-    # K and V: half of each format's K-and-V bytes (2 * L * ...: an exact half)
-    kv = sum(kv_bytes(k_fmt, c, **one) + kv_bytes(v_fmt, c, **one)
-             for c in per_layer or (cells,) * n_layers) // 2  # fmt: skip
+    shape = {"n_layers": n_layers, "n_kv_heads": n_kv_heads, "head_dim": head_dim}
+    total = cache_bytes(k_fmt, v_fmt, layout, n_seqs, context_len, la, windows=windows, **shape)
     layer_elems = cells * n_kv_heads * head_dim  # K (or V) elements of one layer
     ref_elems = n_seqs * n_q_heads * context_len * head_dim
     score_elems = n_seqs * n_q_heads * query_len * context_len
     parts = {
-        "cache": kv + table,
+        "cache": total,
         "source": 2 * layer_elems * (4 + k_fmt.compute_dtype.size),
         "transient": 2 * ref_elems * 4 + 2 * score_elems * 4,
     }
@@ -98,7 +101,7 @@ def of_shape(
         cells=cells,
         pages=counts.get("pages"),
         block_table_bytes=table,
-        cache_bytes=kv + table,
+        cache_bytes=total,
         planned={**parts, "total": sum(parts.values())},
         layer_cells=per_layer,
     )

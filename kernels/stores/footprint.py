@@ -49,8 +49,7 @@ def row_bytes(fmt, cells: int, *, n_layers: int, n_kv_heads: int, head_dim: int)
 def kv_bytes(fmt, cells: int, *, n_layers: int, n_kv_heads: int, head_dim: int) -> int:
     """Exact bytes of a cache of `cells` positions: row_bytes plus each layer's per-tensor
     scales of K and of V (FP8's; 0 for every other format)."""
-    rows = row_bytes(fmt, cells, n_layers=n_layers, n_kv_heads=n_kv_heads, head_dim=head_dim)
-    return rows + 2 * n_layers * fmt.tensor_bytes(n_kv_heads)
+    return n_layers * layer_kv_bytes(fmt, fmt, cells, n_kv_heads=n_kv_heads, head_dim=head_dim)
 
 
 def layer_positions(ctx: int, windows: tuple, n_layers: int) -> list[int]:
@@ -72,16 +71,25 @@ def layer_cells(ctx: int, windows: tuple, n_layers: int, max_step: int) -> list[
     return [ctx if w is None else w[1] + w[0] + max_step - 1 for w in windows or (None,) * n_layers]
 
 
-def cache_bytes(fmt, layout: str, n_seqs: int, ctx: int, la: LayoutArgs, *, n_layers: int,
-                n_kv_heads: int, head_dim: int, windows: tuple = ()) -> int:  # fmt: skip
+def layer_kv_bytes(k_fmt, v_fmt, cells: int, *, n_kv_heads: int, head_dim: int) -> int:
+    """Exact bytes of one layer's K (in k_fmt) and V (in v_fmt) over `cells` positions of every
+    KV head, with each one's per-tensor scale (FP8; 0 for every other format)."""
+    return sum(f.nbytes(cells * n_kv_heads, head_dim) + f.tensor_bytes(n_kv_heads)
+               for f in (k_fmt, v_fmt))  # fmt: skip
+
+
+def cache_bytes(
+    k_fmt, v_fmt, layout: str, n_seqs: int, ctx: int, la: LayoutArgs, *, n_layers: int,
+    n_kv_heads: int, head_dim: int, windows: tuple = (),
+) -> int:  # fmt: skip
     """Exact bytes of the whole cache (K and V, every layer with its per-tensor scales (FP8),
-    plus a block table). `windows` (per-stream only): a model's sliding-window layers, each
-    counted at its own positions."""
+    plus a block table): the one cache total, for `kvbench plan` and the resolved case alike.
+    `windows` (per-stream only): a model's sliding-window layers, each counted at its own
+    positions."""
+    counts = layout_counts(layout, n_seqs, ctx, la)
+    cells = [counts["cells"]] * n_layers
     if windows and layout == "per-stream":
         cells = [n_seqs * p for p in layer_positions(ctx, windows, n_layers)]
-        return sum(kv_bytes(fmt, c, n_layers=1, n_kv_heads=n_kv_heads, head_dim=head_dim)
-                   for c in cells)  # fmt: skip
-    counts = layout_counts(layout, n_seqs, ctx, la)
-    kv = kv_bytes(fmt, counts["cells"], n_layers=n_layers, n_kv_heads=n_kv_heads,
-                  head_dim=head_dim)  # fmt: skip
+    one = {"n_kv_heads": n_kv_heads, "head_dim": head_dim}
+    kv = sum(layer_kv_bytes(k_fmt, v_fmt, c, **one) for c in cells)
     return kv + counts.get("block_table_bytes", 0)
