@@ -126,6 +126,11 @@ def test_model_rows_count_their_layers_and_the_ring_is_one_forward(tiny_gemma):
     assert common.model_kv_bytes(case, spec_of(case), 5) == 4 * 5 * row
     # the guard plans the allocation: quality's one forward of 40 makes rings of 8 + 39
     assert memory.case_plan(case)["cache"] == (3 * 47 + 40) * row
+    # the case resolved says the same cells per layer, and the cache spec the engine reads
+    from kvbench.suite.resolved import of_case
+
+    assert of_case(case).layer_cells == (47, 47, 47, 40)
+    assert of_case(case).spec == CacheSpec("fp16")
     # ring: window 8 + one forward's 4 tokens - 1 = 11 cells, not 8 + capacity 40 - 1
     model = common.model_of(tiny_gemma)[0]
     cache = make_cache(CacheSpec("fp16"), model.config, 40, "sdpa", max_step=4)

@@ -38,16 +38,24 @@ def capacity(case: Case) -> int:
     return case.context_len + (case.gen_tokens if case.phase == "generate" else 0)
 
 
+def model_cells(case: Case, windows: tuple = ()) -> list[int]:
+    """Cells each layer of the case's model cache allocates: its capacity, or a sliding-window
+    layer's ring (window + sinks + one forward's positions - 1; every layer with `window`)."""
+    n, layers = capacity(case), case.n_layers
+    if case.window is not None:
+        windows = ((case.window, case.sink_tokens),) * layers
+    query = min(PREFILL_UBATCH, n)  # one forward's positions
+    return layer_cells(n, windows if len(windows) == layers else (), layers, query)
+
+
 def model_plan(case: Case, spec, vocab: int, windows: tuple = ()) -> dict[str, int]:
     """The parts of a model-phase case's planned bytes (module docstring) and their total;
     `spec`: its cache (suite/resolved.py of_case); `windows`: the model's per-layer windows
     (kernels/model/load.py Shape.windows)."""
     n = capacity(case)
-    layers, heads, dim = case.n_layers, case.n_kv_heads, case.head_dim
+    heads, dim = case.n_kv_heads, case.head_dim
     query = min(PREFILL_UBATCH, n)  # one forward's positions
-    if case.window is not None:
-        windows = ((case.window, case.sink_tokens),) * layers
-    cells = Counter(layer_cells(n, windows if len(windows) == layers else (), layers, query))
+    cells = Counter(model_cells(case, windows))
     cache = sum(kv_bytes(spec, c, k, heads, dim) for c, k in cells.items())
     ref = sum(2 * k * c * heads * dim * F32 for c, k in cells.items())
     reference = 0 if case.phase == "model_decode" else ref

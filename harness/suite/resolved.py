@@ -33,7 +33,7 @@ from kvbench.kernels.stores.footprint import (
     layout_counts,
 )
 from kvbench.suite.cache_spec import MODEL_PHASES, format_of, spec_of, v_format_of
-from kvbench.suite.model_plan import model_plan
+from kvbench.suite.model_plan import model_cells, model_plan
 
 
 @dataclass(frozen=True)
@@ -49,7 +49,9 @@ class Resolved:
     # (capacity and padding included; an engine's kv_bytes counts the cells the case holds)
     cache_bytes: int
     planned: dict  # the planned peak: cache, source, transient, total (bytes)
-    layer_cells: tuple | None = None  # per layer, where a model's window layers hold fewer
+    # per layer, where a model's window layers hold fewer (per-stream with windows), or a model
+    # phase's cache as allocated (every layer's cells, a window layer's ring)
+    layer_cells: tuple | None = None
     spec: object | None = None  # a model phase's cache (kernels/model/spec.py CacheSpec)
 
 
@@ -132,4 +134,6 @@ def of_case(case: Case) -> Resolved:
     shape = model_shape(case.model)  # its vocabulary (none: no logits) and window layers
     spec = spec_of(case)
     planned = model_plan(case, spec, shape.vocab or 0, shape.windows)
-    return dataclasses.replace(r, cache_bytes=planned["cache"], planned=planned, spec=spec)
+    cells = tuple(model_cells(case, shape.windows))  # window layers: their rings
+    return dataclasses.replace(r, cache_bytes=planned["cache"], planned=planned, spec=spec,
+                               layer_cells=cells)  # fmt: skip
