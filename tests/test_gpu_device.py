@@ -35,3 +35,13 @@ def test_bad_env_value_is_ignored(monkeypatch):
     monkeypatch.setenv("KVBENCH_GPU_CORES", "many")
     monkeypatch.setitem(gpu_device.PROBES, "metal", lambda: 10)
     assert gpu_device.core_count("metal") == (10, "ioreg")
+
+
+def test_the_probe_is_asked_once_per_process(monkeypatch):
+    """The planner runs on every kernel call: the probe (a dlopen, or an `ioreg` process) must
+    not (it was host time inside every timed step)."""
+    calls = []
+    monkeypatch.delenv("KVBENCH_GPU_CORES", raising=False)
+    monkeypatch.setitem(gpu_device.PROBES, "cuda", lambda: calls.append(1) or 120)
+    assert [gpu_device.core_count("cuda") for _ in range(3)] == [(120, "cudart")] * 3
+    assert calls == [1]

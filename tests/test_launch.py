@@ -244,3 +244,14 @@ def test_default_tile_fits_every_preset_shape_on_metal():
         vec = launch.choose_vec(problem)  # q elements per lane over the G heads fit REG_ELEMS
         lay = launch.lane_layout(problem, vec, launch.DEFAULT_THREADS, launch.DEFAULT_TILE_KV)
         assert problem.group * lay.elems_per_vec * lay.vecs_per_lane <= launch.REG_ELEMS, name
+
+
+def test_cached_plan_is_the_plan_and_refusals_still_raise():
+    problem = launch.Problem(1, 32, 8, 128, 4096)
+    first = launch.cached_plan(problem, 32, 128, launch.CUDA, n_cores=132)
+    assert first == launch.plan(problem, 32, 128, launch.CUDA, n_cores=132)
+    assert launch.cached_plan(problem, 32, 128, launch.CUDA, n_cores=132) is first
+    bad = launch.Problem(1, 32, 8, 96, 4096)  # D = 96: rows do not tile 32 lanes
+    for _ in range(2):
+        with pytest.raises(launch.TileConfigError):
+            launch.cached_plan(bad, 32, 128, launch.CUDA)

@@ -14,6 +14,7 @@ import ctypes
 import os
 import re
 import subprocess
+from functools import cache
 
 from kvbench.kernels.attention.gpu.launch import LIMITS
 
@@ -53,12 +54,20 @@ def _cuda_cores() -> int | None:
 PROBES = {"metal": _metal_cores, "cuda": _cuda_cores}
 
 
+@cache
+def _probe(backend: str, probe) -> int | None:
+    # asked once per process (keyed by the probe, so a test's stand-in is asked afresh): the
+    # planner runs on every kernel call, and a dlopen (CUDA) or an `ioreg` process (Metal) per
+    # call was host time inside every timed step (docs/kernels.md, "fixed cost per call")
+    return probe()
+
+
 def core_count(backend: str) -> tuple[int, str]:
     """(cores, source) for `backend`; source is env, cudart, ioreg or default."""
     env = os.environ.get("KVBENCH_GPU_CORES")
     if env and env.isdigit() and int(env) > 0:
         return int(env), "env"
-    found = PROBES[backend]()
+    found = _probe(backend, PROBES[backend])
     if found:
         return found, "cudart" if backend == "cuda" else "ioreg"
     return LIMITS[backend].default_cores, "default"

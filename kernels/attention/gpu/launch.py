@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from functools import lru_cache
 
 SIMD_WIDTH = 32  # Apple simdgroup and NVIDIA warp width; the kernels reduce across it
 DEFAULT_TILE_KV = 32
@@ -337,3 +338,10 @@ def plan(
         layout=lane_layout(problem, vec, threads, tile_kv),
         n_cores=cores,
     )
+
+
+# Every kernel call plans its launch; the plan is a pure function of frozen, hashable values, so
+# it is computed once per (problem, configuration). Uncached it cost about a quarter of the
+# wrapper's host time per call (docs/kernels.md, "fixed cost per call"). A refusal raises and is
+# not cached (it is raised again, with the same reason, on the next call).
+cached_plan = lru_cache(maxsize=1024)(plan)
