@@ -28,7 +28,7 @@ sys.path.insert(0, str(Path(__file__).parent))  # the gates package beside this 
 from gates import cuda_gate, metal_gate, mlx_wheel, nvrtc  # noqa: E402
 from gates.instances import call_problem  # noqa: E402
 
-from kvbench.kernels.attention.gpu import launch  # noqa: E402
+from kvbench.kernels.attention.gpu import encode, launch  # noqa: E402
 from kvbench.kernels.formats.registry import get_format  # noqa: E402
 
 IN_CI = os.environ.get("CI", "").lower() == "true"
@@ -70,6 +70,7 @@ def test_mlx_wrapper_text_is_what_we_rebuild(toolchain):
 def test_cuda_instances_cover_formats_dtypes_and_tiny_shapes(cuda_items):
     names = {re.sub(r"_d\d+$", "", i.call.name) for i in cuda_items}  # TurboQuant: per head_dim
     assert names >= {f"kvbench_flash_decode_{c}" for c in launch.KV_CODES}  # FP8, iq4_nl, tq too
+    assert names >= {f"kvbench_kv_encode_{c}" for c in encode.ENCODE_CODES}  # quantize-on-write
     dtypes = {dict(i.call.template)["T"] for i in cuda_items}
     assert dtypes >= {"float16", "bfloat16", "float32"}
     assert any("tiny" in i.labels for i in cuda_items)
@@ -83,7 +84,8 @@ def test_every_cuda_instantiation_compiles(cuda_items, cuda_results):
 def test_compiled_shared_memory_is_what_the_planner_refuses_on(cuda_items, cuda_results):
     for arch, rows in cuda_results.items():
         for item, row in zip(cuda_items, rows):
-            if item.call.name.endswith("_combine"):  # the second launch: no shared memory
+            # the combine and the encode kernels declare no shared memory
+            if item.call.name.endswith("_combine") or "_kv_encode_" in item.call.name:
                 assert row["shared_bytes"] == 0 and row["frame_bytes"] == 0, (arch, item.labels)
                 continue
             fmt = get_format(item.case.kv_dtype, item.case.group_size)

@@ -288,16 +288,15 @@ def test_backends_share_one_body_and_differ_only_in_prelude_and_entry():
     for backend in ("metal", "cuda"):
         header, source = gpu_kernels.kernel_source(backend, "int4")
         assert header.startswith("#define KV_CODE 2\n")
-        assert gpu_kernels.COMMON.read_text() in header
-        assert source.endswith(gpu_kernels.BODY.read_text())
-        entry = source[: -len(gpu_kernels.BODY.read_text())]
+        body = gpu_kernels.compact(gpu_kernels.BODY.read_text())
+        assert gpu_kernels.compact(gpu_kernels.COMMON.read_text()) in header
+        assert source.endswith(body)
+        entry = source[: -len(body)]
         defined[backend] = re.findall(r"const int (\w+) =", entry)
         c_header, c_source = gpu_kernels.combine_source(backend)
-        assert (
-            c_source.endswith(gpu_kernels.COMBINE_BODY.read_text())
-            and "#define KV_CODE" not in c_header
-        )
-        c_entry = c_source[: -len(gpu_kernels.COMBINE_BODY.read_text())]
+        c_body = gpu_kernels.compact(gpu_kernels.COMBINE_BODY.read_text())
+        assert c_source.endswith(c_body) and "#define KV_CODE" not in c_header
+        c_entry = c_source[: -len(c_body)]
         defined[backend + " combine"] = re.findall(r"const int (\w+) =", c_entry)
         prelude = gpu_kernels._parts(backend)[0]
         defined[backend + " macros"] = sorted(re.findall(r"#define (\w+)", prelude))
@@ -306,7 +305,19 @@ def test_backends_share_one_body_and_differ_only_in_prelude_and_entry():
     assert defined["metal combine"] == defined["cuda combine"] == ["lane", "row"]
     assert defined["metal macros"] == defined["cuda macros"]
     assert defined["metal functions"] == defined["cuda functions"]
-    assert set(defined["cuda functions"]) == {"bits_to_float", "elem_of", "lane_xor"}
+    assert set(defined["cuda functions"]) == {"bits_to_float", "elem_of", "lane_xor"} | {
+        "float_bits", "div_rn", "mul_rn", "add_rn", "half_of", "half_value"  # quantize-on-write
+    }  # fmt: skip
+
+
+def test_compact_keeps_every_code_line_and_drops_comments():
+    text = 'int a = 1;  // one\n\n  // only a comment\n#define S _Pragma("x//y") // c\n  b();\n'
+    assert gpu_kernels.compact(text) == 'int a = 1;\n#define S _Pragma("x//y")\nb();\n'
+    for path in (gpu_kernels.BODY, gpu_kernels.COMMON, *gpu_kernels.SOURCES.values()):
+        kept = gpu_kernels.compact(path.read_text())
+        code = [re.sub(r"\s*//.*", "", x).strip() for x in path.read_text().splitlines()]
+        assert kept.splitlines() == [x for x in code if x]  # the same code, in order
+        assert len(kept) < 0.7 * len(path.read_text())
 
 
 def test_shared_helpers_take_no_pointers():
@@ -402,3 +413,29 @@ def test_body_constants_match_the_planner_layout():
             lay.steps,
             lay.n_simd,
         )
+
+
+# ---- issue 45 item 3: one program per KV head serves its G query heads -----------------------
+
+
+@pytest.mark.parametrize("g", [1, 4, 8])
+def test_each_kv_row_is_read_once_for_the_whole_gqa_group(g):
+    """The grid's y axis is (sequence x KV head), never the query heads, and over the whole grid
+    every K/V row of every (sequence, KV head) is loaded once whatever G: the G heads of a group
+    share each load (their q and accumulators are a register dimension of the lane)."""
+    b, hkv, n_kv = 2, 2, 1000
+    problem = launch.Problem(b, hkv * g, hkv, 128, n_kv)
+    plan = launch.plan(problem, 32, 128, launch.CUDA, n_cores=8)
+    assert plan.threadgroups[1] == b * hkv  # one program row per KV head, not per query head
+    loads = np.zeros(n_kv, int)  # per (sequence, KV head): the body's loads over every split
+    starts = np.arange(plan.n_splits) * plan.split_len
+    ends = np.minimum(starts + plan.split_len, n_kv)
+    for it in range(-(-plan.split_len // 32)):
+        rows, ok = gpu_emulate.tile_rows(plan, starts + it * 32, ends)
+        np.add.at(loads, rows[ok], 1)
+    assert (loads == 1).all()
+    body = gpu_kernels.BODY.read_text()
+    issue = body[body.index("// 1. issue every load") : body.index("// 2. scores")]
+    assert "kr[st][i] = *(" in issue and "vr[st][i] = *(" in issue  # the K and V loads ...
+    assert "for (int g" not in issue  # ... outside every loop over the G heads
+    assert body.count("kr[st][i] = *(") == 1 and body.count("vr[st][i] = *(") == 1

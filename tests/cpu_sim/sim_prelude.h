@@ -40,6 +40,40 @@ inline float elem_of(uint32_t w, int j, _Float16 tag) {
   return float(h);
 }
 
+// Quantize-on-write (kv_encode_common.h): IEEE float32 steps (the build passes
+// -ffp-contract=off, so add_rn(mul_rn(..)) is never one fma), float16 by _Float16 (nearest even).
+#define KV_FABS std::fabs
+#define KV_FMIN std::fmin
+#define KV_RINT std::rint
+#define KV_FLOOR std::floor
+#define KV_ROUND std::round
+
+inline uint32_t float_bits(float x) {
+  uint32_t w;
+  std::memcpy(&w, &x, 4);
+  return w;
+}
+
+inline float div_rn(float a, float b) {
+  return a / b;
+}
+
+inline float mul_rn(float a, float b) {
+  return a * b;
+}
+
+inline float add_rn(float a, float b) {
+  return a + b;
+}
+
+inline _Float16 half_of(float x) {
+  return _Float16(x);
+}
+
+inline float half_value(_Float16 h) {
+  return float(h);
+}
+
 static std::unique_ptr<std::barrier<>> g_tg_barrier;
 static std::vector<std::unique_ptr<std::barrier<>>> g_simd_barrier;
 static float g_exchange[32][32];  // [simdgroup][lane]

@@ -25,7 +25,7 @@ import mlx.core as mx
 
 from gates import cubin, cuda_wrap, mlx_wheel, nvrtc
 from gates.cuda_wrap import ARCHS, Call
-from gates.instances import record_cuda, suite_cases, tiny_cases
+from gates.instances import encode_cases, record_cuda, suite_cases, tiny_cases
 
 PCH_HEAP_BYTES = 512 << 20  # the automatic PCH of MLX's headers needs ~320 MB
 RESULTS_FORMAT = 2  # bump when what a cached result holds (cubin.resources) changes
@@ -49,7 +49,7 @@ class Instance:
 def instances() -> list[Instance]:
     """Distinct generated sources over every launchable case of the suites and tiny shapes."""
     found: dict[str, tuple[Call, list[str], object]] = {}
-    for label, case in suite_cases("cuda") + tiny_cases("cuda"):
+    for label, case in suite_cases("cuda") + tiny_cases("cuda") + encode_cases():
         for call in record_cuda(case):
             entry = found.setdefault(cuda_wrap.build_source(call), (call, [], case))
             if label not in entry[1]:

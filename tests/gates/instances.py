@@ -26,6 +26,7 @@ from gates.cuda_wrap import Call, dtype_name
 from kvbench.case import Case
 from kvbench.engines import skip_reason
 from kvbench.engines.common import call_problem
+from kvbench.kernels.attention.gpu import encode as gpu_encode
 from kvbench.kernels.attention.gpu import kernels as gpu_kernels
 from kvbench.kernels.attention.registry import KERNELS
 from kvbench.kernels.formats.registry import get_format
@@ -47,6 +48,36 @@ TINY = [("fp16", None, 4, 1, 1), ("bf16", None, 4, 2, 1), ("fp32", None, 4, 1, 1
         ("iq4_nl", None, 128, 4, 3), ("iq4_nl", None, 128, 1, 3), ("tq4_mse", None, 8, 1, 3),
         ("tq2_mse", None, 16, 2, 1), ("tq4_mse", None, 128, 4, 3),
         ("tq2_mse", None, 128, 4, 3)]  # fmt: skip
+
+
+# The quantize-on-write kernel (kernels/attention/gpu/encode.py), one instantiation per format
+# (format, group_size, head_dim, n_kv_heads): Llama's 8 KV heads at D=128, fp4 per group of 32
+# and int4 per row, and a tiny FP8 E5M2 row (D=4, one head: the inputs and the head scales under
+# 8 elements, so Metal gets them as `constant`). Not from the suites: no suite writes through it
+# yet (docs/kernels.md).
+ENCODE = [("fp4", 32, 128, 8), ("int4", None, 128, 8), ("q4_0", None, 128, 8),
+          ("q8_0", None, 128, 8), ("fp8_e4m3", None, 128, 8), ("fp8_e5m2", None, 4, 1)]  # fmt: skip
+
+
+def encode_cases() -> list[tuple[str, tuple]]:
+    return [("encode", spec) for spec in ENCODE]
+
+
+def call_encode(backend: str, spec: tuple) -> list[mx.array]:
+    """One new token of one layer encoded by the kernel (lazy arrays)."""
+    name, group, d, hkv = spec
+    fp8 = {"fp8_scale": 0.5} if name in gpu_encode.FP8 else {}
+    fmt = get_format(name, group, **fp8)
+    x = mx.zeros((1, hkv, 1, d), dtype=mx.float16)
+    k, v = gpu_encode.encode_kv(backend, fmt, fmt, x, x)
+    return [*k.values(), *v.values()]
+
+
+def call_any(backend: str, case) -> object:
+    """A suite / tiny Case through the attention kernel, or an ENCODE spec through the encoder."""
+    if isinstance(case, tuple):
+        return call_encode(backend, case)
+    return call_kernel(backend, case)
 
 
 def suite_cases(backend: str) -> list[tuple[str, Case]]:
@@ -84,8 +115,12 @@ def call_kernel(backend: str, case: Case) -> mx.array:
 @contextmanager
 def swapped_factory(attr: str, factory):
     original = getattr(mx.fast, attr)
-    clear = getattr(getattr(gpu_kernels, "compiled", None), "cache_clear", lambda: None)
-    clear()  # a cached real kernel object would bypass the recorder
+
+    def clear():  # a cached real kernel object would bypass the recorder
+        gpu_kernels.compiled.cache_clear()
+        gpu_encode.compiled.cache_clear()
+
+    clear()
     setattr(mx.fast, attr, factory)
     try:
         yield
@@ -98,8 +133,9 @@ def _fake_outputs(kw: dict) -> list:
     return [mx.zeros(s, dtype=d) for s, d in zip(kw["output_shapes"], kw["output_dtypes"])]
 
 
-def record_cuda(case: Case) -> list[Call]:
-    """The cuda_kernel calls kernels/attention/gpu/kernels.py makes for `case`."""
+def record_cuda(case) -> list[Call]:
+    """The cuda_kernel calls kernels/attention/gpu/ makes for `case` (a Case, or an ENCODE
+    spec)."""
     calls: list[Call] = []
 
     def factory(name, input_names, output_names, source, header="", **_):
@@ -123,7 +159,7 @@ def record_cuda(case: Case) -> list[Call]:
         return launch
 
     with swapped_factory("cuda_kernel", factory):
-        call_kernel("cuda", case)
+        call_any("cuda", case)
     return calls
 
 
@@ -143,7 +179,7 @@ def _stdout_to(path: str):
         os.close(saved)
 
 
-def metal_sources(case: Case) -> list[str]:
+def metal_sources(case) -> list[str]:
     """The exact Metal source(s) MLX generates for `case`: the wrapper's metal_kernel calls,
     traced through mx.export_function (allowed without Metal) with verbose=True."""
     real = mx.fast.metal_kernel
@@ -155,5 +191,5 @@ def metal_sources(case: Case) -> list[str]:
     with tempfile.TemporaryDirectory() as tmp:
         log = os.path.join(tmp, "stdout.txt")
         with swapped_factory("metal_kernel", factory), _stdout_to(log):
-            mx.export_function(os.path.join(tmp, "f.mlxfn"), lambda: call_kernel("metal", case))
+            mx.export_function(os.path.join(tmp, "f.mlxfn"), lambda: call_any("metal", case))
         return GENERATED.findall(Path(log).read_text())

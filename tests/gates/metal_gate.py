@@ -21,7 +21,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from gates.instances import metal_sources, suite_cases, tiny_cases
+from gates.instances import encode_cases, metal_sources, suite_cases, tiny_cases
 
 SHIM = Path(__file__).with_name("msl_shim.h")
 FLAGS = ["--target=aarch64-linux-gnu", "-march=armv8.6-a+bf16", "-x", "c++", "-std=c++17"]
@@ -44,7 +44,7 @@ def clang() -> str | None:
 
 def instances() -> list[Instance]:
     found: dict[str, tuple[list[str], object]] = {}
-    for label, case in suite_cases("metal") + tiny_cases("metal"):
+    for label, case in suite_cases("metal") + tiny_cases("metal") + encode_cases():
         for source in metal_sources(case):
             entry = found.setdefault(source, ([], case))
             if label not in entry[0]:

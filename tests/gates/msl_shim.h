@@ -72,7 +72,7 @@ template <class To, class From> To as_type(From);
 #define KV_UNARY(name) float name(float); half name(half); float4 name(float4);
 #define KV_BINARY(name) float name(float, float); half name(half, half);
 KV_UNARY(exp) KV_UNARY(exp2) KV_UNARY(log) KV_UNARY(log2) KV_UNARY(sqrt) KV_UNARY(rsqrt)
-KV_UNARY(fabs) KV_UNARY(floor) KV_UNARY(ceil) KV_UNARY(tanh)
+KV_UNARY(fabs) KV_UNARY(floor) KV_UNARY(ceil) KV_UNARY(tanh) KV_UNARY(rint) KV_UNARY(round)
 bool isinf(float);
 bool isnan(float);
 KV_BINARY(fmax) KV_BINARY(fmin) KV_BINARY(pow)

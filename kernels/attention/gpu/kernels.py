@@ -28,7 +28,7 @@ compiled (NVRTC, clang + MSL shim) and decode-checked on the CPU, never run on a
 
 from __future__ import annotations
 
-from functools import cache
+from functools import cache, lru_cache
 from pathlib import Path
 
 import mlx.core as mx
@@ -48,6 +48,7 @@ BODY = HERE / "src" / "flash_decode_body.inc"
 COMBINE_BODY = HERE / "src" / "flash_decode_combine.inc"
 ENTRY_MARK = "// ==== entry ===="
 COMBINE_MARK = "// ==== combine entry ===="
+ENCODE_MARK = "// ==== encode entry ===="
 INPUTS = ["q", "k", "v", "k_scales", "v_scales", "params", "scale"]
 OUTPUTS = ["o_part", "m_part", "l_part"]
 COMBINE_INPUTS = ["o_part", "m_part", "l_part", "params"]
@@ -66,11 +67,37 @@ def kv_code(fmt) -> str | None:
     return fmt.name if fmt.name in launch.KV_CODES else None
 
 
-def _parts(backend: str) -> tuple[str, str, str]:
-    """(prelude, split entry, combine entry) of the backend's source file."""
+def compact(text: str) -> str:
+    """The text without comments, indentation and blank lines (one line per code line, so
+    preprocessor lines stay whole). MLX builds the whole source string for every call and
+    hashes it at every evaluation (mlx/backend/cuda/custom_kernel.cpp: build_kernel, then
+    std::hash of the source for the module cache): a shorter text is less host work per call.
+    A `//` inside a string literal is kept (an odd count of quotes before it)."""
+    out = []
+    for line in text.splitlines():
+        cut = line.find("//")
+        while cut >= 0 and line[:cut].count('"') % 2:
+            cut = line.find("//", cut + 2)
+        code = (line[:cut] if cut >= 0 else line).strip()
+        if code:
+            out.append(code)
+    return "\n".join(out) + "\n"
+
+
+@cache
+def read(path: Path) -> str:
+    """A source file's compacted text, read once per process (the sources ship with the
+    package and do not change while it runs)."""
+    return compact(path.read_text())
+
+
+def _parts(backend: str) -> tuple[str, str, str, str]:
+    """(prelude, split entry, combine entry, encode entry) of the backend's source file,
+    compacted (the encode entry: kernels/attention/gpu/encode.py)."""
     prelude, entries = SOURCES[backend].read_text().split(ENTRY_MARK)
-    entry, combine_entry = entries.split(COMBINE_MARK)
-    return prelude, entry, combine_entry
+    entry, rest = entries.split(COMBINE_MARK)
+    combine_entry, encode_entry = rest.split(ENCODE_MARK)
+    return tuple(compact(x) for x in (prelude, entry, combine_entry, encode_entry))
 
 
 def tq_codebook(code: str, head_dim: int) -> np.ndarray:
@@ -91,16 +118,16 @@ def codebook_defines(code: str, head_dim: int) -> str:
 def kernel_source(backend: str, code: str, head_dim: int | None = None) -> tuple[str, str]:
     """(header, source) of the `backend` split kernel for row decoder `code` (TurboQuant:
     head_dim picks the codebook written into the header)."""
-    prelude, entry, _ = _parts(backend)
+    prelude, entry, _, _ = _parts(backend)
     book = codebook_defines(code, head_dim) if code in launch.TQ_CODES else ""
-    header = f"#define KV_CODE {launch.KV_CODES[code]}\n{book}{prelude}\n{COMMON.read_text()}"
-    return header, entry + BODY.read_text()
+    header = f"#define KV_CODE {launch.KV_CODES[code]}\n{book}{prelude}{read(COMMON)}"
+    return header, entry + read(BODY)
 
 
 def combine_source(backend: str) -> tuple[str, str]:
     """(header, source) of the `backend` combine kernel (no KV_CODE: it reads partials)."""
-    prelude, _, combine_entry = _parts(backend)
-    return f"{prelude}\n{COMMON.read_text()}", combine_entry + COMBINE_BODY.read_text()
+    prelude, _, combine_entry, _ = _parts(backend)
+    return prelude + read(COMMON), combine_entry + read(COMBINE_BODY)
 
 
 def _make(backend: str):
@@ -184,8 +211,16 @@ def scale_inputs(k: dict, v: dict, fmt) -> tuple[mx.array, mx.array]:
     if fmt is not None and fmt.quantized and fmt.name in launch.FP8_CODES:
         s = head_scales(fmt, k["data"].shape[1])
         return s, s
-    dummy = mx.zeros((1,), dtype=mx.float16)
+    dummy = const_array((0.0,), mx.float16)
     return k.get("scales", dummy), v.get("scales", dummy)
+
+
+@lru_cache(maxsize=512)
+def const_array(values: tuple, dtype) -> mx.array:
+    """A small constant input (launch params, the softmax scale, a dummy) made once per value,
+    not per call: one Python-side array build less per launch. Arrays are immutable, so
+    sharing one between calls is safe."""
+    return mx.array(values, dtype=dtype)
 
 
 def launch_inputs(q, k: dict, v: dict, plan: launch.LaunchPlan, scale: float, fmt=None) -> list:
@@ -197,18 +232,28 @@ def launch_inputs(q, k: dict, v: dict, plan: launch.LaunchPlan, scale: float, fm
         device_sized(v["data"]),
         k_scales,
         v_scales,
-        mx.array(plan.params, dtype=mx.int32),
-        mx.array([scale], dtype=mx.float32),
+        const_array(plan.params, mx.int32),
+        const_array((float(scale),), mx.float32),
     ]
+
+
+@lru_cache(maxsize=512)
+def mx_template(template: tuple) -> list:
+    """A plan's template arguments as MLX takes them ("T" as an mx dtype), once per plan."""
+    return [(n, MX_DTYPES[x] if n == "T" else x) for n, x in template]
 
 
 def plan_for(backend: str, q, k: dict, fmt, *, tile_kv=None, threads=None, n_splits=None):
     """The LaunchPlan a call with these arguments launches (TileConfigError if refused);
     `plan.config()` is what a result row records."""
-    problem = problem_of(q, k, fmt)
-    if problem.kv_code == "dense" and k["data"].dtype != q.dtype:
-        raise launch.TileConfigError(f"dense K/V {k['data'].dtype} differ from q {q.dtype}")
-    return launch.plan(
+    k_dtype = kernel_rows(k)["data"].dtype
+    return _plan(backend, problem_of(q, k, fmt), k_dtype, q.dtype, tile_kv, threads, n_splits)
+
+
+def _plan(backend: str, problem: launch.Problem, k_dtype, q_dtype, tile_kv, threads, n_splits):
+    if problem.kv_code == "dense" and k_dtype != q_dtype:
+        raise launch.TileConfigError(f"dense K/V {k_dtype} differ from q {q_dtype}")
+    return launch.cached_plan(
         problem,
         tile_kv or launch.DEFAULT_TILE_KV,
         threads or launch.DEFAULT_THREADS,
@@ -224,22 +269,21 @@ def flash_decode(backend: str, q, k, v, fmt, *, scale: float, tile_kv=None, **co
     kernels, the output rotated back once after (fmt.basis_query / basis_output, as
     kernels/attention/turbo.py)."""
     problem = problem_of(q, k, fmt)
-    plan = plan_for(backend, q, k, fmt, tile_kv=tile_kv, **config)  # refuses before launch
+    k, v = kernel_rows(k), kernel_rows(v)
+    plan = _plan(backend, problem, k["data"].dtype, q.dtype, tile_kv, **config)  # may refuse
     tq = problem.kv_code in launch.TQ_CODES
     q_in = fmt.basis_query(q).astype(q.dtype) if tq else q
-    k, v = kernel_rows(k), kernel_rows(v)
-    as_mx = lambda t: [(n, MX_DTYPES[x] if n == "T" else x) for n, x in t]  # noqa: E731
     parts = compiled(backend, problem.kv_code, problem.head_dim if tq else None)(
         inputs=launch_inputs(q_in, k, v, plan, scale, fmt),
-        template=as_mx(plan.template),
+        template=mx_template(plan.template),
         grid=plan.grid,
         threadgroup=plan.threadgroup,
         output_shapes=list(plan.output_shapes),
         output_dtypes=[mx.float32] * 3,
     )
     (out,) = compiled(backend, COMBINE)(
-        inputs=[*parts, mx.array(plan.combine_params, dtype=mx.int32)],
-        template=as_mx(plan.combine_template),
+        inputs=[*parts, const_array(plan.combine_params, mx.int32)],
+        template=mx_template(plan.combine_template),
         grid=plan.combine_grid,
         threadgroup=plan.combine_threadgroup,
         output_shapes=[(plan.output_shapes[1][0], problem.head_dim)],

@@ -35,6 +35,38 @@ KV_FN float lane_xor(float v, int off) {
   return __shfl_xor_sync(0xFFFFFFFFu, v, off);
 }
 
+// Quantize-on-write (kv_encode_common.h): float32 steps rounded as MLX's separate ops round
+// them (IEEE, round to nearest even; never contracted into an fma), float16 conversion.
+#define KV_FABS fabsf
+#define KV_FMIN fminf
+#define KV_RINT rintf
+#define KV_FLOOR floorf
+#define KV_ROUND roundf
+
+KV_FN uint32_t float_bits(float x) {
+  return __float_as_uint(x);
+}
+
+KV_FN float div_rn(float a, float b) {
+  return __fdiv_rn(a, b);
+}
+
+KV_FN float mul_rn(float a, float b) {
+  return __fmul_rn(a, b);
+}
+
+KV_FN float add_rn(float a, float b) {
+  return __fadd_rn(a, b);
+}
+
+KV_FN __half half_of(float x) {
+  return __float2half_rn(x);
+}
+
+KV_FN float half_value(__half h) {
+  return __half2float(h);
+}
+
 // ==== entry ====
   // one block = one (sequence x kv head, split)
   const int tid = int(threadIdx.x);
@@ -46,3 +78,7 @@ KV_FN float lane_xor(float v, int off) {
   // one block = one warp = one output row (sequence x query head)
   const int lane = int(threadIdx.x % 32);
   const int row = int(blockIdx.y);
+// ==== encode entry ====
+  // one thread = one unit (GS elements of one row); grid y: 0 K, 1 V
+  const int unit = int(blockIdx.x * blockDim.x + threadIdx.x);
+  const int which = int(blockIdx.y);

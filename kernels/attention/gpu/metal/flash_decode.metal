@@ -34,6 +34,40 @@ KV_FN float lane_xor(float v, int off) {
   return simd_shuffle_xor(v, ushort(off));
 }
 
+// Quantize-on-write (kv_encode_common.h): float32 steps rounded as MLX's separate ops round
+// them (IEEE, round to nearest even; MLX compiles with MathModeSafe), float16 conversion.
+// NOT RUN: whether Metal contracts add_rn(mul_rn(..)) into an fma is for a device to show
+// (tests/test_gpu_parity.py's encode test compares every byte with the MLX ops there).
+#define KV_FABS metal::fabs
+#define KV_FMIN metal::fmin
+#define KV_RINT metal::rint
+#define KV_FLOOR metal::floor
+#define KV_ROUND metal::round
+
+KV_FN uint32_t float_bits(float x) {
+  return as_type<uint32_t>(x);
+}
+
+KV_FN float div_rn(float a, float b) {
+  return a / b;
+}
+
+KV_FN float mul_rn(float a, float b) {
+  return a * b;
+}
+
+KV_FN float add_rn(float a, float b) {
+  return a + b;
+}
+
+KV_FN half half_of(float x) {
+  return half(x);
+}
+
+KV_FN float half_value(half h) {
+  return float(h);
+}
+
 // ==== entry ====
   // one threadgroup = one (sequence x kv head, split)
   const int tid = int(thread_index_in_threadgroup);
@@ -45,3 +79,7 @@ KV_FN float lane_xor(float v, int off) {
   // one threadgroup = one simdgroup = one output row (sequence x query head)
   const int lane = int(thread_index_in_simdgroup);
   const int row = int(threadgroup_position_in_grid.y);
+// ==== encode entry ====
+  // one thread = one unit (GS elements of one row); grid y: 0 K, 1 V
+  const int unit = int(thread_position_in_grid.x);
+  const int which = int(thread_position_in_grid.y);
