@@ -1,17 +1,21 @@
 """Where a custom-kernel decode step's time goes on a GPU, measured in one process on one device
-(issue #37; docs/kernels.md): per attention call at Llama-3-8B's shape (32 q heads, 8 KV heads,
-D=128, one sequence) and a 4K fp16 cache, the median time of eight calls (one per layer, one
-graph, eval + synchronize, the harness's timer) divided by eight, for
-  sdpa            MLX's fused scaled_dot_product_attention,
-  cuda            kvbench's flash-decode kernel as the harness launches it,
-  cuda_graph      the host time to build those eight calls' graph (no eval),
-  cuda_splitsN    the kernel with N splits forced (kernel-bound time moves with N, a fixed
-                  per-call cost does not),
-  empty_kernel    a mx.fast.cuda_kernel that writes one float (the launch floor),
-  encode_fp4/int4 quantizing one token's K into fp4 / int4 (the write stage's encode),
-the float32 matmul's error against float64 (is float32 computed in TF32?), and
-mx.quantized_matmul's error for scores q @ K^T with per-head (batched) packed keys, as kvbench's
-quantized_matmul kernel and mlx-lm call it, against one 2-D call per head. Prints JSON.
+(issues #37, #45; docs/kernels.md, "fixed cost per call"). Per attention call at Llama-3-8B's
+shape (32 q heads, D=128, one sequence), for 4K and 32K positions and GQA 1 / 4 / 8 (32, 8, 4
+KV heads): the median over 50 repetitions of eight calls (one per layer, one graph), divided by
+eight, of
+  sdpa_us / cuda_us         MLX's fused SDPA / kvbench's flash-decode kernel, built + evaluated
+                            + synchronized (the harness's timer: what a result row measures),
+  cuda_build_us             the host time to build those calls' graph alone (Python wrapper and
+                            MLX's per-call work: source string, kernel object call; no eval),
+  cuda_eval_us / sdpa_eval_us  eval + synchronize of a graph built beforehand (MLX's host work
+                            at evaluation and the device's time, without the Python side);
+at 32K GQA 4 the kernel with 1 / 16 / 64 / 128 splits forced (kernel-bound time moves with the
+split count, a fixed per-call cost does not); an empty mx.fast.cuda_kernel (the launch floor);
+the write stage per layer: one token's K and V encoded by the MLX ops (encode_<fmt>_ops_us) and
+by the one-launch kernel (encode_<fmt>_kernel_us, kernels/attention/gpu/encode.py) for fp4,
+int4, q4_0, q8_0 and fp8_e4m3, beside fp16's plain cast; the float32 matmul's error against
+float64 (TF32?), and mx.quantized_matmul's error with per-head packed keys. Each part's JSON is
+printed as soon as it is measured (a run stopped by its budget keeps what it printed).
 """
 
 from __future__ import annotations
@@ -32,6 +36,8 @@ from kvbench.kernels.formats.registry import get_format  # noqa: E402
 from kvbench.timer import run_once, warm_up  # noqa: E402
 
 LAYERS, HQ, HKV, D, CTX = 8, 32, 8, 128, 4096
+CONTEXTS, GQAS = (4096, 32768), (1, 4, 8)
+BACKEND = "cuda" if mx.cuda.is_available() else "metal"
 
 
 def per_call_us(fn, reps: int = 50) -> float:
@@ -39,29 +45,61 @@ def per_call_us(fn, reps: int = 50) -> float:
     return statistics.median(run_once(fn) for _ in range(reps)) * 1e3 / LAYERS
 
 
-def attention_variants() -> dict:
-    fmt = get_format("fp16", None)
-    q = mx.random.normal((1, HQ, 1, D)).astype(mx.float16)
-    ks = [mx.random.normal((1, HKV, CTX, D)).astype(mx.float16) for _ in range(LAYERS)]
-    vs = [mx.random.normal((1, HKV, CTX, D)).astype(mx.float16) for _ in range(LAYERS)]
-    mx.eval(q, *ks, *vs)
-    scale = 1 / math.sqrt(D)
-    cuda = KERNELS["cuda"].fn
-    sdpa = mx.fast.scaled_dot_product_attention
-
-    def run_cuda(n_splits=None):
-        return [
-            cuda(q, {"data": k}, {"data": v}, fmt, scale=scale, tile_kv=32, n_splits=n_splits)
-            for k, v in zip(ks, vs)
-        ]
-
-    def graph_us() -> float:
-        run_cuda()
+def build_us(fn, reps: int = 20) -> float:
+    """Host time per call to build the graph of fn's calls (nothing evaluated)."""
+    mx.eval(fn())
+    times = []
+    for _ in range(reps):
         t0 = time.perf_counter()
-        for _ in range(20):
-            run_cuda()
-        return (time.perf_counter() - t0) * 1e6 / (20 * LAYERS)
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6 / LAYERS
 
+
+def eval_us(fn, reps: int = 30) -> float:
+    """eval + synchronize per call of a graph built before the clock starts."""
+    warm_up(fn, 0.3)
+    times = []
+    for _ in range(reps):
+        outs = fn()
+        mx.synchronize()
+        t0 = time.perf_counter()
+        mx.eval(outs)
+        mx.synchronize()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e6 / LAYERS
+
+
+def caches(ctx: int, hkv: int):
+    q = mx.random.normal((1, HQ, 1, D)).astype(mx.float16)
+    ks = [mx.random.normal((1, hkv, ctx, D)).astype(mx.float16) for _ in range(LAYERS)]
+    vs = [mx.random.normal((1, hkv, ctx, D)).astype(mx.float16) for _ in range(LAYERS)]
+    mx.eval(q, *ks, *vs)
+    return q, ks, vs
+
+
+def fixed_cost(ctx: int, g: int) -> dict:
+    """Per call at one context and GQA: the harness's time, host build, eval, sdpa beside."""
+    fmt, scale = get_format("fp16", None), 1 / math.sqrt(D)
+    q, ks, vs = caches(ctx, HQ // g)
+    kern = KERNELS[BACKEND].fn
+    run = lambda **kw: [  # noqa: E731
+        kern(q, {"data": k}, {"data": v}, fmt, scale=scale, **kw) for k, v in zip(ks, vs)
+    ]
+    sdpa = lambda: [mx.fast.scaled_dot_product_attention(q, k, v, scale=scale)  # noqa: E731
+                    for k, v in zip(ks, vs)]  # fmt: skip
+    tag = f"{ctx // 1024}k_g{g}"
+    out = {f"sdpa_us_{tag}": per_call_us(sdpa), f"cuda_us_{tag}": per_call_us(run)}
+    out[f"cuda_build_us_{tag}"] = build_us(run)
+    out[f"cuda_eval_us_{tag}"] = eval_us(run)
+    out[f"sdpa_eval_us_{tag}"] = eval_us(sdpa)
+    if (ctx, g) == (32768, 4):
+        for n in (1, 16, 64, 128):
+            out[f"cuda_splits{n}_us_{tag}"] = per_call_us(lambda n=n: run(n_splits=n))
+    return out
+
+
+def empty_kernel() -> dict:
     empty = mx.fast.cuda_kernel(
         name="kvbench_empty", input_names=["x"], output_names=["y"],
         source="if (threadIdx.x == 0 && blockIdx.x == 0) { y[0] = x[0]; }",
@@ -73,13 +111,7 @@ def attention_variants() -> dict:
               output_shapes=[(1,)], output_dtypes=[mx.float32])[0]
         for _ in range(LAYERS)
     ]  # fmt: skip
-    return {
-        "sdpa_us": per_call_us(lambda: [sdpa(q, k, v, scale=scale) for k, v in zip(ks, vs)]),
-        "cuda_us": per_call_us(run_cuda),
-        "cuda_graph_us": graph_us(),
-        **{f"cuda_splits{n}_us": per_call_us(lambda n=n: run_cuda(n)) for n in (1, 4, 16, 64)},
-        "empty_kernel_us": per_call_us(run_empty),
-    }
+    return {"empty_kernel_us": per_call_us(run_empty)}
 
 
 def qmm_check() -> dict:
@@ -109,12 +141,21 @@ def qmm_check() -> dict:
 
 
 def encode_variants() -> dict:
+    """One token's K and V of one layer: the MLX-ops encoders vs the one-launch kernel."""
+    from kvbench.kernels.attention.gpu import encode
+
     out = {}
-    x = mx.random.normal((1, HKV, 1, D)).astype(mx.float16)
-    mx.eval(x)
-    for name in ("fp4", "int4", "fp16"):
-        fmt = get_format(name, None)
-        out[f"encode_{name}_us"] = per_call_us(lambda f=fmt: [f.encode(x) for _ in range(LAYERS)])
+    k = mx.random.normal((1, HKV, 1, D)).astype(mx.float16)
+    v = mx.random.normal((1, HKV, 1, D)).astype(mx.float16)
+    mx.eval(k, v)
+    f16 = get_format("fp16", None)
+    out["encode_fp16_ops_us"] = per_call_us(lambda: [f16.encode(x) for x in (k, v) * LAYERS])
+    for name in ("fp4", "int4", "q4_0", "q8_0", "fp8_e4m3"):
+        f = get_format(name, None)
+        ops = lambda f=f: [f.encode(x) for x in (k, v) * LAYERS]  # noqa: E731
+        one = lambda f=f: [encode.encode_kv(BACKEND, f, f, k, v) for _ in range(LAYERS)]  # noqa: E731
+        out[f"encode_{name}_ops_us"] = per_call_us(ops)
+        out[f"encode_{name}_kernel_us"] = per_call_us(one)
     return out
 
 
@@ -128,13 +169,15 @@ def tf32_check() -> dict:
 
 def main() -> int:
     result = {"device": mx.device_info().get("device_name", str(mx.default_device()))}
-    result.update(tf32_check())
-    for part in (qmm_check, attention_variants):
+    parts = [tf32_check, empty_kernel, encode_variants]
+    parts += [lambda c=c, g=g: fixed_cost(c, g) for c in CONTEXTS for g in GQAS]
+    for part in [*parts, qmm_check]:  # qmm last: its run did not finish in 60 s on an H200
         try:
-            result.update(part())
+            got = part()
         except Exception as e:  # noqa: BLE001  a device probe: report what failed, go on
-            result[part.__name__] = f"{type(e).__name__}: {e}"[:300]
-    result.update(encode_variants())
+            got = {getattr(part, "__name__", "part"): f"{type(e).__name__}: {e}"[:300]}
+        print(json.dumps(got), flush=True)
+        result.update(got)
     print(json.dumps(result, indent=2))
     return 0
 

@@ -16,6 +16,7 @@ import math
 import os
 
 import mlx.core as mx
+import numpy as np
 import pytest
 
 from kvbench.engines.parity import parity_gate
@@ -39,7 +40,9 @@ FORMATS = [("fp16", None), ("bf16", None), ("fp32", None), ("fp4", None), ("int4
            ("int4", 32), ("mxfp4", None), ("affine4", None), ("iq4_nl", None),
            ("fp8_e4m3", None), ("fp8_e4m3@per_head", None), ("fp8_e5m2@0.25", None),
            ("fp8_e5m2@per_head", None), ("tq4_mse", None), ("tq2_mse", None)]  # fmt: skip
-GPU_KERNELS = ["sdpa", "ops", "tiled", "dequant_sdpa", "quantized_matmul", "metal", "cuda"]
+# turbo_sdpa / turbo_tiled read TurboQuant in its rotated basis (MLX ops; never run on a GPU yet)
+GPU_KERNELS = ["sdpa", "ops", "tiled", "dequant_sdpa", "quantized_matmul", "metal", "cuda",
+               "turbo_sdpa", "turbo_tiled"]  # fmt: skip
 
 
 def check_parity(device_backend: str, kernel: str, fmt, shape) -> dict | None:
@@ -100,6 +103,49 @@ def test_the_custom_kernel_ran_at_tiny_and_sliced_shapes():
     with mx.stream(mx.gpu):
         assert check_parity(GPU, GPU, fmt, (1, 2, 1, 8, 3, 3)) is not None
         assert check_parity(GPU, GPU, get_format("fp16"), (1, 32, 8, 128, 3000, 4096))
+
+
+# quantize-on-write in one kernel (kernels/attention/gpu/encode.py): NEVER RUN ON A GPU yet
+ENCODE_FORMATS = [("fp4", None), ("fp4", 32), ("int4", None), ("int4", 32), ("q4_0", None),
+                  ("q8_0", None), ("fp8_e4m3@0.25", None), ("fp8_e4m3@per_head", None),
+                  ("fp8_e5m2", None), ("fp8_e5m2@per_head", None)]  # fmt: skip
+
+
+def encode_rows(d: int, seed: int) -> mx.array:
+    """float16 [2, 8, 1, D]: gaussian rows with outlier channels, a row of exact ties (absmax 7:
+    int4 scale 1), one of E2M1 midpoints (absmax 6), q4_0's d = 1 row, zeros with -0.0, values
+    past E4M3's range."""
+    rng = np.random.default_rng(seed)
+    x = rng.standard_normal((16, d)) * np.where(rng.random(d) < 0.05, 20.0, 1.0)
+    x[1] = np.resize(np.arange(-7.0, 7.5, 0.5), d)
+    x[2] = np.resize([0.25, 0.75, 1.25, 1.75, 2.5, 3.5, 5.0, -0.25, -2.5, -5.0, 6.0], d)
+    x[3] = np.resize(np.arange(-8.0, 8.0, 0.5), d)
+    x[4] = np.where(np.arange(d) % 2, -0.0, 0.0)
+    x[5] = np.clip(rng.standard_normal(d) * 3e4, -6e4, 6e4)
+    return mx.array(x.astype(np.float16).reshape(2, 8, 1, d))
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(GPU is None, reason="no Metal or CUDA GPU (make gpu-verify runs these)")
+@pytest.mark.parametrize("name,gs", ENCODE_FORMATS)
+def test_encode_kernel_stores_the_mlx_ops_bytes(name, gs):
+    """The one-launch encoder on the GPU stores bit for bit what fmt.encode stores on the CPU
+    (the CPU test holds the shared text to the same under g++: tests/test_kv_encode.py)."""
+    from kvbench.kernels.attention.gpu import encode
+
+    k, v = encode_rows(128, 1), encode_rows(128, 2)
+    fmt = parity_format(name, gs)
+    k_fmt, v_fmt = fmt.calibrate(k, "k"), fmt.calibrate(v, "v")
+    with mx.stream(mx.gpu):
+        got_k, got_v = encode.encode_kv(GPU, k_fmt, v_fmt, k, v)
+        mx.eval(got_k, got_v)
+    with mx.stream(mx.cpu):
+        want_k, want_v = k_fmt.encode(k), v_fmt.encode(v)
+    for got, want in ((got_k, want_k), (got_v, want_v)):
+        assert set(got) == set(want)
+        for part in want:
+            a, b = np.array(got[part]), np.array(want[part])
+            assert a.tobytes() == b.tobytes(), (part, int(np.sum(a != b)), a.size)
 
 
 def test_check_parity_on_cpu_kernels():
