@@ -7,5 +7,6 @@ class UserError(Exception):
 
 class SuiteError(UserError):
     def __init__(self, path: str, key: str, reason: str):
-        super().__init__(f"{path}: {key}: {reason}")
+        # key "-": the file as a whole (no key to name), said without a stray "-:"
+        super().__init__(f"{path}: {reason}" if key == "-" else f"{path}: {key}: {reason}")
         self.path, self.key, self.reason = path, key, reason

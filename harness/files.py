@@ -38,7 +38,7 @@ def file_mode() -> int:
 
 
 def _user_error(path, key: str, reason: str) -> UserError:
-    return UserError(f"{path}: {key}: {reason}")
+    return UserError(f"{path}: {reason}" if key == "-" else f"{path}: {key}: {reason}")
 
 
 NOT_REGULAR = {

@@ -123,3 +123,34 @@ def test_run_with_neither_file_nor_axes_is_a_one_line_error(capsys):
 def test_a_bad_tolerance_is_one_line(pct, capsys):
     assert main(["run", "--model", "llama-3-8b", "--context", "1k", "--tolerance", pct]) == 2
     assert capsys.readouterr().err.startswith("kvbench: --tolerance: ")
+
+
+def test_value_typos_get_a_did_you_mean_look_alike_digits_first():
+    from kvbench.suite.validate import did_you_mean
+
+    assert did_you_mean("q4_O", ["q4_1", "q4_0"]) == "did you mean 'q4_0'? "
+    assert did_you_mean("llama3-8b", ["llama-3-8b", "tiny"]) == "did you mean 'llama-3-8b'? "
+    assert did_you_mean("zzz", ["fp16"]) == ""
+    with pytest.raises(SuiteError, match="did you mean 'llama-3-8b'"):
+        given_axes(parse("--model", "llama3-8b"))
+
+
+def test_filter_typos_and_empty_matches_name_what_the_suite_has():
+    from kvbench.suite.suite import apply_filters
+
+    cases = expand(suite_of(parse("--model", "llama-3-8b", "--kv-dtype", "fp16,q4_0",
+                                  "--context", "1k")))  # fmt: skip
+    with pytest.raises(SuiteError, match="did you mean 'kv_dtype'"):
+        apply_filters(cases, ["kv_dtyp=q4_0"])
+    with pytest.raises(SuiteError, match=r"no case matches; did you mean 'q4_0'\? the cases have "
+                       r"kv_dtype fp16, q4_0$"):  # fmt: skip
+        apply_filters(cases, ["kv_dtype=q4_O"])
+    assert [c.kv_dtype for c in apply_filters(cases, ["kv_dtype=q4_0"])] == ["q4_0"]
+
+
+def test_a_missing_suite_file_has_no_stray_key(tmp_path, capsys):
+    assert main(["run", str(tmp_path / "nope.yaml")]) == 2
+    assert (
+        capsys.readouterr().err
+        == f"kvbench: {tmp_path / 'nope.yaml'}: cannot read: No such file or directory\n"
+    )

@@ -291,7 +291,7 @@ def test_named_pipes_as_inputs_are_refused_not_waited_on(tmp_path):
         "run model:": (["run", suite, "--dry-run"], f"{pipe}: a named pipe"),
         "config.json": (["run", suite2, "--dry-run"], "config.json: a named pipe"),
         "compare FILE": (["compare", runs / "r2.csv", runs / "r1.csv"], "r2.csv: a named pipe"),
-        "import": (["import", json_pipe, "--out", tmp_path / "o"], "b.json: -: a named pipe"),
+        "import": (["import", json_pipe, "--out", tmp_path / "o"], "b.json: a named pipe"),
     }
     for name, (argv, needle) in refused.items():
         done = _kvbench(argv, timeout=60)

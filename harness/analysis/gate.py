@@ -81,13 +81,13 @@ def suite_name(path: Path) -> str:
     without load_suite, which imports mlx; the run itself validates the suite."""
     if (why := not_regular(path)) is not None:  # a named pipe would block for ever
         raise UserError(
-            f"{path}: -: {why if why.startswith('cannot') else why + ', not a suite file'}"
+            f"{path}: {why if why.startswith('cannot') else why + ', not a suite file'}"
         )
     text = read_text(path)  # capped, strict UTF-8 (harness/files.py)
     try:
         raw = yaml.safe_load(text) or {}
     except RecursionError:
-        raise UserError(f"{path}: -: nested too deeply to be a suite") from None
+        raise UserError(f"{path}: nested too deeply to be a suite") from None
     except yaml.YAMLError as e:  # one line, as load_suite says it
         mark = getattr(e, "problem_mark", None)
         where = f"line {mark.line + 1}" if mark else "-"

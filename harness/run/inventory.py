@@ -33,6 +33,7 @@ def inventory() -> str:
         ok = ok or f"({'/'.join(peer.formats)}: not among this build's kv dtypes)"
         where = None if backend in peer.backends else f"(runs on {'/'.join(peer.backends)})"
         lines.append(f"  {name:<16} {where or missing_reason(name) or ok}")
+    lines.append(f"  {'llama.cpp':<16} {llamacpp_line()}")
     lines.append(f"kv data: {', '.join(KV_DATA)}")
     lines.append(f"layouts: {', '.join(LAYOUTS)}  (docs/streams.md, docs/layouts.md)")
     lines.append(f"workloads: {', '.join(WORKLOADS)}; decode orders: {', '.join(DECODE_ORDERS)}")
@@ -59,4 +60,40 @@ def environment() -> str:
     )
     lines = [f"{k:<16} {ctx[k]}" for k in keys]
     lines.append(f"{'peak_read_gbps':<16} {bw['peak_gbps']:.1f}  ({bw['peak_method']})")
+    lines.append(f"{'memory':<16} {memory_line()}")
+    lines += [f"{'peer ' + name:<16} {why or 'ready'}" for name, why in peer_states().items()]
     return "\n".join(lines)
+
+
+def llamacpp_line() -> str:
+    """llama.cpp as a peer kernel (its own engine, harness/engines/llamacpp.py): the cache
+    types it takes, or why its binaries are missing."""
+    from kvbench.peers import llamacpp
+
+    why = llamacpp.missing_reason("llama-perplexity")
+    ok = ", ".join(f for f in FORMATS if llamacpp.cache_type(f) is not None)
+    return why or f"{ok} (its own process: quality, bench and passkey rows, docs/peers.md)"
+
+
+def peer_states() -> dict[str, str | None]:
+    """Each peer: None when it can run here, else why not (a missing package or build)."""
+    from kvbench.peers import llamacpp
+
+    out = {name: missing_reason(name) for name in PEERS}
+    out["llama.cpp"] = llamacpp.missing_reason("llama-perplexity")
+    return out
+
+
+def memory_line() -> str:
+    """Total memory and what the memory guard would allow a case (harness/run/memory.py)."""
+    from kvbench.run.memory import available_bytes
+
+    total = None
+    try:
+        with open("/proc/meminfo") as f:
+            total = next((int(x.split()[1]) * 1024 for x in f if x.startswith("MemTotal:")), None)
+    except OSError:
+        pass  # not Linux: the available figure below comes from MLX's device info
+    got = available_bytes()
+    avail = f"{got[0] / 2**30:.1f} GiB available ({got[1]})" if got else "available: unknown"
+    return (f"{total / 2**30:.1f} GiB total, " if total else "") + avail

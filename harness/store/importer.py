@@ -43,7 +43,7 @@ def _load(path: Path) -> dict:
     except json.JSONDecodeError as e:
         raise UserError(f"{path}: cannot read JSON: {e}") from None
     except RecursionError:
-        raise UserError(f"{path}: -: nested too deeply to be a pytest-benchmark JSON") from None
+        raise UserError(f"{path}: nested too deeply to be a pytest-benchmark JSON") from None
     if not isinstance(doc, dict) or not isinstance(doc.get("benchmarks"), list):
         raise UserError(f"{path}: benchmarks: not a pytest-benchmark JSON (--benchmark-json)")
     _check(path, doc)

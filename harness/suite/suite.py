@@ -159,7 +159,7 @@ def check_time(suite: Suite, n_cases: int) -> None:
 def _regular_file(path: str) -> None:
     """A suite is a regular file: a named pipe would block for ever, a device never ends."""
     why = not_regular(path)
-    if why is not None:
+    if why is not None:  # key "-": the file itself (SuiteError says no key)
         raise SuiteError(path, "-", why if why.startswith("cannot") else f"{why}, not a suite file")
 
 
@@ -439,10 +439,19 @@ def expand(suite: Suite) -> list[Case]:
 
 
 def apply_filters(cases: list[Case], filters: list[str], path: str = "--filter") -> list[Case]:
-    """Keep cases whose field KEY equals VALUE (compared as text) for every KEY=VALUE."""
+    """Keep cases whose field KEY equals VALUE (compared as text) for every KEY=VALUE; a filter
+    that leaves none names the values the cases have (with a did-you-mean)."""
+    from kvbench.suite.validate import did_you_mean
+
     for item in filters:
         key, sep, value = item.partition("=")
         if not sep or key not in AXES:
-            raise SuiteError(path, item, f"expected KEY=VALUE with KEY one of {', '.join(AXES)}")
-        cases = [c for c in cases if str(getattr(c, key)) == value]
+            hint = did_you_mean(key, AXES) if sep else ""
+            raise SuiteError(path, item, f"expected KEY=VALUE; {hint}KEY one of {', '.join(AXES)}")
+        kept = [c for c in cases if str(getattr(c, key)) == value]
+        if cases and not kept:
+            have = list(dict.fromkeys(str(getattr(c, key)) for c in cases))
+            raise SuiteError(path, item, f"no case matches; {did_you_mean(value, have)}the cases "
+                             f"have {key} {', '.join(have)}")  # fmt: skip
+        cases = kept
     return cases

@@ -118,12 +118,30 @@ def model_name(v) -> str | None:
     if isinstance(v, str) and v and (is_path_like(v) or HF_ID.match(v)):
         return None
     known = ", ".join(CHOICES["models"])
-    return f"unknown value {v!r}; known: {known}, a .gguf file, a model directory or a repo id"
+    hint = did_you_mean(v, CHOICES["models"])
+    return (
+        f"unknown value {v!r}; {hint}known: {known}, a .gguf file, a model directory or a repo id"
+    )
+
+
+LOOKALIKE = str.maketrans({"o": "0", "l": "1", "i": "1"})
+
+
+def did_you_mean(v, choices) -> str:
+    """'did you mean 'q4_0'? ' for a value close to one of `choices` (difflib), else ''."""
+    names = [str(c) for c in choices]
+    # letters typed for look-alike digits (q4_O, q8_O) first: difflib ties q4_0 and q4_1
+    folded = str(v).lower().translate(LOOKALIKE)
+    close = [c for c in names if c.lower().translate(LOOKALIKE) == folded]
+    close = close or difflib.get_close_matches(str(v), names, n=1, cutoff=0.6)
+    return f"did you mean {close[0]!r}? " if close else ""
 
 
 def one_of(choices) -> callable:
     def check(v) -> str | None:
-        return None if v in choices else f"unknown value {v!r}; known: {', '.join(choices)}"
+        if v in choices:
+            return None
+        return f"unknown value {v!r}; {did_you_mean(v, choices)}known: {', '.join(choices)}"
 
     return check
 
