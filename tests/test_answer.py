@@ -81,3 +81,14 @@ def test_invariant_axis_columns_are_said_once():
     assert cols == ["kv_dtype", "median_ms"]  # a measured column stays even when equal
     assert same == {"model": "m", "status": "ok"}
     assert split_invariant(df.iloc[:1], ["model"]) == (["model"], {})
+
+
+def test_noise_line_when_most_timed_rows_are_unstable():
+    from kvbench.analysis.summary import noise_line
+
+    df = pd.DataFrame({"cv": [0.3, 0.5, 0.05, None], "unstable": [True, "True", False, None]})
+    line = noise_line(df, 2.5)
+    assert line.startswith("noise: 2 of 3 timed rows are unstable") and "load average 2.5" in line
+    assert "kvbench calibrate" in line and "rounds" in line
+    assert noise_line(df.assign(unstable=[True, False, False, None]), 2.5) == ""  # 1 of 3
+    assert noise_line(pd.DataFrame({"ppl": [1.0]}), 1.0) == ""  # quality rows: no times

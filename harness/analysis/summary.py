@@ -102,4 +102,31 @@ def run_summary(df: pd.DataFrame, tolerance_pct: float | None = None) -> str:
     from kvbench.analysis.answer import TOLERANCE_PCT, answer
 
     text = answer(df, TOLERANCE_PCT if tolerance_pct is None else tolerance_pct)
-    return table(df) + ("\n\n" + text if text else "")
+    noise = noise_line(df, _load_1min())
+    return table(df) + ("\n" + noise if noise else "") + ("\n\n" + text if text else "")
+
+
+def _load_1min() -> float | None:
+    import os
+
+    try:
+        return os.getloadavg()[0]
+    except (OSError, AttributeError):  # not available on this platform
+        return None
+
+
+def noise_line(df: pd.DataFrame, load_1min: float | None) -> str:
+    """One line when most timed rows are flagged unstable (CV over the suite's cv_warn): what it
+    means and what to do, with the load average the run ended under (issue 44 item 5)."""
+    if "unstable" not in df or "cv" not in df:
+        return ""
+    timed = df[pd.to_numeric(df["cv"], errors="coerce").notna()]
+    flagged = timed["unstable"].map(lambda u: u is True or u == "True" or u == 1).sum()
+    if not len(timed) or flagged * 2 <= len(timed):
+        return ""
+    load = f" at load average {load_1min:.1f}" if load_1min is not None else ""
+    return (f"noise: {flagged} of {len(timed)} timed rows are unstable (!: CV over the suite's "
+            f"cv_warn){load}: their times move from sample to sample, so compare them with "
+            "care. Rerun on an idle machine, with more settings.rounds or a longer budget_s, "
+            "and run `kvbench calibrate SUITE` to measure this host's run-to-run noise "
+            "(compare then allows for it)")  # fmt: skip
