@@ -28,7 +28,7 @@ def find(cur: pd.DataFrame) -> list[Finding]:
     d = measured(cur)
     d = d[d["rel_err"].notna()] if "rel_err" in d else d.iloc[0:0]
     choices = varying(d, with_role("choice"))
-    if d.empty or not choices:
+    if d.empty or d["fmt"].nunique() < 2:  # one format: nothing to set side by side
         return []
     pooled = [a for a in WORKLOAD_AXES if a not in KEPT_APART]
     lines = []
