@@ -20,7 +20,9 @@ from kvbench.kernels.model.cache import (
     WindowCache,
     make_cache,
 )
+from kvbench.kernels.model.evicting import EvictingCache
 from kvbench.kernels.model.load import Shape
+from kvbench.kernels.model.policies import Budget, make
 from kvbench.kernels.model.protocol import (
     LEVELS,
     ModelCache,
@@ -46,6 +48,10 @@ def build(cls):
         return make_cache(CacheSpec("fp16"), WINDOWED, 8, max_step=2)
     if cls is WindowCache:
         return WindowCache(CacheSpec("fp16"), 2, 32, 4, 0, 2, "reference")
+    if cls is EvictingCache:
+        return EvictingCache(
+            CacheSpec("int8"), SHAPE, 8, "reference", make("knorm", Budget(kv_budget=2))
+        )
     if cls is generate.DeferredCache:
         return generate.DeferredCache(CacheSpec("int8"), SHAPE, 8, start=2)
     if cls is capture._Tap:
@@ -59,6 +65,7 @@ CLAIMS = {
     MixedCache: PartedCache,
     WindowCache: PartedCache,
     LayeredCache: PartedCache,
+    EvictingCache: PartedCache,
     generate.DeferredCache: StoredCache,
     capture._Tap: ModelCache,
 }

@@ -18,6 +18,7 @@ from kvbench.kernels.attention.registry import KERNELS, kv_scaled, rotated, unsu
 from kvbench.kernels.formats.protocol import Stored
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.formats.rotation import rotate
+from kvbench.kernels.model.policies.window import sees
 from kvbench.kernels.model.protocol import PartedCache
 from kvbench.kernels.model.spec import CacheSpec
 from kvbench.kernels.model.stream import Stream
@@ -242,7 +243,8 @@ class WindowCache:
 
     def read(self, layer: int, q, scale: float) -> mx.array:
         """Every cell, with the ring's visibility mask for the q.shape[2] new positions."""
-        mask = mx.array(self.ring.mask(range(self.offset, self.offset + q.shape[2])))
+        qpos = range(self.offset, self.offset + q.shape[2])  # StreamingLLM's set: policies/window
+        mask = mx.array(sees(self.ring.pos, qpos, self.ring.sinks, self.ring.window))
         ks, vs = self.kv.view(0, self.ring.size)
         q, sc = self.spec.query_in_order(q), self.formats.scales(0)
         return attend_kernel(

@@ -15,15 +15,26 @@ last, so a wrapper declares only what its readers use:
   read), so a profile times the cache write and the attention over the stored cache apart
   (kernels/model/parts.py). Every cache make_cache returns.
 
+Which positions a cache keeps is a CachePolicy (below; kernels/model/policies/, one module per
+policy, docs/policies.md): it observes every forward pass of every layer and, at the end of the
+context's prefill (and after every decode step for a policy that evicts while decoding),
+selects the cells each KV head keeps, within a budget in tokens. kernels/model/evicting.py is
+the cache that asks it; the sliding-window layer (cache.py WindowCache: sinks + the recent
+window at every write) and KIVI's fp16 residual (cache.py Stream) decide through
+policies/window.py and policies/residual.py.
+
 tests/test_model_protocol.py finds every class of kernels/model/ with `attend` and `advance` and
 checks it against the level it claims.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import mlx.core as mx
+import numpy as np
 
 
 @runtime_checkable
@@ -79,6 +90,52 @@ class PartedCache(RewindableCache, Protocol):
     def read(self, layer: int, q: mx.array, scale: float) -> mx.array:
         """attend's second half: attention of q [1, Hq, n, D] over what the layer holds, the n
         new positions written (causal among them): float32 [1, Hq, n, D]."""
+        ...
+
+
+@dataclass(frozen=True)
+class Observation:
+    """One layer of one forward pass, as a policy sees it (after the layer attended).
+
+    Cells are the layer's stored slots; `positions` says which token position each cell of each
+    KV head holds (-1: an empty or padding cell). Arrays are lazy: a policy that reads none of
+    them costs no decode."""
+
+    layer: int  # the model's layer index
+    n_layers: int
+    q: mx.array  # [1, Hq, n, D] float32: the pass's queries (after RoPE), n new positions
+    q_start: int  # position of q's first query
+    k: mx.array  # [1, Hkv, m, D] float32: every held cell's key (decoded, the model's basis)
+    v: mx.array  # [1, Hkv, m, D] float32: every held cell's value
+    positions: np.ndarray  # [Hkv, m] int64: the position each cell holds, -1 none
+    rope: Callable[[mx.array, int], mx.array] | None = None  # the layer's RoPE: (x, offset)
+
+    @property
+    def n_positions(self) -> int:
+        """Positions written so far (the next position)."""
+        return self.q_start + self.q.shape[2]
+
+
+@runtime_checkable
+class CachePolicy(Protocol):
+    """Which positions a model cache keeps: scores and a selection per layer and KV head."""
+
+    name: str
+    decode: bool  # selects again after every decode step (h2o, tova, window): False, once
+
+    def observe(self, obs: Observation) -> None:
+        """Every forward pass of every layer, after it attended (scores that accumulate, query
+        statistics, the last queries); a policy that needs none does nothing."""
+        ...
+
+    def select(self, obs: Observation) -> np.ndarray:
+        """bool [Hkv, m]: the cells of obs's layer each KV head keeps (a head's count is its
+        budget in tokens), asked at the end of the context's prefill and, for a decode policy,
+        after every decode step; obs is that layer's last pass."""
+        ...
+
+    def state_bytes(self) -> int:
+        """Bytes the policy holds beside the K/V it keeps (scores, statistics, position maps)."""
         ...
 
 

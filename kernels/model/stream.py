@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import mlx.core as mx
 
+from kvbench.kernels.model.policies.residual import flushed
 from kvbench.kernels.model.spec import CacheSpec
 
 
@@ -39,7 +40,7 @@ class Stream:
         if self.r == 0:
             return self._flush(x)
         pending = mx.concatenate([self.resid[:, :, : self.n_resid].astype(x.dtype), x], axis=2)
-        n_flush = pending.shape[2] // self.r * self.r
+        n_flush = flushed(pending.shape[2], self.r)  # KIVI's residual (policies/residual.py)
         if n_flush:
             self._flush(pending[:, :, :n_flush])
         tail = pending[:, :, n_flush:]

@@ -1,0 +1,86 @@
+"""The evicting model cache (kernels/model/evicting.py): attention over each KV head's kept
+cells against numpy, a policy that keeps everything equal to the plain cache on the tiny model,
+the kept positions after a compress, exact kept bytes by hand, mark / rewind."""
+
+import mlx.core as mx
+import numpy as np
+import pytest
+from tiny_model import TINY, weights, write_gguf
+
+from kvbench.kernels.model import policies as P
+from kvbench.kernels.model.cache import make_cache
+from kvbench.kernels.model.evicting import EvictingCache, kept_positions, make_policy_cache
+from kvbench.kernels.model.load import Shape, load_model
+from kvbench.kernels.model.run import forward, prefill
+from kvbench.kernels.model.spec import CacheSpec
+
+SHAPE = Shape("llama", n_layers=1, n_heads=4, n_kv_heads=2, head_dim=32, vocab=64,
+              trained_context=None)  # fmt: skip
+TOKS = np.random.default_rng(0).integers(0, TINY["vocab"], 24).tolist()
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return load_model(write_gguf(tmp_path_factory.mktemp("m") / "t.gguf", weights(seed=7)))
+
+
+def test_attention_over_each_heads_kept_cells():
+    """Heads keeping different cells (padded, masked) attend as numpy over their own cells."""
+    rng = np.random.default_rng(1)
+    cache = EvictingCache(
+        CacheSpec("fp32"), SHAPE, 16, "reference", P.make("knorm", P.Budget(kv_budget=4))
+    )
+    k = rng.standard_normal((1, 2, 10, 32)).astype(np.float32)
+    v = rng.standard_normal((1, 2, 10, 32)).astype(np.float32)
+    cache.write(0, mx.array(k), mx.array(v))
+    cache.advance(10)
+    keep = np.zeros((2, 10), bool)
+    keep[0, [0, 3, 7]], keep[1, [1, 2, 5, 8, 9]] = True, True
+    cache.keep(0, keep)
+    assert cache.kept_cells() == [[3, 5]]
+    q = rng.standard_normal((1, 4, 1, 32)).astype(np.float32)
+    kn = rng.standard_normal((1, 2, 1, 32)).astype(np.float32)
+    out = np.array(cache.attend(0, mx.array(q), mx.array(kn), mx.array(kn), 0.2))
+    for hq in range(4):
+        h = hq // 2
+        ks = np.concatenate([k[0, h, keep[h]], kn[0, h]])
+        vs = np.concatenate([v[0, h, keep[h]], kn[0, h]])
+        s = ks @ q[0, hq, 0] * 0.2
+        p = np.exp(s - s.max()) / np.exp(s - s.max()).sum()
+        np.testing.assert_allclose(out[0, hq, 0], p @ vs, rtol=1e-5, atol=1e-6)
+    assert cache.kept_positions()[0][0].tolist() == [-1, -1, 0, 3, 7, 10]  # padding first
+
+
+def test_keeping_everything_is_the_plain_cache(tiny):
+    pol = P.make("knorm", P.Budget(compression_ratio=0.0))
+    cache = make_policy_cache(CacheSpec("fp32"), tiny, len(TOKS), "reference", pol)
+    prefill(tiny, cache, TOKS[:16], 8)
+    cache.compress()
+    got = forward(tiny, mx.array([TOKS[16:]]), cache)
+    plain = make_cache(CacheSpec("fp32"), tiny.config, len(TOKS), "reference")
+    prefill(tiny, plain, TOKS[:16], 8)
+    want = forward(tiny, mx.array([TOKS[16:]]), plain)
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-4)
+
+
+def test_window_keeps_sinks_and_recent_and_keeps_evicting(tiny):
+    pol = P.make("window", P.Budget(kv_budget=8), sinks=2)
+    pos = kept_positions(tiny, TOKS[:16], pol, ubatch=5)
+    assert len(pos) == TINY["n_layers"]
+    for layer in pos:
+        assert layer.tolist() == [[0, 1, 10, 11, 12, 13, 14, 15]] * TINY["n_kv_heads"]
+    cache = make_policy_cache(CacheSpec("fp32"), tiny, len(TOKS), "reference", pol)
+    prefill(tiny, cache, TOKS[:16], 8)
+    cache.compress()
+    forward(tiny, mx.array([[TOKS[16]]]), cache)  # a decode step: the oldest non-sink goes
+    assert cache.kept_positions()[0][0].tolist() == [0, 1, 11, 12, 13, 14, 15, 16]
+
+
+def test_kept_bytes_by_hand(tiny):
+    pol = P.make("snapkv", P.Budget(compression_ratio=0.5), window=4)
+    cache = make_policy_cache(CacheSpec("q8_0"), tiny, 16, "reference", pol)
+    prefill(tiny, cache, TOKS[:16], 16)
+    cache.compress()
+    # 8 cells x 2 heads x 2 layers, K and V; q8_0 at head_dim 64: 2 blocks of 34 bytes a row
+    assert cache.kept_bytes() == 8 * 2 * 2 * 2 * (2 * 34)
+    assert cache.held_bytes() == cache.kept_bytes()
