@@ -9,7 +9,8 @@ from tiny_model import TINY, weights, write_gguf
 
 from kvbench.kernels.model import policies as P
 from kvbench.kernels.model.cache import make_cache
-from kvbench.kernels.model.evicting import EvictingCache, kept_positions, make_policy_cache
+from kvbench.kernels.model.compress import kept_positions
+from kvbench.kernels.model.evicting import EvictingCache, make_policy_cache
 from kvbench.kernels.model.load import Shape, load_model
 from kvbench.kernels.model.run import forward, prefill
 from kvbench.kernels.model.spec import CacheSpec

@@ -321,15 +321,18 @@ def test_a_planted_upward_import_is_caught_in_every_room(tmp_path):
 
 # Inside the model room, the modules stand on floors in the order data flows (docs/architecture.md):
 # the model file, the text and what a cache holds; the caches and the seam; the model; running
-# it; what reads it; capture. The same rule: a module imports only modules on lower floors.
+# it; what reads it; capture. The same rule: a module imports only modules on lower floors. A
+# package (policies/) is one member: its modules import each other and what stands below it.
 MODEL_FLOORS = {
     "fetch": 0, "text": 0, "tokenizer": 0, "spec": 0, "protocol": 0, "meter": 0, "matvec": 0,
     "rope": 0,
-    "cache": 1, "seam": 1,
-    "load": 2,
-    "run": 3, "source": 3,
-    "quality": 4, "retrieval": 4, "generate": 4, "parts": 4,
-    "capture": 5, "passkey": 5,
+    "policies": 1,
+    "stream": 2,
+    "cache": 3, "seam": 3,
+    "load": 4, "evicting": 4,
+    "run": 5, "source": 5,
+    "quality": 6, "retrieval": 6, "generate": 6, "parts": 6, "compress": 6,
+    "capture": 7, "passkey": 7,
 }  # fmt: skip
 MODEL = "kvbench.kernels.model"
 
@@ -337,18 +340,21 @@ MODEL = "kvbench.kernels.model"
 def against_the_model_floors(root: Path = ROOT) -> list[tuple[str, str]]:
     bad = []
     for mod in modules_of(importlib.import_module(MODEL))[1:]:
-        here = MODEL_FLOORS[mod.rsplit(".", 1)[1]]
+        member = mod[len(MODEL) + 1 :].split(".")[0]
+        here = MODEL_FLOORS[member]
         for imp in imports_of(mod, root):
             if not imp.startswith(MODEL + "."):
                 continue
             name = imp[len(MODEL) + 1 :].split(".")[0]
-            if name in MODEL_FLOORS and MODEL_FLOORS[name] >= here and imp != mod:
+            if name in MODEL_FLOORS and MODEL_FLOORS[name] >= here and name != member:
                 bad.append((mod, imp))
     return sorted(bad)
 
 
 def test_every_model_module_stands_on_a_floor():
-    names = {m.rsplit(".", 1)[1] for m in modules_of(importlib.import_module(MODEL))[1:]}
+    names = {
+        m[len(MODEL) + 1 :].split(".")[0] for m in modules_of(importlib.import_module(MODEL))[1:]
+    }
     assert names == set(MODEL_FLOORS)
 
 

@@ -184,16 +184,3 @@ def make_policy_cache(spec, model, capacity: int, kernel: str, policy, tile_kv=N
             "a cache policy on a model with sliding-window layers is not supported yet"
         )
     return EvictingCache(spec, model.config, capacity, kernel, policy, ropes_of(model), tile_kv)
-
-
-def kept_positions(model, tokens: list[int], policy, ubatch: int = 512, spec=None) -> list:
-    """Per layer, [Hkv, kept] the positions each KV head keeps after `tokens` (the context) go
-    through the model in passes of `ubatch` and the cache compresses (float32 cells unless
-    `spec` says otherwise): what kvpress's presses are held against."""
-    from kvbench.kernels.model.run import prefill
-    from kvbench.kernels.model.spec import CacheSpec
-
-    cache = make_policy_cache(spec or CacheSpec("fp32"), model, len(tokens), "reference", policy)
-    prefill(model, cache, list(tokens), ubatch)
-    cache.compress()
-    return cache.kept_positions()
