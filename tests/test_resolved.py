@@ -220,6 +220,8 @@ OTHER_ROUTES = {
     ("kernels/model/spec.py", "kv_bytes"): "kernels/ cannot import the harness: the exact bytes of "
                                            "a CacheSpec, from its formats",
     ("kernels/model/cache.py", "__init__"): "the model caches built from a CacheSpec (make_cache)",
+    ("kernels/model/evicting.py", "kept_bytes"): "kernels/ cannot import the harness: an evicting "
+                                                 "cache's kept bytes from its CacheSpec",
 }  # fmt: skip
 
 
