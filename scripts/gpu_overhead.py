@@ -13,9 +13,11 @@ at 32K GQA 4 the kernel with 1 / 16 / 64 / 128 splits forced (kernel-bound time 
 split count, a fixed per-call cost does not); an empty mx.fast.cuda_kernel (the launch floor);
 the write stage per layer: one token's K and V encoded by the MLX ops (encode_<fmt>_ops_us) and
 by the one-launch kernel (encode_<fmt>_kernel_us, kernels/attention/gpu/encode.py) for fp4,
-int4, q4_0, q8_0 and fp8_e4m3, beside fp16's plain cast; the float32 matmul's error against
-float64 (TF32?), and mx.quantized_matmul's error with per-head packed keys. Each part's JSON is
-printed as soon as it is measured (a run stopped by its budget keeps what it printed).
+int4, q4_0, q8_0 and fp8_e4m3, beside fp16's plain cast; a whole decode step (8 layers' write
++ attend at 32K GQA 4) with either write, for fp16, fp4, int4 and fp8_e4m3; the float32
+matmul's error against float64 (TF32?), and mx.quantized_matmul's error with per-head packed
+keys. Each part's JSON is printed as soon as it is measured (a run stopped by its budget keeps
+what it printed).
 """
 
 from __future__ import annotations
@@ -159,6 +161,47 @@ def encode_variants() -> dict:
     return out
 
 
+def decode_steps(ctx: int = 32768, hkv: int = 8) -> dict:
+    """One decode step, ms for all 8 layers, at 32K and GQA 4, as the cache engine runs it: per
+    layer write the new token's K/V at the last position (encoding on write), then attend over
+    the cache through the custom kernel, each layer's query from the previous layer's output.
+    The write through the MLX-ops encoders (the harness today) and through the one-launch
+    encoder; fp16 beside (its write is a cast). Issue 45's item 4 target reads off these:
+    4-bit step <= 0.5x fp16's, fp8 <= 0.6x."""
+    from kvbench.kernels.attention.gpu import encode
+    from kvbench.kernels.stores.cache import KVCache
+
+    out, scale, kern = {}, 1 / math.sqrt(D), KERNELS[BACKEND].fn
+    q = mx.random.normal((1, HQ, 1, D)).astype(mx.float16)
+    k_new, v_new = (mx.random.normal((1, hkv, 1, D)).astype(mx.float16) for _ in range(2))
+    x = mx.random.normal((1, hkv, ctx - 1, D)).astype(mx.float16)  # not the whole buffer:
+    mx.eval(q, k_new, v_new, x)  # a fill of every position would alias the layers (DESIGN.md)
+    for name in ("fp16", "fp4", "int4", "fp8_e4m3"):
+        fmt = get_format(name, None)
+        cache = KVCache(fmt, LAYERS, 1, hkv, ctx, D)
+        cache.fill(x, x)
+        mx.eval(cache.arrays())
+        at = cache.positions(ctx - 1, 1)
+
+        def step(fused: bool, fmt=fmt, cache=cache, at=at) -> list:
+            outs = []
+            for layer in range(LAYERS):
+                if fused:
+                    cache.put_encoded(layer, at, *encode.encode_kv(BACKEND, fmt, fmt, k_new, v_new))
+                else:
+                    cache.write(layer, k_new, v_new, ctx - 1)
+                query = outs[-1].astype(q.dtype) if outs else q
+                outs.append(kern(query, *cache.view(layer, ctx), fmt, scale=scale))
+            return outs + cache.arrays()
+
+        tag = f"{ctx // 1024}k_g{HQ // hkv}"
+        out[f"step_{name}_ops_ms_{tag}"] = per_call_us(lambda: step(False)) * LAYERS / 1e3
+        if name != "fp16":
+            out[f"step_{name}_kernel_ms_{tag}"] = per_call_us(lambda: step(True)) * LAYERS / 1e3
+        del cache
+    return out
+
+
 def tf32_check() -> dict:
     rng = np.random.default_rng(0)
     a, b = rng.standard_normal((512, 512)), rng.standard_normal((512, 512))
@@ -169,8 +212,9 @@ def tf32_check() -> dict:
 
 def main() -> int:
     result = {"device": mx.device_info().get("device_name", str(mx.default_device()))}
-    parts = [tf32_check, empty_kernel, encode_variants]
-    parts += [lambda c=c, g=g: fixed_cost(c, g) for c in CONTEXTS for g in GQAS]
+    # item 1's question first (a run stopped by its budget keeps what was printed)
+    parts = [lambda c=c, g=g: fixed_cost(c, g) for c in CONTEXTS for g in GQAS]
+    parts += [empty_kernel, decode_steps, encode_variants, tf32_check]
     for part in [*parts, qmm_check]:  # qmm last: its run did not finish in 60 s on an H200
         try:
             got = part()

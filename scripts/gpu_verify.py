@@ -15,10 +15,12 @@ OUT/gpu-verify-<stamp>.json:
  3. backend: MLX must see the GPU (mx.cuda / mx.metal);
  4. tests: KVBENCH_GPU=1 pytest -m gpu (tests/test_gpu_parity.py: every GPU kernel against the
     reference at realistic, sliced and tiny shapes);
- 5. suite: kvbench run suites/gpu-verify.yaml --device gpu (stopped with SIGINT, keeping the
+ 5. overhead: scripts/gpu_overhead.py (where a call's time goes: host build, eval, splits,
+    the encoders, a whole decode step; before the suite, whose rows it explains);
+ 6. suite: kvbench run suites/gpu-verify.yaml --device gpu (stopped with SIGINT, keeping the
     completed rows, if the 10 minutes run out);
- 6. copy: the copy-bandwidth probe (scripts/copy_bandwidth.py);
- 7. report: kvbench report OUT --latest -> OUT/gpu-verify-<stamp>.html.
+ 7. copy: the copy-bandwidth probe (scripts/copy_bandwidth.py);
+ 8. report: kvbench report OUT --latest -> OUT/gpu-verify-<stamp>.html.
 kvbench runs from this checkout (PYTHONPATH), not installed. --dry-run checks the plan and the
 suite without a GPU. --python current skips step 1 and installs the wheels into the running
 interpreter (an offline machine whose python already holds numpy, pandas, scipy, pytest: a venv
@@ -120,6 +122,9 @@ def plan(
             ],
             {"KVBENCH_GPU": "1"},
         ),  # fmt: skip
+        # before the suite: where a call's fixed cost goes is the question the suite's rows need
+        # answered (issue 45), and the suite keeps its completed rows if its share runs out
+        ("overhead", ["PY", "scripts/gpu_overhead.py"], {}),
         (
             "suite",
             [
@@ -135,7 +140,6 @@ def plan(
             ],
             {},
         ),  # fmt: skip
-        ("overhead", ["PY", "scripts/gpu_overhead.py"], {}),
         (
             "copy",
             ["PY", "scripts/copy_bandwidth.py", "--out", str(out / f"copy-bandwidth-{stamp}.json")],

@@ -25,7 +25,7 @@ def test_dry_run_lists_every_step_and_validates_the_suite(tmp_path):
     res = run("--dry-run", "--out", str(tmp_path))
     assert res.returncode == 0, res.stderr
     steps = [line.split()[0] for line in res.stdout.splitlines()[:8]]
-    assert steps == ["venv", "mlx", "backend", "tests", "suite", "overhead", "copy", "report"]
+    assert steps == ["venv", "mlx", "backend", "tests", "overhead", "suite", "copy", "report"]
     assert "KVBENCH_GPU=1" in res.stdout and "suites/gpu-verify.yaml" in res.stdout
     assert (
         res.stdout.strip().splitlines()[-1].count("budget 0.5 s per case; at least") == 1
@@ -79,8 +79,8 @@ def fake_venv(tmp_path: Path) -> str:
 
 def test_current_python_plan_has_no_venv_and_installs_only_given_wheels(tmp_path):
     steps = gpu_verify.plan("cuda", None, [], tmp_path, "t", "suites/gpu-decode.yaml")
-    assert [s[0] for s in steps] == ["backend", "tests", "suite", "overhead", "copy", "report"]
-    assert "suites/gpu-decode.yaml" in steps[2][1]
+    assert [s[0] for s in steps] == ["backend", "tests", "overhead", "suite", "copy", "report"]
+    assert "suites/gpu-decode.yaml" in steps[3][1]
     whl = tmp_path / "mlx-0.32.4-cp312-cp312-manylinux_2_35_x86_64.whl"
     steps = gpu_verify.plan("cuda", None, [whl], tmp_path, "t")
     assert steps[0][0] == "mlx" and "--no-index" in steps[0][1] and str(whl) in steps[0][1]
