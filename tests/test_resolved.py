@@ -179,6 +179,7 @@ NBYTES_CALLS = {
     "harness/suite/plan.py": "one row: the format's check and its split into data and scales",
     "kernels/model/spec.py": "a real model's cache: fp16 sinks and residual beside the format",
     "kernels/model/cache.py": "a real model's residual window, flushed in groups",
+    "kernels/model/evicting.py": "a cache policy's kept cells, each in its format",
 }
 
 
