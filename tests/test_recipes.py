@@ -335,3 +335,74 @@ def test_the_add_a_peer_recipe_followed_literally(tmp_path):
         rows.loc["toy_numpy", "status"] == "ok" and rows.loc["toy_numpy", "kernel_kind"] == "peer"
     )
     assert rows.loc["toy_numpy", "rel_err"] < 1e-5  # its output against the float32 reference
+
+
+TOY_POLICY = '''
+"""oldest: a recipe test's policy: each KV head keeps the oldest positions of the context."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from kvbench.kernels.model.policies.common import Budget, top
+from kvbench.kernels.model.protocol import Observation
+
+
+@dataclass
+class Oldest:
+    budget: Budget
+    name: str = "oldest"
+    decode: bool = False
+
+    def observe(self, obs: Observation) -> None:
+        return None
+
+    def select(self, obs: Observation) -> np.ndarray:
+        pos = obs.positions.astype(np.float32)  # [Hkv, m], -1 padding
+        return top(np.where(pos < 0, -np.inf, -pos), self.budget.kept(obs.n_positions))
+
+    def state_bytes(self) -> int:
+        return 0
+'''
+TOY_POLICY_TEST = """
+import numpy as np
+from tiny_model import TINY, weights, write_gguf
+
+from kvbench.kernels.model import policies as P
+from kvbench.kernels.model.compress import kept_positions
+from kvbench.kernels.model.load import load_model
+
+
+def test_oldest_keeps_the_first_positions(tmp_path):
+    model = load_model(write_gguf(tmp_path / "t.gguf", weights(seed=7)))
+    toks = np.random.default_rng(0).integers(0, TINY["vocab"], 20).tolist()
+    pol = P.make("oldest", P.Budget(compression_ratio=0.5))
+    kept = kept_positions(model, toks, pol, ubatch=8)
+    assert all(layer.tolist() == [list(range(10))] * layer.shape[0] for layer in kept)
+"""
+
+
+def test_the_add_a_model_cache_policy_recipe_followed_literally(tmp_path):
+    text = recipe("Add a model-cache policy")
+    for named in ("kernels/model/policies/<name>.py", "`CachePolicy`", "`POLICIES`", "`PARAMS`",
+                  "tests/test_<name>_policy.py", "tests/test_policies.py"):  # fmt: skip
+        assert named in text, named
+    root = scratch_copy(tmp_path)
+    (root / "kernels/model/policies/oldest.py").write_text(TOY_POLICY)  # 1.
+    init = root / "kernels/model/policies/__init__.py"  # 2.
+    insert_after(
+        init,
+        "from kvbench.kernels.model.policies.knorm import",
+        "from kvbench.kernels.model.policies.oldest import Oldest\n",
+    )
+    insert_after(init, '    "adakv": AdaKV,', '    "oldest": Oldest,\n')
+    insert_after(init, '    "adakv": ("scorer",', '    "oldest": (),\n')
+    (root / "tests/test_oldest_policy.py").write_text(TOY_POLICY_TEST)  # 3.
+    checks = ("tests/test_oldest_policy.py", "tests/test_policies.py", "tests/test_walls.py")
+    got = pytest_in(root, *checks, "-rA", "-k", "oldest or every_policy or model")
+    assert got.returncode == 0, got.stdout[-3000:] + got.stderr[-2000:]
+    ran = got.stdout
+    assert "PASSED tests/test_oldest_policy.py::test_oldest_keeps_the_first_positions" in ran
+    assert "test_every_policy_is_a_cache_policy" in ran
