@@ -105,6 +105,14 @@ def _run(args) -> int:
             "budget_s); a case whose steps are slow overruns its budget: `kvbench run` measures "
             "the read bandwidth and warns, before measuring, of each case that will)"
         )
+        from kvbench.run.estimate import estimate
+
+        total_s, notes = estimate(cases, st, args.out)
+        if total_s is not None:
+            print(f"estimated {total_s / 60:,.1f} min in all (timed cases at their floor; model "
+                  "phases at the last run's speed):")  # fmt: skip
+        for note in notes:
+            print(f"  {note}")
         passes = model_passes(cases)
         if passes:
             print(

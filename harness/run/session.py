@@ -115,7 +115,7 @@ def _run_cases(suite: Suite, cases: list[Case], writer: ResultsWriter, ctx: dict
     planned = [r.case for r in runs.values()]
     for line in floor.check_floors(planned, settings, common.get("peak_gbps"), suite.path):
         print(f"kvbench: warning: {line}", file=sys.stderr)  # before anything is measured
-    progress = progress or Progress(len(runs) * settings.rounds, stream=sys.stderr)
+    progress = progress or _progress(runs, settings, writer)
     try:
         _rounds(runs, settings, common, writer, progress)
     except KeyboardInterrupt as exc:
@@ -123,6 +123,23 @@ def _run_cases(suite: Suite, cases: list[Case], writer: ResultsWriter, ctx: dict
         _keep_partial(runs, settings, common, writer, str(exc) or "SIGINT")
         raise
     progress.close()
+
+
+def _progress(runs: dict, settings: Settings, writer) -> Progress:
+    """The progress line, its ETA weighted by each case's estimate (run/estimate.py; the last
+    run's speed of a model in this output directory) and shown from the first case on."""
+    from kvbench.run.estimate import case_seconds, estimate, pass_seconds
+
+    cases = [r.case for r in runs.values()]
+    out = writer.csv_path.parent
+    per_pass = {c.model: pass_seconds(out, c.model) for c in cases}
+    each = [case_seconds(c, settings, per_pass) for c in cases]
+    steps = (
+        [] if None in each else [s / settings.rounds for _ in range(settings.rounds) for s in each]
+    )
+    total_s, _ = estimate(cases, settings, out)
+    return Progress(len(runs) * settings.rounds, stream=sys.stderr, weights=steps or None,
+                    estimate_s=total_s)  # fmt: skip
 
 
 def _rounds(runs: dict, settings: Settings, common: dict, writer, progress) -> None:
