@@ -117,6 +117,10 @@ class Case:
     gen_tokens: int = 32
     quantized_kv_start: int = 0
     context_limit: str = "trained"
+    ga_n: int = 1
+    ga_w: int = 2048
+    n_keep: int | None = None
+    div_sign: str = "exact"
 
     @property
     def gqa_ratio(self) -> int:

@@ -12,7 +12,7 @@ import mlx.core as mx
 import pytest
 
 import kvbench.kernels.model as room
-from kvbench.kernels.model import capture, generate
+from kvbench.kernels.model import capture, generate, shift
 from kvbench.kernels.model.cache import (
     LayeredCache,
     MixedCache,
@@ -56,6 +56,8 @@ def build(cls):
         return generate.DeferredCache(CacheSpec("int8"), SHAPE, 8, start=2)
     if cls is capture._Tap:
         return capture._Tap(make_cache(CacheSpec("fp32"), SHAPE, 8))
+    if cls is shift.ShiftCache:
+        return shift.ShiftCache(make_cache(CacheSpec("int8"), SHAPE, 8), [(32, 1e4, 1.0)] * 2)
     raise AssertionError(f"no builder for {cls.__name__}")
 
 
@@ -68,6 +70,7 @@ CLAIMS = {
     EvictingCache: PartedCache,
     generate.DeferredCache: StoredCache,
     capture._Tap: ModelCache,
+    shift.ShiftCache: StoredCache,
 }
 
 

@@ -102,13 +102,39 @@ def test_parse_and_command():
     got = parse_passkey(" 39384. The grass is green. The sky is blue\n\n\n", STDERR)
     assert got == {"answer_text": " 39384. The grass is green. The sky is blue", "key": "39384",
                    "i_pos": 8, "n_junk": 80, "prompt_tokens": 1984, "decode_tokens": None,
-                   "decode_s": None}  # fmt: skip
+                   "decode_s": None, "n_ctx": 8416, "n_kv_req": 8448, "n_grp": 1,
+                   "n_batch": 2048, "shifts": []}  # fmt: skip
     # its own clock of the answer (examples/passkey/passkey.cpp's closing line)
     timed = parse_passkey("", STDERR + "main: decoded 15 tokens in 0.60 s, speed: 25.00 t/s\n")
     assert (timed["decode_tokens"], timed["decode_s"]) == (15, 0.6)
     cmd = passkey_command("lp", "m.gguf", n_junk=80, i_pos=8, type_k="q4_0", type_v="q4_0")
     assert cmd[1:] == ["-m", "m.gguf", "--junk", "80", "--pos", "8", "-ctk", "q4_0", "-ctv",
                        "q4_0", "-fa", "1", "-t", "1"]  # fmt: skip
+    # a context shift / self-extend: --keep, -b, --grp-attn-n and the trained length overridden
+    cmd = passkey_command("lp", "m.gguf", n_junk=30, i_pos=3, keep=29, n_batch=240,
+                          grp_attn_n=2, ctx_train=("llama", 256))  # fmt: skip
+    assert cmd[-8:] == ["--keep", "29", "-b", "240", "--grp-attn-n", "2", "--override-kv",
+                        "llama.context_length=int:256"]  # fmt: skip
+
+
+# llama-passkey's log of a run with its context shift (b11434 on SmolLM2, --override-kv
+# llama.context_length=int:256 --keep 32 -b 240: 784 prompt tokens through 480 positions)
+SHIFTED = """main: n_len = 800, n_ctx = 480, n_kv_req = 512, n_grp = 1, n_batch = 240, n_junk = 30
+prompt tokens: 784
+main: processed: [     0,    240)
+main: processed: [   240,    480)
+main: shifting KV cache with 240
+main: processed: [   480,    720)
+main: shifting KV cache with 240
+main: processed: [   720,    784)
+main: passkey = 39384, inserted at position 3 / 30 (token pos: ~78)
+"""
+
+
+def test_parse_a_shifted_run():
+    got = parse_passkey(" a password", SHIFTED)
+    assert got["shifts"] == [240, 240] and (got["n_ctx"], got["n_kv_req"]) == (480, 512)
+    assert (got["n_grp"], got["n_batch"]) == (1, 240)
 
 
 def test_passkey_cost_by_hand():

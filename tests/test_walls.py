@@ -332,7 +332,7 @@ MODEL_FLOORS = {
     "load": 4, "evicting": 4,
     "run": 5, "source": 5,
     "quality": 6, "retrieval": 6, "generate": 6, "parts": 6, "compress": 6,
-    "capture": 7, "passkey": 7,
+    "capture": 7, "passkey": 7, "shift": 7,
 }  # fmt: skip
 MODEL = "kvbench.kernels.model"
 

@@ -62,6 +62,7 @@ from kvbench.peers import llamacpp, llamacpp_kl
 from kvbench.peers.llamacpp_passkey import TOOL, run_passkey
 from kvbench.peers.llamacpp_perplexity import run_perplexity
 from kvbench.peers.llamacpp_weights import weights_file
+from kvbench.suite import model_edit
 from kvbench.suite.resolved import Resolved
 
 KERNEL = "llama.cpp"
@@ -309,9 +310,35 @@ def key_order(model) -> str:
 
 
 @lru_cache(maxsize=64)
-def passkey_answer(gguf: Path, n_junk: int, i_pos: int, type_k: str, type_v: str, env: tuple):
+def passkey_answer(gguf: Path, n_junk: int, i_pos: int, type_k: str, type_v: str, env: tuple,
+                   edit: tuple = ()):  # fmt: skip
+    """llama-passkey's answer; `edit`: edit_args' keyword arguments as pairs."""
     return run_passkey(gguf, n_junk=n_junk, i_pos=i_pos, type_k=type_k, type_v=type_v,
-                       flash_attn=True, threads=threads(), env=dict(env))  # fmt: skip
+                       flash_attn=True, threads=threads(), env=dict(env), **dict(edit))  # fmt: skip
+
+
+def edit_args(case: Case, model, tokenizer) -> tuple[tuple, object]:
+    """llama-passkey's arguments for the case's kv_edit (suite/model_edit.py) as pairs, and the
+    Schedule kvbench replays: --keep, -b, --grp-attn-n and, for context_limit N, the GGUF's
+    context_length overridden to N; ((), None) without an edit."""
+    edit = model_edit.edit_of(case)
+    if edit is None:
+        return (), None
+    sch = model_edit.schedule_for(edit, case.model, model, tokenizer)
+    args = {"keep": sch.n_keep, "n_batch": sch.n_batch, "grp_attn_n": sch.ga_n}
+    if model_edit.numeric_limit(case) is not None:
+        args["ctx_train"] = (model.metadata.get("general.architecture", "llama"), sch.n_ctx_train)
+    return tuple(sorted(args.items())), sch
+
+
+def check_context(run: dict, sch) -> None:
+    """llama-passkey sized the context kvbench replays (its own log line), else ValueError: a
+    row never pairs answers read through two different contexts."""
+    got = (run.get("n_ctx"), run.get("n_kv_req"), run.get("n_batch"), run.get("n_grp"))
+    want = (sch.n_ctx, sch.n_cells, sch.n_batch, sch.ga_n)
+    if got != want:
+        raise ValueError(f"llama-passkey's context (n_ctx, cells, n_batch, n_grp) {got}, "
+                         f"kvbench's schedule {want}")  # fmt: skip
 
 
 def passkey_cost(runs: list[dict]) -> dict:
@@ -330,7 +357,7 @@ def passkey_cost(runs: list[dict]) -> dict:
     }
 
 
-def retrieval_job(case: Case, gguf: Path):
+def retrieval_job(case: Case, gguf: Path, edit: tuple = (), sch=None):
     type_k, type_v = types_of(case)
     env = tuple(sorted(rotation_env(case).items()))
 
@@ -341,13 +368,18 @@ def retrieval_job(case: Case, gguf: Path):
         runs, refs = [], []
         for i, p in enumerate(common.prompts_of(*key)):
             at = (gguf, p.units, passkey.position(p.units, case.depth, i))
-            runs.append(passkey_answer(*at, type_k, type_v, env))
-            refs.append(passkey_answer(*at, "f16", "f16", ()))
+            runs.append(passkey_answer(*at, type_k, type_v, env, edit))
+            refs.append(passkey_answer(*at, "f16", "f16", (), edit))
         texts = [r["answer_text"] for r in runs]
         truth = [r["key"] for r in runs]
         row = common.answer_fields(case.task, texts, [r["answer_text"] for r in refs], truth)
         row["prompt_tokens"] = max(r["prompt_tokens"] for r in runs)
         row |= passkey_cost(runs) | {"ref_wall_s": sum(r["wall_s"] for r in refs)}
+        if sch is not None:
+            for r in runs + refs:
+                check_context(r, sch)
+            row |= {"kv_shifts": sum(len(r["shifts"]) for r in runs),
+                    "cells_alloc": runs[0]["n_kv_req"]}  # fmt: skip
         return JobResult({}, row, extra={"peer_kv_types": f"{type_k}/{type_v}"})
 
     return job
@@ -359,22 +391,29 @@ JOBS = {"model_decode": decode_job, "quality": quality_job, "retrieval": retriev
 def build(case: Case, r: Resolved) -> State:
     # peer_weights f32: the GGUF dequantized to float32 (harness/peers/llamacpp_weights.py)
     gguf = weights_file(require_model(case.model), case.peer_weights)
-    model, _ = common.model_of(case.model)
+    model, tokenizer = common.model_of(case.model)
     info = llamacpp.build_info()
     extra = {"peer_version": f"llama.cpp {info.get('tag', info.get('version', '?'))}",
              "peer_threads": threads()}  # fmt: skip
     decode = case.phase == "model_decode"
-    job = JOBS[case.phase](case, gguf)
+    # a kv_edit: llama-passkey's arguments, kvbench's schedule; its n_keep in effect, seq_div's
+    # sign as llama.cpp records it, the context's cells as the positions held
+    edit, sch = edit_args(case, model, tokenizer)
+    edited = {} if sch is None else {"n_keep": sch.n_keep}
+    edited |= {"div_sign": "llama.cpp"} if sch is not None and sch.ga_n > 1 else {}
+    held = None if sch is None else min(case.context_len, sch.n_cells)
+    job = retrieval_job(case, gguf, edit, sch) if case.phase == "retrieval" else \
+        JOBS[case.phase](case, gguf)  # fmt: skip
     return State(
         {"step": lambda: None} if decode else {},
         lambda: {},
         traffic=common.decode_traffic(case, model, r.spec) if decode else (0, 0),
         flops=common.decode_flops(case, model) if decode else None,
-        kv_bytes=common.model_kv_bytes(case, r.spec),
+        kv_bytes=common.model_kv_bytes(case, r.spec, held),
         bits_per_elem=common.model_bits_per_elem(case, r.spec),
         baseline_bytes=None,  # llama.cpp's memory is not MLX's
         # llama.cpp's key order (the GGUF's), rotated in its own blocks
-        effective={"k_order": key_order(model), **common.model_effective(case)},
+        effective={"k_order": key_order(model), **common.model_effective(case), **edited},
         extra=extra,
         job=job,
     )

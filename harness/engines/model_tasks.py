@@ -23,8 +23,9 @@ from functools import lru_cache
 from kvbench.case import Case
 from kvbench.engines import common
 from kvbench.engines.contract import State
-from kvbench.kernels.model import generate, meter, quality, retrieval
+from kvbench.kernels.model import generate, meter, quality, retrieval, shift
 from kvbench.kernels.model.cache import make_cache
+from kvbench.suite import model_edit
 from kvbench.suite.cache_spec import TASK_PHASES
 from kvbench.suite.model_plan import PREFILL_UBATCH
 from kvbench.suite.resolved import Resolved
@@ -39,15 +40,21 @@ def claims(case: Case) -> bool:
 skip_reason = common.model_skip_reason
 
 
-def answers(key: tuple, spec, kernel: str, tile_kv, case=None, saturated=None) -> list[str]:
+def answers(key: tuple, spec, kernel: str, tile_kv, case=None, saturated=None, edit=None,
+            edits=None) -> list[str]:  # fmt: skip
     """Each trial's greedy continuation (its text) with `spec`'s cache (and the case's sliding
     window, if any); key: (model, task, context_len, depth, trials, seed). Each trial's K/V
-    elements stored saturated (FP8) appended to `saturated` when given."""
+    elements stored saturated (FP8) appended to `saturated` when given. `edit`
+    (suite/model_edit.py edit_of): the prompt read through llama.cpp's context shift or
+    self-extend (kernels/model/shift.py), each trial's counts appended to `edits`."""
     model, tokenizer = common.model_of(key[0])
     if case is not None:
         model = common.windowed(model, case)
     got = []
     for p in common.prompts_of(*key):
+        if edit is not None:
+            got.append(edited_answer(model, tokenizer, p, key, spec, kernel, tile_kv, edit, edits))
+            continue
         capacity = len(p.tokens) + p.gen_tokens  # a window layer's ring: one prefill ubatch
         cache = make_cache(spec, model.config, capacity, kernel, tile_kv, max_step=UBATCH)
         got.append(retrieval.greedy_answer(model, cache, tokenizer, p, key[1], UBATCH))
@@ -56,30 +63,74 @@ def answers(key: tuple, spec, kernel: str, tile_kv, case=None, saturated=None) -
     return got
 
 
+def edited_answer(model, tokenizer, p, key, spec, kernel, tile_kv, edit, edits) -> str:
+    """One trial through the edit: a cache of the schedule's cells (an overrun fails as
+    llama_decode would), the prompt and answer as passkey.cpp reads them."""
+    sch = schedule(key[0], edit)
+    inner = make_cache(spec, model.config, sch.n_cells, kernel, tile_kv)
+    cache = shift.ShiftCache(inner, shift.rope_params(model.net), sch.div_sign)
+    text = shift.greedy_answer(model, cache, tokenizer, p, key[1], sch, UBATCH)
+    if edits is not None:
+        edits.append({**cache.counts, "n_past": cache.offset, "cells": sch.n_cells})
+    return text
+
+
+def schedule(name: str, edit: tuple) -> shift.Schedule:
+    """The Schedule of an edit (model_edit.edit_of) on model `name`."""
+    return model_edit.schedule_for(edit, name, *common.model_of(name))
+
+
 @lru_cache(maxsize=16)
-def reference_answers(*key) -> tuple[tuple, float]:
-    """The float32 cache's continuations and the wall seconds they took (once per process)."""
+def reference_answers(*key, edit=None) -> tuple[tuple, float]:
+    """The float32 cache's continuations and the wall seconds they took (once per process);
+    with `edit`, through the same context shift or self-extend."""
     with meter.metered() as m:
-        got = tuple(answers(key, quality.REFERENCE_SPEC, "reference", None))
+        got = tuple(answers(key, quality.REFERENCE_SPEC, "reference", None, edit=edit))
     return got, m.wall_s
+
+
+def edit_fields(edits: list[dict]) -> dict:
+    """A row's evidence of the edit: context shifts made (all trials), the largest position
+    RoPE gave an answer token (n_past), the context's cells, keys re-rotated (all trials)."""
+    if not edits:
+        return {}
+    return {
+        "kv_shifts": sum(e.get("context_shifts", 0) for e in edits),
+        "n_past": max(e["n_past"] for e in edits),
+        "cells_alloc": edits[0]["cells"],
+        "edit_units": sum(e["rotated"] for e in edits),
+    }
+
+
+def edit_effective(case: Case) -> tuple[dict, int | None]:
+    """An edited case's n_keep in effect (a null one: the instruction's tokens) and the
+    positions its cache holds at most (the context's cells); ({}, None) without an edit."""
+    edit = model_edit.edit_of(case)
+    if edit is None:
+        return {}, None
+    sch = schedule(case.model, edit)
+    return {"n_keep": sch.n_keep}, min(case.context_len, sch.n_cells)
 
 
 def retrieval_state(case: Case, r: Resolved) -> State:
     def check() -> dict:
         key = (case.model, case.task, case.context_len, case.depth, case.trials, case.seed)
-        ref, ref_s = reference_answers(*key)
+        edit, edits = model_edit.edit_of(case), []
+        ref, ref_s = reference_answers(*key, edit=edit)
         spec, sat = r.spec, []
         with meter.metered() as m:
-            got = answers(key, spec, case.kernel, case.tile_kv, case, sat)
+            got = answers(key, spec, case.kernel, case.tile_kv, case, sat, edit, edits)
         truth = [p.answer for p in common.prompts_of(*key)]
         row = common.answer_fields(case.task, got, list(ref), truth)
         row["prompt_tokens"] = max(len(p.tokens) for p in common.prompts_of(*key))
         row |= {"kv_saturated": sum(sat)} if spec.saturates else {}
+        row |= edit_fields(edits)
         return {**row, **m.fields(), "ref_wall_s": ref_s, "ubatch": common.ubatch_of(case)}
 
-    return State({}, check, traffic=(0, 0), kv_bytes=common.model_kv_bytes(case, r.spec),
+    fields, held = edit_effective(case)  # an edit's cache holds the context's cells at most
+    return State({}, check, traffic=(0, 0), kv_bytes=common.model_kv_bytes(case, r.spec, held),
                  bits_per_elem=common.model_bits_per_elem(case, r.spec),
-                 effective=common.model_effective(case))  # fmt: skip
+                 effective={**common.model_effective(case), **fields})  # fmt: skip
 
 
 @lru_cache(maxsize=8)

@@ -77,6 +77,10 @@ class _CaseColumns:
     gen_tokens: int | None = None
     quantized_kv_start: int | None = None
     context_limit: str | None = None
+    ga_n: int | None = None
+    ga_w: int | None = None
+    n_keep: int | None = None
+    div_sign: str | None = None
 
 
 @dataclass(frozen=True)
@@ -211,6 +215,11 @@ class _Measured:
     ref_agree_hi: float | None = None
     prompt_tokens: int | None = None  # the longest prompt's tokens (answer room excluded)
     answer_texts: str | None = None  # every trial's continuation, a JSON list of strings
+    # kv_edit shift / self-extend on a model (kernels/model/shift.py): context shifts made over
+    # the trials (llama.cpp rows: llama-passkey's "shifting KV cache" lines) and the largest
+    # position RoPE gave an answer's first token (n_past; kvbench rows)
+    kv_shifts: int | None = None
+    n_past: int | None = None
     # phase generate: greedy continuation against the float32 cache's
     gen_first_diverge: float | None = None  # tokens before the first differing one (mean)
     gen_first_diverge_min: int | None = None  # the least over the prompts

@@ -28,6 +28,7 @@ from kvbench.kernels.stores.paged import PAGE_SIZES
 from kvbench.kernels.stores.workloads import ORDERS
 from kvbench.peers.llamacpp_weights import PEER_WEIGHTS
 from kvbench.peers.registry import EXTERNAL_PEERS, PEERS
+from kvbench.suite import model_edit
 from kvbench.suite.cache_spec import MODEL_PHASES, format_of, spec_of
 from kvbench.suite.presets import PRESETS
 
@@ -166,7 +167,7 @@ CHOICES = {
     "q_quants": Q_QUANTS,
     "peer_weights": PEER_WEIGHTS,
     "retrieval_tasks": ("none", *RETRIEVAL_TASKS, PASSKEY_LLAMACPP),
-    "context_limits": ("trained", "beyond"),
+    "div_signs": model_edit.DIV_SIGNS,
 }
 NAMED_CHECKS = {
     "positive_int": positive_int,
@@ -182,6 +183,8 @@ NAMED_CHECKS = {
     "positive_number": positive_number,
     "fp8_scale": fp8_scale,
     "model_name": model_name,
+    "context_limit": model_edit.context_limit,
+    "optional_non_negative_int": model_edit.optional_non_negative_int,
 }
 
 
@@ -311,7 +314,7 @@ def check_rotation(path: str, case: Case) -> None:
 
 
 MODEL_AXES = ("v_dtype", "k_axis", "sink_tokens", "recent_tokens", "text", "chunks")
-MODEL_AXES += ("k_order", "q_quant")
+MODEL_AXES += ("k_order", "q_quant", "ga_n", "ga_w", "n_keep", "div_sign")
 PHASE_AXES = {  # axes that only some phases read (chunks and text are ignored by retrieval)
     "task": ("retrieval",), "depth": ("retrieval",), "trials": ("retrieval",),
     "gen_tokens": ("generate",), "quantized_kv_start": ("generate",),
@@ -354,12 +357,10 @@ def check_model(path: str, case: Case) -> None:
     if case.phase in CHUNKED and case.context_len < MIN_CHUNK:
         why = f"phase {case.phase} cuts the text into chunks of at least {MIN_CHUNK} tokens"
         raise SuiteError(path, "context_len", f"{case.context_len}: {why}")
-    if case.phase == "retrieval":  # its haystack is made by code, not read from a text
-        check_retrieval(path, case)
-    elif case.text != "default":
-        check_text(path, case)
-    else:
-        check_default_text(path, case)
+    sizes = check_retrieval(path, case) if case.phase == "retrieval" else None
+    if case.phase != "retrieval":  # its haystack is made by code, not read from a text
+        check_text(path, case) if case.text != "default" else check_default_text(path, case)
+    model_edit.check_case(path, case, sizes)
     check_context_limit(path, case)
     check_generate(path, case)
     try:
@@ -427,7 +428,8 @@ def check_context_limit(path: str, case: Case) -> None:
     except ModelError as e:
         raise SuiteError(path, "model", str(e)) from None
     positions = case.context_len + (case.gen_tokens if case.phase == "generate" else 0)
-    if trained and positions > trained and case.context_limit != "beyond":
+    beyond = case.context_limit == "beyond" or case.kv_edit != "none"  # an edit: model_edit.py
+    if trained and positions > trained and not beyond:
         held = "" if positions == case.context_len else f" + gen_tokens = {positions:,}"
         why = (f"{case.context_len}{held} is past {case.model}'s trained length {trained}; "
                "set context_limit: beyond to run it anyway (the row says so)")  # fmt: skip
@@ -472,23 +474,22 @@ def check_text(path: str, case: Case) -> None:
         raise SuiteError(path, "text", f"{case.text}: {why}")
 
 
-def check_retrieval(path: str, case: Case) -> None:
+def check_retrieval(path: str, case: Case) -> list[int] | None:
     """Every trial's prompt fits context_len (instruction, needles, question and answer leave
-    room for a haystack), built with the model's own tokenizer, no weights loaded. A registered
-    model not fetched yet is checked when its engine builds the prompts."""
+    room for a haystack), built with the model's own tokenizer, no weights loaded; their token
+    counts. A registered model not fetched yet is checked when its engine builds the prompts."""
     from kvbench.kernels.model.fetch import model_path
     from kvbench.kernels.model.load import ModelError
     from kvbench.kernels.model.passkey import prompt_sizes as passkey_sizes
     from kvbench.kernels.model.retrieval import prompt_sizes
 
     if case.model in MODELS and model_path(case.model) is None:
-        return
+        return None
     try:
         if case.task == PASSKEY_LLAMACPP:  # llama.cpp's own prompt (kernels/model/passkey.py)
-            passkey_sizes(case.model, case.context_len, case.depth, case.trials)
-        else:
-            prompt_sizes(case.model, case.task, case.context_len, case.depth,
-                                   case.trials, case.seed)  # fmt: skip
+            return passkey_sizes(case.model, case.context_len, case.depth, case.trials)
+        return prompt_sizes(case.model, case.task, case.context_len, case.depth,
+                            case.trials, case.seed)  # fmt: skip
     except (ModelError, ValueError) as e:
         raise SuiteError(path, "context_len", str(e)) from None
 
@@ -576,7 +577,7 @@ def check_window(path: str, case: Case) -> None:
 
 def check_edit(path: str, case: Case) -> None:
     """kv_edit: on a unified workload; shift / self-extend need room, defrag holes (churn)."""
-    if case.kv_edit == "none":
+    if case.kv_edit == "none" or case.phase in MODEL_PHASES:  # a model's: model_edit.py
         return
     if case.layout != "unified" or case.workload == "none":
         raise SuiteError(path, "kv_edit", "edits run on layout unified with a workload")

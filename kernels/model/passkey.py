@@ -113,3 +113,12 @@ def _prompt_sizes(name: str, context_len: int, depth: float, trials: int) -> tup
         retrieval._TOKENIZERS[name] = retrieval.tokenizer_of(name)
     tokenizer = retrieval._TOKENIZERS[name][0]
     return tuple(len(prompt(tokenizer, context_len, depth, i).tokens) for i in range(trials))
+
+
+def instruction_tokens(name: str) -> int:
+    """The tokens of passkey.cpp's instruction (BOS included where the vocabulary adds one):
+    kvbench's default n_keep for a shift of this prompt (passkey.cpp keeps `--keep`, 32 by
+    default, which kvbench passes to llama-passkey)."""
+    if name not in retrieval._TOKENIZERS:
+        retrieval._TOKENIZERS[name] = retrieval.tokenizer_of(name)
+    return len(tokens(retrieval._TOKENIZERS[name][0], PREFIX))

@@ -1,0 +1,155 @@
+"""kv_edit shift / self-extend on a real model: the suite's checks and the schedule a case runs
+(kernels/model/shift.py: llama.cpp's context shift and self-extend as its passkey example runs
+them; docs/context-shift.md).
+
+The context is sized by a trained length, n_ctx_train: the model's own, or `context_limit: N`
+(the value llama-passkey is given with --override-kv). A case is refused, in one line, where
+the edit would not run as asked: a prompt that fits the context (no shift happens; self-extend
+has nothing to extend), ga_w not a multiple of ga_n, a context whose batches would overrun it
+(kernels/model/shift.py Schedule.overrun), a cache the edit cannot move (one plain format for K
+and V), a phase other than retrieval, or a model with sliding-window layers.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+from kvbench.case import Case
+from kvbench.errors import SuiteError
+from kvbench.kernels.model.shift import DIV_SIGNS, Schedule
+
+MODEL_EDITS = ("shift", "self-extend")
+__all__ = ["DIV_SIGNS", "MODEL_EDITS", "check_case", "schedule_of", "edit_of"]
+WORDS = ("trained", "beyond")
+
+
+def context_limit(v) -> str | None:
+    """The axis check: trained, beyond or a positive integer."""
+    if v in WORDS or (isinstance(v, int) and not isinstance(v, bool) and v > 0):
+        return None
+    if isinstance(v, str) and v.isdigit() and int(v) > 0:
+        return None
+    return f"must be trained, beyond or a positive integer (a trained length), got {v!r}"
+
+
+def optional_non_negative_int(v) -> str | None:
+    """The n_keep check: empty (the instruction) or a count of positions, 0 included."""
+    ok = v is None or (isinstance(v, int) and not isinstance(v, bool) and v >= 0)
+    return None if ok else f"must be empty or a non-negative integer, got {v!r}"
+
+
+def numeric_limit(case: Case) -> int | None:
+    """context_limit as a number, or None (trained / beyond)."""
+    v = case.context_limit
+    return None if v in WORDS else int(v)
+
+
+def n_ctx_train(case: Case, trained: int | None) -> int:
+    """The trained length the context is sized by: context_limit N, else the model's."""
+    limit = numeric_limit(case)
+    if limit is None and not trained:
+        raise ValueError(f"{case.model} states no trained length: set context_limit: N")
+    return limit if limit is not None else trained
+
+
+def schedule_of(case: Case, trained: int | None, n_keep: int) -> Schedule:
+    """The case's Schedule; n_keep: the case's, else the prompt's instruction (the caller's)."""
+    keep = case.n_keep if case.n_keep is not None else n_keep
+    ga_n = case.ga_n if case.kv_edit == "self-extend" else 1
+    sign = case.div_sign if case.kv_edit == "self-extend" else "llama.cpp"
+    return Schedule(n_ctx_train(case, trained), keep, case.ga_w, ga_n, sign)
+
+
+EDIT_AXES = ("kv_edit", "context_limit", "ga_n", "ga_w", "n_keep", "div_sign")
+
+
+def edit_of(case: Case) -> tuple | None:
+    """The case's edit axes (EDIT_AXES' values; a key the float32 reference shares), or None."""
+    if case.kv_edit == "none" or case.phase not in ("retrieval",):
+        return None
+    return tuple(getattr(case, a) for a in EDIT_AXES)
+
+
+def schedule_for(edit: tuple, name: str, model, tokenizer) -> Schedule:
+    """schedule_of for edit_of's tuple on the loaded model `name`: n_keep, where the case leaves
+    it empty, the tokens of passkey.cpp's instruction (BOS included)."""
+    from kvbench.kernels.model.passkey import PREFIX, tokens
+
+    n_keep = len(tokens(tokenizer, PREFIX))
+    fields = SimpleNamespace(model=name, **dict(zip(EDIT_AXES, edit)))
+    return schedule_of(fields, model.config.trained_context, n_keep)
+
+
+def off_default(case: Case) -> list[str]:
+    """The edit's own axes set on a case without a model edit."""
+    got = [
+        ("ga_n", case.ga_n != 1),
+        ("ga_w", case.ga_w != 2048),
+        ("n_keep", case.n_keep is not None),
+        ("div_sign", case.div_sign != "exact"),
+    ]
+    return [name for name, off in got if off]
+
+
+def check_case(path: str, case: Case, sizes: list[int] | None) -> None:
+    """A model case's kv_edit (or its axes without one): the task whose schedule it replays
+    (llama.cpp's passkey example), against the model's shape and the prompts' token counts
+    (sizes; None: a registered model not fetched yet, checked when its engine runs)."""
+    from kvbench.kernels.model.passkey import TASK, instruction_tokens
+    from kvbench.kernels.model.source import model_shape
+
+    if case.kv_edit == "none" or case.phase != "retrieval":  # the edit's axes, its phase
+        return check(path, case, None, [], 0)
+    if case.task != TASK:
+        why = f"a model's kv_edit replays llama.cpp's passkey example: task {TASK}"
+        raise SuiteError(path, "kv_edit", why)
+    if sizes is not None:
+        check(path, case, model_shape(case.model), sizes, instruction_tokens(case.model))
+
+
+def check(path: str, case: Case, shape, sizes: list[int], n_keep: int) -> None:
+    """A model case's kv_edit and its axes (module docstring); shape: the model's Shape, sizes:
+    every trial's prompt tokens, n_keep: the instruction's tokens."""
+    if case.kv_edit == "none":
+        if off := off_default(case):
+            raise SuiteError(path, off[0], "needs kv_edit shift or self-extend (a model's edit)")
+        if numeric_limit(case) is not None:
+            raise SuiteError(path, "context_limit", "a number sizes a kv_edit's context; "
+                             "without one use trained or beyond")  # fmt: skip
+        return
+    if case.kv_edit not in MODEL_EDITS or case.phase != "retrieval":
+        raise SuiteError(path, "kv_edit", f"a model runs kv_edit {' or '.join(MODEL_EDITS)} "
+                         "in phase retrieval (a shift under quality is not built)")  # fmt: skip
+    if any(shape.windows):
+        raise SuiteError(path, "kv_edit", f"{case.model} has sliding-window layers: a shift "
+                         "of their rings is not built")  # fmt: skip
+    if case.v_dtype not in (None, case.kv_dtype) or case.k_axis != "token" or case.sink_tokens \
+            or case.recent_tokens or case.window is not None:  # fmt: skip
+        raise SuiteError(path, "kv_edit", "edits one plain cache: one format for K and V, "
+                         "per-token, no sinks, window or residual")  # fmt: skip
+    _check_context(path, case, shape, sizes, n_keep)
+
+
+def _check_context(path: str, case: Case, shape, sizes: list[int], n_keep: int) -> None:
+    trained = shape.trained_context
+    try:
+        sch = schedule_of(case, trained, n_keep)
+    except ValueError as e:
+        key = "ga_w" if "ga_w" in str(e) else "context_limit"
+        raise SuiteError(path, key, str(e)) from None
+    limit = sch.n_ctx_train
+    if case.kv_edit == "self-extend" and case.ga_n < 2:
+        raise SuiteError(path, "ga_n", "self-extend groups positions: ga_n must be >= 2")
+    if numeric_limit(case) is not None and trained and limit > trained:
+        raise SuiteError(path, "context_limit", f"{limit} is past {case.model}'s trained "
+                         f"length {trained}")  # fmt: skip
+    if max(sizes) <= limit:
+        what = "no shift happens" if case.kv_edit == "shift" else "nothing to extend"
+        raise SuiteError(path, "context_len", f"{max(sizes)} prompt tokens stay inside the "
+                         f"trained length {limit}: {what} (context_limit: N sizes the context "
+                         "by a shorter one)")  # fmt: skip
+    if sch.n_keep >= sch.n_ctx:
+        raise SuiteError(path, "n_keep", f"{sch.n_keep}: the whole context of {sch.n_ctx}")
+    for n in sizes:
+        if reason := sch.overrun(n):
+            raise SuiteError(path, "ga_w", reason)
