@@ -6,7 +6,14 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvbench.analysis.findings.common import Finding
+from kvbench.analysis.findings.common import (
+    KEPT_APART,
+    WORKLOAD_AXES,
+    Finding,
+    group_axes,
+    groups,
+    with_role,
+)
 from kvbench.analysis.findings.tasks import ctx_text, task_rows
 
 TOPIC = "decode-time error"
@@ -15,7 +22,10 @@ TOPIC = "decode-time error"
 def find(cur: pd.DataFrame) -> list[Finding]:
     d = task_rows(cur, "generate", "gen_kl_mean")
     out = []
-    for (model, ctx), part in d.groupby(["model", "context_len"], sort=False):
+    # one group per model and context (common.group_axes; the configurations are each a line)
+    pooled = [a for a in WORKLOAD_AXES if a not in KEPT_APART]
+    for values, part in groups(d, group_axes(d, compared=with_role("choice"), pooled=pooled)):
+        model, ctx = values["model"], values["context_len"]
         for r in part.sort_values("gen_kl_mean").itertuples():
             least = int(r.gen_first_diverge_min)
             text = (
