@@ -148,6 +148,25 @@ def test_encode_kernel_stores_the_mlx_ops_bytes(name, gs):
             assert a.tobytes() == b.tobytes(), (part, int(np.sum(a != b)), a.size)
 
 
+@pytest.mark.gpu
+@pytest.mark.skipif(GPU is None, reason="no Metal or CUDA GPU (make gpu-verify runs these)")
+@pytest.mark.parametrize("name,gs", ENCODE_FORMATS)
+def test_mlx_ops_encode_the_same_bytes_on_gpu_and_cpu(name, gs):
+    """The harness encodes on the GPU through the MLX ops: do they store what the CPU stores?
+    (The encode kernel is held to the CPU's bytes above; a failure here is MLX's GPU ops
+    rounding differently, to be reported, not the kernel's.)"""
+    k = encode_rows(128, 3)
+    fmt = parity_format(name, gs).calibrate(k, "k")
+    with mx.stream(mx.gpu):
+        on_gpu = fmt.encode(k)
+        mx.eval(on_gpu)
+    with mx.stream(mx.cpu):
+        on_cpu = fmt.encode(k)
+    for part in on_cpu:
+        a, b = np.array(on_gpu[part]), np.array(on_cpu[part])
+        assert a.tobytes() == b.tobytes(), (part, int(np.sum(a != b)), a.size)
+
+
 def test_check_parity_on_cpu_kernels():
     """The checking path itself, on the CPU backend (sdpa / tiled / dequant_sdpa)."""
     with mx.stream(mx.cpu):
