@@ -207,7 +207,10 @@ def dry_run(steps: list[tuple], suite: str = "suites/gpu-verify.yaml") -> int:
     py = str(venv_py) if venv_py.exists() else sys.executable
     check = [py, "-m", "kvbench", "run", suite, "--dry-run"]
     res = subprocess.run(check, cwd=ROOT, capture_output=True, text=True)
-    print(res.stdout.strip().splitlines()[-1] if res.returncode == 0 else res.stderr.strip())
+    lines = res.stdout.strip().splitlines()
+    # the suite's summary ("N cases, ...") and whatever kvbench prints after it (its estimate)
+    at = max((i for i, line in enumerate(lines) if " cases, " in line), default=len(lines) - 1)
+    print("\n".join(lines[at:]) if res.returncode == 0 else res.stderr.strip())
     return res.returncode
 
 
