@@ -216,15 +216,15 @@ TABLE: tuple[Axis, ...] = (
     # llama.cpp's context shift and self-extend on a real model (kv_edit shift / self-extend in
     # phase retrieval, as its passkey example runs them: kernels/model/shift.py)
     Axis("ga_n", "int", 1, "positive_int", label="gan{}", column="ga_n", hide_default=True,
-         doc="kv_edit self-extend on a model: the group factor (llama.cpp's --grp-attn-n)",
-         role="choice"),
+         series="ga_n {}", role="choice",
+         doc="kv_edit self-extend on a model: the group factor (llama.cpp's --grp-attn-n)"),
     Axis("ga_w", "int", 2048, "positive_int", label="gaw{}", column="ga_w", hide_default=True,
-         doc="kv_edit on a model: passkey.cpp's batch (-b): self-extend's window and the "
-             "positions a context shift discards", role="choice"),
+         series="ga_w {}", doc="kv_edit on a model: passkey.cpp's batch (-b): self-extend's "
+         "window and the positions a context shift discards", role="choice"),
     Axis("n_keep", "int | None", None, "optional_non_negative_int", label="keep{}",
-         column="keep", hide_default=True, doc="kv_edit shift on a model: the first positions "
-         "never shifted out (llama.cpp's --keep); empty: the prompt's instruction",
-         role="choice"),
+         column="keep", hide_default=True, series="keep {}", doc="kv_edit shift on a model: the "
+         "first positions never shifted out (llama.cpp's --keep); empty: the prompt's "
+         "instruction", role="choice"),
     Axis("div_sign", "str", "exact", "choice:div_signs", label="div:{}", column="div",
          hide_default=True, doc="kv_edit self-extend on a model: keys turned to their divided "
          "positions (exact) or as llama.cpp b11434's seq_div records it (llama.cpp: by old "

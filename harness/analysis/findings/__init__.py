@@ -14,6 +14,7 @@ import pandas as pd
 
 from kvbench.analysis.findings import (
     accuracy,
+    attribution,
     by_position,
     fastest,
     formats,
@@ -32,7 +33,7 @@ from kvbench.analysis.findings.common import Finding
 
 # in the order the report lists them
 MODULES = (fastest, formats, payoff, kv_share, layouts, tiles, peers, quality, tradeoff, accuracy,
-           retrieval, generate, by_position, memory)  # fmt: skip
+           retrieval, attribution, generate, by_position, memory)  # fmt: skip
 TOPICS = {m.TOPIC: m.find for m in MODULES}
 
 __all__ = ["TOPICS", "Finding", "findings"]

@@ -1,0 +1,101 @@
+"""Topic "who lost the answer": per retrieval cell held against llama.cpp (task
+passkey-llamacpp: one model, context, edit, depth and cache configuration), the answers of
+kvbench's cache (float32 compute over it), of the same cache in llama.cpp's arithmetic (q_quant
+q8_0 against a quantized K, k_order gguf, div_sign llama.cpp), of llama-passkey on the GGUF as
+stored and on its float32 copy (peer_weights f32, the weights kvbench runs) and of the float32
+cache, and which part lost the answer: the context (the float32 cache misses too: a shift
+discarded the key, or the model cannot read that far), the cache (kvbench's format misses where
+the float32 cache finds it), the arithmetic (kvbench finds it and misses in llama.cpp's
+arithmetic), the peer's weights (llama-passkey misses on the GGUF and finds it on the float32
+copy) or llama.cpp (it misses on the weights and arithmetic kvbench finds it with). Each line
+also says whether kvbench in llama.cpp's arithmetic gave llama-passkey's answer in every trial
+[retrieval]. With more than one trial, each count carries its 95% Wilson interval."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pandas as pd
+
+from kvbench.analysis.findings.common import Finding, apart_text, group_axes, groups
+from kvbench.analysis.findings.tasks import task_rows
+from kvbench.stats import wilson
+
+TOPIC = "who lost the answer"
+TASK = "passkey-llamacpp"
+SIDES = ("kvbench", "in llama.cpp's arithmetic", "llama-passkey", "llama-passkey f32 weights")
+
+
+def side(r: dict) -> str:
+    """Which of SIDES a row is."""
+    if r.get("kernel") == "llama.cpp":
+        return SIDES[3] if r.get("peer_weights") == "f32" else SIDES[2]
+    named = r.get("q_quant") not in (None, "none") or r.get("k_order") == "gguf"
+    return SIDES[1] if named or r.get("div_sign") == "llama.cpp" else SIDES[0]
+
+
+def answers(r) -> list:
+    """The number each trial's text starts its answer with (None: no digits)."""
+    out = []
+    for text in json.loads(r["answer_texts"]) if isinstance(r.get("answer_texts"), str) else []:
+        m = re.search(r"\d+", text)
+        out.append(m.group(0) if m else None)
+    return out
+
+
+def count(k: int, n: int) -> str:
+    if n <= 1:
+        return f"{k}/{n}"
+    lo, hi = wilson(k, n)
+    return f"{k}/{n} ({lo:.2f}-{hi:.2f})"
+
+
+def verdict(by: dict, ref_ok: bool) -> str:
+    """Which part lost the answer (module docstring), from each side's all-correct flag."""
+    ok = {s: int(r["n_correct"]) == int(r["n_trials"]) for s, r in by.items()}
+    if not ref_ok:
+        return "the context lost it (the float32 cache misses too)"
+    if not ok.get(SIDES[0], True):
+        return "the cache lost it (the float32 cache finds it)"
+    if not ok.get(SIDES[1], True):
+        return "the arithmetic lost it (kvbench finds it, in llama.cpp's arithmetic it misses)"
+    if not ok.get(SIDES[2], True):
+        return ("the peer's weights lost it (llama-passkey finds it on the float32 copy)"
+                if ok.get(SIDES[3]) else "llama.cpp lost it")  # fmt: skip
+    return "none lost it" if all(ok.values()) else "llama.cpp lost it on the float32 copy"
+
+
+def line(part: pd.DataFrame) -> tuple[str, bool] | None:
+    by = {side(r): r for r in part.to_dict("records")}
+    if SIDES[2] not in by and SIDES[3] not in by or not ({SIDES[0], SIDES[1]} & set(by)):
+        return None  # not a cell held against llama.cpp
+    own = by.get(SIDES[0], by.get(SIDES[1]))
+    n = int(own["n_trials"])
+    ref_k = round(float(own["ref_accuracy"]) * n)
+    said = [f"{s} {count(int(r['n_correct']), int(r['n_trials']))}" for s, r in by.items()]
+    said.append(f"float32 cache {count(ref_k, n)}")
+    peer = by.get(SIDES[3], by.get(SIDES[2]))
+    named = by.get(SIDES[1])
+    same = "" if named is None else (
+        "; in llama.cpp's arithmetic kvbench gives llama-passkey's answer"
+        if answers(named) == answers(peer) else "; in llama.cpp's arithmetic its answer differs"
+    )  # fmt: skip
+    return ", ".join(said) + f": {verdict(by, ref_k == n)}" + same, True
+
+
+def find(cur: pd.DataFrame) -> list[Finding]:
+    d = task_rows(cur, "retrieval", "n_correct")
+    if d.empty or "task" not in d or not d["kernel"].eq("llama.cpp").any():
+        return []
+    d = d[d["task"].eq(TASK)]
+    out = []
+    for values, part in groups(d, group_axes(d)):
+        got = line(part)
+        if got is None:
+            continue
+        first = part.iloc[0]
+        edit = "" if first.get("kv_edit") in (None, "none") else f" {first['kv_edit']}"
+        where = f"{TASK}{edit} depth {first['depth']:g}{apart_text(values, d)}"
+        out.append(Finding(TOPIC, f"{where} {first['config']}: {got[0]}", "retrieval", got[1]))
+    return out
