@@ -8,7 +8,13 @@ from __future__ import annotations
 
 import pandas as pd
 
-from kvbench.analysis.findings.common import Finding
+from kvbench.analysis.findings.common import (
+    KEPT_APART,
+    WORKLOAD_AXES,
+    Finding,
+    group_axes,
+    with_role,
+)
 from kvbench.analysis.findings.tasks import ctx_text, task_rows
 from kvbench.stats import wilson
 
@@ -22,7 +28,11 @@ def retrieval_counts(cur: pd.DataFrame) -> pd.DataFrame:
     if d.empty:
         return d
     d = d.assign(ref_correct=(d["ref_accuracy"] * d["n_trials"]).round())
-    keys = ["model", "task", "context_len", "config"]
+    # common.group_axes: model and context apart, the depths (and any other workload axis but
+    # the task) pooled, each configuration its own count
+    pooled = [a for a in WORKLOAD_AXES if a not in (*KEPT_APART, "task")]
+    apart = group_axes(d, compared=with_role("choice"), pooled=pooled)
+    keys = list(dict.fromkeys(["model", "task", "context_len", *apart, "config"]))
     cols = ["n_correct", "n_trials", "ref_correct", "n_ref_agree"]
     g = d.groupby(keys, sort=False)[cols].sum().reset_index()
     ci = [wilson(int(k), int(n)) for k, n in zip(g["n_correct"], g["n_trials"])]
