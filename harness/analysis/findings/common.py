@@ -156,9 +156,11 @@ def groups(d: pd.DataFrame, axes: list[str]):
         yield {a: g.iloc[0][a] for a in axes}, g.drop(columns="key")
 
 
-def apart_text(values: dict, d: pd.DataFrame) -> str:
-    """' (model, ctx N)': the kept-apart axes of a group, said where d holds more than one."""
+def apart_text(values: dict, d: pd.DataFrame, *first: str) -> str:
+    """' (model, ctx N)': the kept-apart axes of a group, said where d holds more than one,
+    after `first` (other words the line puts in the same brackets)."""
     said = [_shown(a, values[a]) for a in KEPT_APART if a in values and d[a].nunique() > 1]
+    said = [*first, *said]
     return f" ({', '.join(said)})" if said else ""
 
 

@@ -30,18 +30,16 @@ def find(cur: pd.DataFrame) -> list[Finding]:
     d = cur[cur["status"] == "ok"] if "status" in cur else cur
     d = d.dropna(subset=cols, how="all")  # quality rows carry no time: not `measured`
     # llama.cpp's rows (kernel llama.cpp) stand apart: their reference is its own f16 cache
-    d = d.assign(
-        fmt=[
-            cache_config(r) + (" (llama.cpp)" if source_of(r) == "llama.cpp" else "")
-            for r in d.to_dict("records")
-        ]
-    )
+    records = d.to_dict("records")
+    d = d.assign(fmt=[cache_config(r) for r in records], source=[source_of(r) for r in records])
     pooled = [a for a in WORKLOAD_AXES if a not in KEPT_APART]
-    axes = [*group_axes(d, pooled=pooled), "fmt"]  # the configuration's choices: in fmt too
+    # the configuration's choices are in fmt too
+    axes = [*group_axes(d, pooled=pooled), "fmt", "source"]
     out = []
     for values, g in groups(d, axes):
         r = g[cols].median()
-        text = f"{values['fmt']}{apart_text(values, d)}: " + ", ".join(
+        peer = ("llama.cpp",) if values["source"] == "llama.cpp" else ()
+        text = f"{values['fmt']}{apart_text(values, d, *peer)}: " + ", ".join(
             NAMES[c].format(r[c]) for c in cols if pd.notna(r[c])
         )
         out.append(Finding(TOPIC, text, "quality", True))
