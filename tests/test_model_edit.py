@@ -62,18 +62,18 @@ def prompt_tokens(c) -> int:
 
 def test_a_shift_row_says_what_the_edit_did(tiny):  # noqa: F811 - the fixture
     # n_keep 16, context_limit 16: 256 cells, n_ctx 240 = 4 x 60; the prompt goes past it
-    c = case(**EDIT, kv_edit="shift", context_limit=16, n_keep=16, ga_w=60, context_len=400,
-             kv_dtype="fp32", trials=2)  # fmt: skip
+    c = case(**EDIT, kv_edit="shift", context_limit=16, n_keep=16, ga_w=60, context_len=330,
+             kv_dtype="fp32")  # fmt: skip
     state = carrying(engine.build)(c)
     row = state.check()
     n = prompt_tokens(c)
     shifts_per_trial = -(-(n - 240) // 60)  # one before each batch past n_ctx
     n_past = 240 - 60 + (n - 240 - (shifts_per_trial - 1) * 60)
     closing = n_past - 240 + 16 > 0
-    assert row["kv_shifts"] == 2 * (shifts_per_trial + closing)
+    assert n > 240 and row["kv_shifts"] == shifts_per_trial + closing
     assert row["cells_alloc"] == 256 and row["n_past"] <= 240 - 16 + 16
-    assert row["edit_units"] > 0 and len(json.loads(row["answer_texts"])) == 2
-    assert row["n_ref_agree"] == 2  # the float32 reference reads the prompt through the same shift
+    assert row["edit_units"] > 0 and len(json.loads(row["answer_texts"])) == 1
+    assert row["n_ref_agree"] == 1  # the float32 reference reads the prompt through the same shift
     # the context's cells, not the prompt
     assert state.kv_bytes == common.model_kv_bytes(c, state.resolved.spec, 256)
 

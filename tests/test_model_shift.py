@@ -46,7 +46,7 @@ FP32 = CacheSpec("fp32")
 def run(tiny, sch: shift.Schedule, tokens: list[int], spec=FP32) -> shift.ShiftCache:
     inner = make_cache(spec, tiny.config, sch.n_cells, "reference")
     cache = shift.ShiftCache(inner, shift.rope_params(tiny.net), sch.div_sign)
-    shift.read_prompt(tiny, cache, tokens, sch, ubatch=16)
+    shift.read_prompt(tiny, cache, tokens, sch, ubatch=64)
     cache.kshift()  # the closing shift's rotation (the answer's first decode applies it)
     return cache
 

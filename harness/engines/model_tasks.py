@@ -95,7 +95,7 @@ def edit_fields(edits: list[dict]) -> dict:
     if not edits:
         return {}
     return {
-        "kv_shifts": sum(e.get("context_shifts", 0) for e in edits),
+        "kv_shifts": sum(e["context_shifts"] for e in edits),
         "n_past": max(e["n_past"] for e in edits),
         "cells_alloc": edits[0]["cells"],
         "edit_units": sum(e["rotated"] for e in edits),

@@ -171,7 +171,8 @@ class ShiftCache:
         self.interleaved = inner.spec.k_order == "gguf"
         if self.interleaved and any(d != inner.kv.keys[0]["data"].shape[-1] for d, _, _ in ropes):
             raise ValueError("k_order gguf with a partial RoPE: not built")
-        self.counts = {"removed": 0, "rotated": 0, "shifts": 0}  # cells, keys x layers, edits
+        # cells removed, keys re-rotated (x layers), K-shifts applied, context shifts made
+        self.counts = {"removed": 0, "rotated": 0, "kshifts": 0, "context_shifts": 0}
 
     @property
     def offset(self) -> int:
@@ -238,7 +239,7 @@ class ShiftCache:
             mx.eval(kv.layer_arrays(layer))
         self.cells.shift[:] = 0
         self.counts["rotated"] += len(sel) * kv.n_layers
-        self.counts["shifts"] += 1
+        self.counts["kshifts"] += 1
 
 
 # ---- passkey.cpp's loops -------------------------------------------------------------------
@@ -249,7 +250,7 @@ def shift_out(cache: ShiftCache, n_keep: int, n_discard: int, n_ctx: int) -> Non
     after it up to n_ctx by -n_discard."""
     cache.seq_rm(n_keep, n_keep + n_discard)
     cache.seq_add(n_keep + n_discard, n_ctx, -n_discard)
-    cache.counts["context_shifts"] = cache.counts.get("context_shifts", 0) + 1
+    cache.counts["context_shifts"] += 1
 
 
 def group(cache: ShiftCache, i: int, sch: Schedule) -> None:
