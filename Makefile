@@ -11,7 +11,7 @@ EXTRAS ?=
 comma := ,
 
 .PHONY: install bench test lint fmt clean bench-streams bench-pytest compare tiles report quant peers \
-	gates-deps gpu-verify quality llamacpp
+	gates-deps gpu-verify quality llamacpp kvpress
 
 # Quiet on purpose (#44 item 4): one line, then pip's own errors only. setuptools' notice that
 # an editable install maps folders by a finder (11 lines on every install) is informational:
@@ -114,3 +114,10 @@ LLAMACPP_FLAGS ?=
 llamacpp: install
 	command -v cmake >/dev/null && command -v ninja >/dev/null || $(PY) -m pip install -q cmake ninja
 	$(PY) -m kvbench.peers.llamacpp_build $(LLAMACPP_FLAGS)
+
+# NVIDIA kvpress (0.5.5) as a peer of the cache policies (docs/peers.md, "kvpress"): its own
+# virtualenv (kvpress, a CPU torch, transformers<5.3 as kvpress pins, gguf) in
+# $${KVBENCH_CACHE:-~/.cache/kvbench}/kvpress/, built once; a second run returns at once. Not needed
+# by `make install`. A failed build is recorded (its tests skip with the reason), not fatal.
+kvpress: install
+	$(PY) -m kvbench.peers.kvpress_build
