@@ -63,7 +63,8 @@ def trained_note(model: str, context: int | None) -> str | None:
 
 
 def _gib(n: int) -> str:
-    return f"{n / 2**30:,.3f} GiB"
+    """GiB, or MiB under one GiB (a small model's cache reads 0.044 GiB otherwise)."""
+    return f"{n / 2**30:,.3f} GiB" if n >= 2**30 else f"{n / 2**20:,.1f} MiB"
 
 
 def side_by_side(plans: list, base) -> str:
