@@ -244,3 +244,63 @@ def test_quality_points_keep_kvbench_and_llama_cpp_apart_with_their_pareto_front
     assert list(pareto(kv, "bits_per_elem", "kl_mean")["kl_mean"]) == [0.16, 4e-4]
     assert pts.loc[pts["source"] == "llama.cpp", "tokens_per_s"].iloc[0] == 55.0
     assert quality(rows) is not None
+
+
+def _title_geometry(fig):
+    """(rows of subplot titles' y, the smallest gap in px between panel rows, title lines)."""
+    from kvbench.report.common import PAGE_PLOT_PX, TITLE_CHAR_PX
+
+    titles = [a for a in fig.layout.annotations if a.yanchor == "bottom" and a.yref == "paper"]
+    ncol = len({round(a.x, 3) for a in titles})
+    width_chars = PAGE_PLOT_PX / ncol / TITLE_CHAR_PX
+    domains = sorted({tuple(fig.layout[k].domain) for k in fig.layout if k.startswith("yaxis")
+                      and fig.layout[k].domain}, reverse=True)  # fmt: skip
+    plot_px = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b
+    gap_px = min(up[0] - low[1] for up, low in zip(domains, domains[1:])) * plot_px
+    lines = max(a.text.count("<br>") + 1 for a in titles)
+    longest = max(len(line) for a in titles for line in a.text.split("<br>"))
+    return gap_px, lines, longest, width_chars
+
+
+@pytest.mark.parametrize("n", [5, 25])
+def test_memory_panel_titles_never_overlap(n):
+    """#44 item 3: at 25 formats (and a few) every subplot title fits its panel's width and the
+    gap between panel rows holds the title's lines and the tick labels of the row above."""
+    from kvbench.report.figures import memory
+
+    df = syn.rows(0)
+    base = df[df["tile_kv"].isna() & (df["n_seqs"] == 1)].iloc[:1]
+    # every cache axis varies: the longest series names a run gives (a truth-like suite's)
+    many = pd.concat([base.assign(
+        kv_dtype=f"fmt{i}", case_id=f"c{i}", bits_per_elem=4 + i,
+        rotate_k=["none", "hadamard"][i % 2], rotate_v=["none", "hadamard"][i // 2 % 2],
+        q_quant=["none", "q8_0"][i // 4 % 2], k_order=["hf", "gguf"][i // 8 % 2],
+        rot_block_k=[32, 64][i % 2], rot_block_v=[32, 64][i // 2 % 2], sink_tokens=i % 3,
+    ) for i in range(n)])  # fmt: skip
+    fig = memory(many).fig
+    gap_px, lines, longest, width_chars = _title_geometry(fig)
+    assert longest <= width_chars
+    assert gap_px >= lines * 16 + 30, (gap_px, lines)
+    assert fig.layout.margin.t >= lines * 16
+
+
+def test_quality_figure_names_points_and_only_present_systems():
+    """#44 item 3: figure 1 on kvbench's quality rows alone: every point named, no llama.cpp in
+    the title, no empty decode panel (said in the note); the memory legend has no series the
+    rows lack (quality rows measure no allocation or peak)."""
+    from kvbench.report.figures import memory
+    from kvbench.report.page import normalize
+    from kvbench.report.ratios import quality
+
+    d = pd.read_csv("docs/data/truth-smollm2-2k.csv")
+    d = normalize(d[d["kernel"] == "reference"])
+    f = quality(d)
+    assert "llama.cpp" not in f.title and "decode" not in f.title
+    assert "No decode-speed panel" in f.note
+    assert len([a for a in f.fig.layout.annotations if a.yanchor == "bottom"]) == 2
+    points = [t for t in f.fig.data if t.mode == "markers+text"]
+    assert points and all(len(t.text) == len(t.x) for t in points)
+    named = {x for t in points for x in t.text}
+    assert any("hadamard" in x for x in named) and len(named) == 5
+    legend = {t.name for t in memory(d).fig.data if t.showlegend}
+    assert legend == {"K data", "V data", "scales (K+V)"}

@@ -81,13 +81,57 @@ def gqa_facet(d: pd.DataFrame) -> pd.Series:
     return d["gqa_ratio"].map(lambda g: f"GQA {int(g)}" if pd.notna(g) else "GQA ?")
 
 
+PAGE_PLOT_PX = 1300  # a plot's width on the page (body max-width 1400 px less margins)
+TITLE_CHAR_PX = 7.0  # a subplot title's character at font size 12, generously
+TITLE_LINE_PX = 16
+TICKS_PX = 34  # an x axis's tick labels below a panel, and a little air
+
+
+def fit_titles(fig: go.Figure, height: int) -> int:
+    """Subplot titles wrapped to their panel's width, and the height at which no title meets
+    the panel (or tick labels) above it: plotly places a title just over its panel's domain,
+    and rows gaps are a fraction of the height, so many rows in a short figure overlap."""
+    titles = [a for a in fig.layout.annotations if a.yanchor == "bottom" and a.yref == "paper"
+              and a.showarrow is False and a.text]  # fmt: skip
+    domains = sorted({tuple(fig.layout[k].domain) for k in fig.layout if k.startswith("yaxis")
+                      and fig.layout[k].domain}, reverse=True)  # fmt: skip
+    if not titles or not domains:
+        return height
+    ncol = max(1, len({round(a.x, 3) for a in titles}))
+    chars = max(12, int(PAGE_PLOT_PX / ncol * 0.92 / TITLE_CHAR_PX))
+    lines = 1
+    for a in titles:
+        wrapped = wrap_title(a.text, chars)
+        a.text, lines = wrapped, max(lines, wrapped.count("<br>") + 1)
+    gaps = [up[0] - low[1] for up, low in zip(domains, domains[1:]) if up[0] > low[1]]
+    need_px = lines * TITLE_LINE_PX + TICKS_PX
+    fig.update_layout(margin={"t": max(40, lines * TITLE_LINE_PX + 16)})
+    if gaps:
+        height = max(height, int(need_px / min(gaps)) + 120)
+    return height
+
+
+def wrap_title(text: str, chars: int) -> str:
+    """Words (split at ' · ' first, then spaces) on lines of at most `chars` characters."""
+    words = text.replace(" · ", " ·\u2009").split(" ")
+    lines, cur = [], ""
+    for w in words:
+        if cur and len(cur) + 1 + len(w) > chars:
+            lines.append(cur)
+            cur = w
+        else:
+            cur = f"{cur} {w}" if cur else w
+    return "<br>".join([*lines, cur]).replace("\u2009", " ")
+
+
 def style(fig: go.Figure, height: int = 460) -> go.Figure:
+    height = fit_titles(fig, height)
     fig.update_layout(
         title=None,  # the section's <h2> above the plot carries the title
         height=height,
         template="plotly_white",
         legend={"title": {"text": ""}},
-        margin={"l": 70, "r": 30, "t": 40, "b": 60},
+        margin={"l": 70, "r": 30, "b": 60, "t": fig.layout.margin.t or 40},
         hoverlabel={"align": "left"},
     )
     return fig

@@ -158,6 +158,7 @@ def memory(cur: pd.DataFrame) -> Figure | None:
         kernels = ["largest of all kernels"]
     stack = (("k_bytes", "K data", "#1f77b4"), ("v_bytes", "V data", "#ff7f0e"))
     stack += (("scales_bytes", "scales (K+V)", "#2ca02c"),)
+    has_alloc, shown_alloc, shown_peaks = d["alloc_bytes"].notna().any(), False, set()
     for i, panel in enumerate(panels):
         p = d[d["panel"] == panel].sort_values("context_len")
         cache = p.drop_duplicates("context_len")
@@ -168,20 +169,28 @@ def memory(cur: pd.DataFrame) -> Figure | None:
                 x=x, y=cache[col] / MIB, name=name, marker_color=color, legendgroup=name,
                 showlegend=i == 0, hovertext=panel + " · ctx " + x, **pos,
             )  # fmt: skip
-        alloc = p.groupby("context_len")["alloc_bytes"].max()
-        fig.add_scatter(
-            x=alloc.index.astype(int).astype(str), y=alloc / MIB, mode="markers", name="allocated",
-            marker={"symbol": "line-ew-open", "size": 26, "color": "black", "line": {"width": 3}},
-            legendgroup="alloc", showlegend=i == 0, **pos,
-        )  # fmt: skip
+        # legends only for what is drawn: quality rows measure no allocation or peak
+        alloc = p.groupby("context_len")["alloc_bytes"].max().dropna()
+        if has_alloc:
+            fig.add_scatter(
+                x=alloc.index.astype(int).astype(str), y=alloc / MIB, mode="markers",
+                name="allocated", legendgroup="alloc", showlegend=not shown_alloc, **pos,
+                marker={"symbol": "line-ew-open", "size": 26, "color": "black",
+                        "line": {"width": 3}},
+            )  # fmt: skip
+            shown_alloc = shown_alloc or len(alloc) > 0
         for j, k in enumerate(kernels):
-            pk = p[p["kernel"] == k].groupby("context_len")["peak_mem_bytes"].max()
+            pk = p[p["kernel"] == k].groupby("context_len")["peak_mem_bytes"].max().dropna()
+            if pk.empty:
+                continue
             fig.add_scatter(
                 x=pk.index.astype(int).astype(str), y=pk / MIB, mode="markers",
-                name=f"peak during case ({k})", legendgroup=f"peak-{k}", showlegend=i == 0,
+                name=f"peak during case ({k})", legendgroup=f"peak-{k}",
+                showlegend=k not in shown_peaks,
                 marker={"symbol": ["diamond", "circle", "square", "x"][j % 4], "size": 9,
                         "color": PEAK_COLORS[j % len(PEAK_COLORS)]}, **pos,
             )  # fmt: skip
+            shown_peaks.add(k)
     fig.update_layout(barmode="stack")
     fig.update_yaxes(matches="y")  # one scale for every panel: sizes compare across formats
     fig.layout.yaxis.matches = None  # (the first axis matching itself is a console warning)

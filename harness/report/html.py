@@ -33,6 +33,8 @@ th { background: #f4f4f4; } td.text, th.text { text-align: left; }
 .meta td { text-align: left; }
 .findings li { margin: 3px 0; font-size: 15px; } .findings .topic { color: #555; }
 .findings .none { color: #777; } .findings a { white-space: nowrap; }
+pre.answer { background: #f7f7f2; border: 1px solid #ddd; padding: 8px 12px; font-size: 13px;
+             overflow-x: auto; white-space: pre; }
 """
 SHOWN_FINDINGS = 8  # per topic; the rest fold under a click
 
@@ -137,6 +139,17 @@ def interrupted_html(cur: pd.DataFrame) -> str:
     )
 
 
+def answer_html(cur: pd.DataFrame) -> str:
+    """The answer of the quality rows first (analysis/answer.py, as `kvbench run` prints it):
+    the baseline, each configuration's error bars, bytes and share of fp16's, the pick."""
+    from kvbench.analysis.answer import answer
+
+    text = answer(cur) if len(cur) else ""
+    if not text:
+        return ""
+    return f'<h2>Answer</h2>\n<pre class="answer">{html.escape(text)}</pre>'
+
+
 def header(cur: pd.DataFrame, figures: list[Figure], title: str, found=()) -> str:
     now = datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC")
     counts = cur["status"].value_counts()
@@ -145,6 +158,7 @@ def header(cur: pd.DataFrame, figures: list[Figure], title: str, found=()) -> st
         f"<h1>{html.escape(title)}</h1>",
         f'<p class="note">Generated {now} by kvbench report. {len(cur)} rows ({status}).</p>',
         interrupted_html(cur),
+        answer_html(cur),
         findings_html(list(found), figures),
     ]
     if len(cur):

@@ -205,45 +205,69 @@ def quality_points(cur: pd.DataFrame) -> pd.DataFrame:
     return out
 
 
+def label_positions(part: pd.DataFrame, y: str) -> list[str]:
+    """Text beside each point, alternating above and below among points at the same bits (a
+    format and its rotated twin) so that their names do not sit on each other."""
+    seen: dict = {}
+    out = []
+    for x in part["bits_per_elem"]:
+        k = seen.get(x, 0)
+        seen[x] = k + 1
+        out.append(("top right", "bottom right", "middle right")[k % 3])
+    return out
+
+
 def quality(cur: pd.DataFrame) -> Figure | None:
     """Quality cost against stored bits per element (KL log scale, and Δppl), kvbench's model
     engine and llama.cpp side by side, the Pareto frontier of each, and decode tokens/s."""
     d = quality_points(cur)
     if d.empty:
         return None
-    panels = ["KL divergence vs bits/elem", "Δ perplexity vs bits/elem", "decode tokens/s"]
-    fig = subplots(panels, ncol_max=3, shared_y=False)
+    # the decode panel only where a model_decode row gives it figures (it was an empty panel
+    # without a word in quality-only runs: issue 44)
+    speed = "tokens_per_s" in d and d["tokens_per_s"].notna().any()
+    panels = ["KL divergence vs bits/elem", "Δ perplexity vs bits/elem"]
+    panels += ["decode tokens/s"] if speed else []
+    n = len(panels)
+    fig = subplots(panels, ncol_max=n, shared_y=False)
+    sources = list(dict.fromkeys(d["source"]))
     for src, g in d.groupby("source", sort=False):
         color = SOURCE_COLOR[src]
         kl = g[g["kl_mean"] > 0]
         for i, (y, part) in enumerate((("kl_mean", kl), ("delta_ppl", g))):
+            # each point named on the plot: q4_0 and q4_0 + rotation sit at the same bits
             fig.add_scatter(
-                x=part["bits_per_elem"], y=part[y], mode="markers", name=src, legendgroup=src,
-                marker={"color": color, "size": 9}, text=part["config"], showlegend=i == 0,
+                x=part["bits_per_elem"], y=part[y], mode="markers+text", name=src,
+                legendgroup=src, textposition=label_positions(part, y), textfont={"size": 10},
+                marker={"color": color, "size": 9}, text=part["config"], showlegend=i == 0
+                and len(sources) > 1,
                 hovertemplate="%{text}<br>%{x:.3g} bits<br>%{y:.3g}<extra>" + src + "</extra>",
-                **panel_pos(i, 3),
+                **panel_pos(i, n),
             )  # fmt: skip
             front = pareto(part, "bits_per_elem", y)
             fig.add_scatter(
                 x=front["bits_per_elem"], y=front[y], mode="lines", legendgroup=src,
                 line={"color": color, "dash": "dot"}, showlegend=False, hoverinfo="skip",
-                **panel_pos(i, 3),
+                **panel_pos(i, n),
             )  # fmt: skip
-        if "tokens_per_s" in g and g["tokens_per_s"].notna().any():
+        if speed and g["tokens_per_s"].notna().any():
             t = g.dropna(subset=["tokens_per_s"])
             fig.add_bar(x=t["config"], y=t["tokens_per_s"], name=src, legendgroup=src,
-                        marker_color=color, showlegend=False, **panel_pos(2, 3))  # fmt: skip
+                        marker_color=color, showlegend=False, **panel_pos(2, n))  # fmt: skip
     fig.update_yaxes(type="log", row=1, col=1)
     fig.update_xaxes(title_text="stored bits per K/V element", row=1, col=1)
     fig.update_xaxes(title_text="stored bits per K/V element", row=1, col=2)
-    title = "Quality cost against bits per element (kvbench and llama.cpp), and decode speed"
+    title = (f"Quality cost against bits per element ({' and '.join(sources)})"
+             + (", and decode speed" if speed else ""))  # fmt: skip
+    refs = {"kvbench": "float32 for kvbench", "llama.cpp": "f16 for llama.cpp"}
     note = (
         "Each point: one cache configuration's median over its quality rows (KL divergence of "
         "next-token distributions and Δ perplexity against the source's own reference cache: "
-        "float32 for kvbench, f16 for llama.cpp). Dotted: the Pareto frontier (no other point "
-        "has fewer-or-equal bits and lower cost). Right: the best decode tokens/s of the same "
-        "configuration's model_decode rows."
-    )
+        f"{', '.join(refs[s] for s in sources)}), named beside it. Dotted: the Pareto frontier "
+        "(no other point has fewer-or-equal bits and lower cost). "
+        + ("Right: the best decode tokens/s of the same configuration's model_decode rows."
+           if speed else "No decode-speed panel: these rows hold no model_decode row.")
+    )  # fmt: skip
     cols = {"source": "source", "config": "cache", "bits_per_elem": "bits/elem",
             "kl_mean": "KL", "delta_ppl": "Δppl", "tokens_per_s": "tokens/s"}  # fmt: skip
     return Figure("quality", title, style(fig, 460), table(d, cols), note)
