@@ -116,16 +116,17 @@ def pick_line(t: pd.DataFrame, ppl_ref: float, tol_pct: float, base_bytes: float
     err = t["dppl_err"].where(t["dppl_err"].notna(), 0.0).astype(float)
     upper = t["dppl"].astype(float) + Z * err
     ok = t[upper <= limit]
-    rule = (f"smallest cache with Δppl <= +{tol_pct:g}% of the baseline's ppl (+{limit:.3g}) "
-            "at 95%")  # fmt: skip
+    rule = (f"  (the smallest cache whose Δppl is within +{tol_pct:g}% of the baseline's ppl, "
+            f"+{limit:.3g}, at 95%: Δppl + 1.96 err)")  # fmt: skip
     if not len(ok):
         least = t.loc[t["dppl"].idxmin(), "configuration"]
-        return f"pick ({rule}): none of these; the least Δppl is {least}"
+        return f"pick: none of these; the least Δppl is {least}\n{rule}"
     best = ok.sort_values(["bytes", "kl"]).iloc[0]
     saved = (base_bytes - best["bytes"]) / 2**20
-    return (f"pick ({rule}): {best['configuration']}, {best['bytes'] / 2**20:,.1f} MiB = "
-            f"{100 * best['share']:.1f}% of fp16's (saves {saved:,.1f} MiB); Δppl "
-            f"{_pm(best['dppl'], best['dppl_err'], '+.3f')}, KL {best['kl']:.2e}")  # fmt: skip
+    quality = f"Δppl {_pm(best['dppl'], best['dppl_err'], '+.3f')}, KL {best['kl']:.2e}"
+    return (f"pick: {best['configuration']}, {best['bytes'] / 2**20:,.1f} MiB = "
+            f"{100 * best['share']:.1f}% of fp16's (saves {saved:,.1f} MiB); {quality}"
+            f"\n{rule}")  # fmt: skip
 
 
 def frontier(t: pd.DataFrame) -> list[str]:
