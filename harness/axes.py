@@ -229,6 +229,30 @@ TABLE: tuple[Axis, ...] = (
          hide_default=True, doc="kv_edit self-extend on a model: keys turned to their divided "
          "positions (exact) or as llama.cpp b11434's seq_div records it (llama.cpp: by old "
          "minus new)", role="detail"),
+    # which positions a real model's cache keeps (kernels/model/policies/, docs/policies.md)
+    Axis("policy", "str", "none", "choice:policies", label="{}", column="policy",
+         hide_default=True, series="{}", doc="model phases: the cache policy that selects the "
+         "kept positions at the end of the context (none: every position)", role="choice"),
+    Axis("compression_ratio", "float", 0.0, "fraction", label="cr{:g}", column="ratio",
+         hide_default=True, series="ratio {:g}", doc="policy: the fraction of the context's "
+         "positions removed (kvpress's definition; the question is never compressed)",
+         role="choice"),
+    Axis("kv_budget", "int | None", None, "optional_positive_int", label="kv{}",
+         column="kv-budget", hide_default=True, series="budget {}",
+         doc="policy: tokens kept per layer and KV head instead of compression_ratio",
+         role="choice"),
+    Axis("n_sink", "int", 4, "non_negative_int", label="nsink{}", column="n-sink",
+         hide_default=True, doc="policy window / expected_attention: sink positions always "
+         "kept (kvpress's n_sink)", role="choice"),
+    Axis("obs_window", "int", 64, "positive_int", label="obsw{}", column="obs-win",
+         hide_default=True, doc="policy snapkv / pyramidkv (and adakv over snapkv): the last "
+         "queries whose attention scores (kvpress's window_size)", role="choice"),
+    Axis("kernel_size", "int", 5, "positive_int", label="pool{}", column="pool",
+         hide_default=True, doc="policy snapkv / pyramidkv: the average pool's width",
+         role="choice"),
+    Axis("scorer", "str", "snapkv", "choice:scorers", label="by:{}", column="scorer",
+         hide_default=True, doc="policy pyramidkv / adakv: the scores they budget",
+         role="choice"),
 )
 # fmt: on
 

@@ -121,6 +121,13 @@ class Case:
     ga_w: int = 2048
     n_keep: int | None = None
     div_sign: str = "exact"
+    policy: str = "none"
+    compression_ratio: float = 0.0
+    kv_budget: int | None = None
+    n_sink: int = 4
+    obs_window: int = 64
+    kernel_size: int = 5
+    scorer: str = "snapkv"
 
     @property
     def gqa_ratio(self) -> int:

@@ -235,3 +235,26 @@ def test_fp8_decode_rows_count_what_the_prefill_saturated(tiny):
     assert tiny_scale.check()["kv_saturated"] == n > 0
     assert calibrated.check() == {"kv_saturated": 0}
     assert carrying(engine.build)(case(phase="model_decode", kv_dtype="q8_0")).check() == {}
+
+
+@pytest.mark.parametrize("policy, kw", [
+    ("knorm", {}), ("window", {"n_sink": 2}), ("h2o", {}), ("tova", {}),
+    ("snapkv", {"obs_window": 4}), ("pyramidkv", {"obs_window": 4}),
+    ("expected_attention", {}), ("adakv", {"scorer": "knorm"}),
+])  # fmt: skip
+def test_a_policy_row_states_what_was_kept(tiny, policy, kw):
+    """Half of the 16-token context kept: 8 cells x 2 heads x 2 layers; kv_bytes the formula
+    (fp16: 2 B x 64 x K and V = 256 B a cell; h2o's float32 score a cell), kept_bytes what the
+    cache held, equal."""
+    c = case(phase="quality", kv_dtype="fp16", policy=policy, compression_ratio=0.5, **kw)
+    run = runner.CaseRun(c)
+    runner.measure_round(run, Settings(warmup_s=0, min_samples=1, max_samples=1, budget_s=0), 0)
+    row = runner.finish(run, Settings(), {})
+    assert row.status == "ok" and row.n_scored == 15 and row.context_tokens == 16
+    layers = "24/8" if policy == "pyramidkv" else "16/16"  # pyramid (window 4): 12 and 4 a head
+    assert row.kept_cells == 32 and row.kept_layers == layers
+    assert row.kv_bytes == row.kept_bytes == 32 * (256 + 4 * (policy == "h2o"))
+    assert row.kept_bytes_per_token == row.kept_bytes / 16 and row.policy_s > 0
+    if policy != "adakv":  # heads keep the same count: no per-head column
+        assert row.kept_heads is None
+    assert row.kl_mean > 0

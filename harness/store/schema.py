@@ -81,6 +81,13 @@ class _CaseColumns:
     ga_w: int | None = None
     n_keep: int | None = None
     div_sign: str | None = None
+    policy: str | None = None
+    compression_ratio: float | None = None
+    kv_budget: int | None = None
+    n_sink: int | None = None
+    obs_window: int | None = None
+    kernel_size: int | None = None
+    scorer: str | None = None
 
 
 @dataclass(frozen=True)
@@ -239,6 +246,14 @@ class _Measured:
     # wall seconds of the float32 reference (llama.cpp: the base pass) these figures are
     # against; computed once per process and shared by every row of the same chunks/prompts
     ref_wall_s: float | None = None
+    # a cache policy's rows (kernels/model/compress.py): what it kept of the context
+    context_tokens: int | None = None  # positions compressed (the context)
+    kept_cells: int | None = None  # cells kept, every layer and KV head, after compression
+    kept_layers: str | None = None  # each layer's cells (KV heads summed), "/"-joined
+    kept_heads: str | None = None  # each head's cells, per layer, where a layer's heads differ
+    kept_bytes: int | None = None  # format bytes of the kept cells (K, V) + the policy's state
+    kept_bytes_per_token: float | None = None  # kept_bytes / context_tokens
+    policy_s: float | None = None  # the policy's own cost: selection and gather, wall seconds
     # context
     commit: str | None = None
     dirty: bool | None = None

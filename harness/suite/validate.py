@@ -17,6 +17,7 @@ from kvbench.kernels.formats import fp8, rotation, turbo
 from kvbench.kernels.formats.registry import FORMATS
 from kvbench.kernels.model.fetch import MODELS
 from kvbench.kernels.model.passkey import TASK as PASSKEY_LLAMACPP
+from kvbench.kernels.model.policies import POLICIES, SCORERS
 from kvbench.kernels.model.retrieval import TASKS as RETRIEVAL_TASKS
 from kvbench.kernels.model.source import HF_ID, is_path_like
 from kvbench.kernels.model.spec import AXES as K_AXES
@@ -36,6 +37,7 @@ from kvbench.suite.model_inputs import (
     check_retrieval,
     check_text,
 )
+from kvbench.suite.policy import check_policy
 from kvbench.suite.presets import PRESETS
 
 PHASES = ("decode", "prefill", *MODEL_PHASES)
@@ -174,6 +176,8 @@ CHOICES = {
     "peer_weights": PEER_WEIGHTS,
     "retrieval_tasks": ("none", *RETRIEVAL_TASKS, PASSKEY_LLAMACPP),
     "div_signs": model_edit.DIV_SIGNS,
+    "policies": ("none", *POLICIES),
+    "scorers": tuple(SCORERS),
 }
 NAMED_CHECKS = {
     "positive_int": positive_int,
@@ -331,6 +335,7 @@ PHASE_AXES = {  # axes that only some phases read (chunks and text are ignored b
 def check_model(path: str, case: Case) -> None:
     """The model phases: a real model, one plain sequence, cache options that hold together;
     the cache options and text axes mean nothing elsewhere."""
+    check_policy(path, case)
     if case.kv_data == "model" and case.model not in MODELS:
         known = ", ".join(MODELS)
         raise SuiteError(path, "kv_data", f"model captures a real model's K/V: model: {known}")

@@ -6,13 +6,20 @@ after every pass).
 
 * kept_positions: the positions each layer and KV head keeps of a context, what kvpress's
   presses are held against.
+* pieces_under: the quality phase's log-probabilities under a policy (quality.quality takes
+  it): each chunk's first half is the context, compressed; the scored second half follows.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass, field
+
+import mlx.core as mx
+
+from kvbench.kernels.model import meter
 from kvbench.kernels.model.evicting import make_policy_cache
 from kvbench.kernels.model.load import Model
-from kvbench.kernels.model.run import prefill
+from kvbench.kernels.model.run import forward, prefill
 from kvbench.kernels.model.spec import CacheSpec
 
 
@@ -24,3 +31,76 @@ def kept_positions(model: Model, tokens: list[int], policy, ubatch: int = 512, s
     prefill(model, cache, list(tokens), ubatch)
     cache.compress()
     return cache.kept_positions()
+
+
+@dataclass
+class Kept:
+    """What a policy kept of each chunk's context (the row reports the last chunk's cells and
+    bytes, which every chunk of one context length shares but for adakv's head split) and its
+    own cost over every chunk."""
+
+    context_tokens: int = 0
+    cells: list = field(default_factory=list)  # per layer, per KV head
+    kept_bytes: int = 0
+    policy_s: float = 0.0
+
+    def fields(self) -> dict:
+        layers = [sum(h) for h in self.cells]
+        heads_differ = any(len(set(h)) > 1 for h in self.cells)
+        return {
+            "context_tokens": self.context_tokens,
+            "kept_cells": sum(layers),
+            "kept_layers": "/".join(map(str, layers)),
+            "kept_heads": ";".join(",".join(map(str, h)) for h in self.cells)
+            if heads_differ
+            else None,
+            "kept_bytes": self.kept_bytes,
+            "kept_bytes_per_token": self.kept_bytes / self.context_tokens,
+            "policy_s": self.policy_s,
+        }
+
+
+def compressed(
+    model: Model,
+    spec,
+    policy,
+    context: list[int],
+    capacity: int,
+    kernel,
+    ubatch,
+    tile_kv,
+    kept: Kept,
+):
+    """A policy cache holding `context` compressed (its cells and bytes noted in `kept`)."""
+    cache = make_policy_cache(spec, model, capacity, kernel, policy, tile_kv)
+    prefill(model, cache, context, ubatch)
+    cache.compress()
+    kept.context_tokens, kept.cells = len(context), cache.kept_cells()
+    kept.kept_bytes = cache.kept_bytes()
+    return cache
+
+
+def pieces_under(make_policy, kept: Kept):
+    """quality.piece_logprobs's twin under a policy (same arguments, a new policy per chunk):
+    the chunk's first half is the context, compressed; the second half follows teacher-forced
+    over the kept cells (one token a pass for a decode policy, which keeps evicting; ubatch
+    tokens a pass otherwise), its logits scored at the same positions as the full cache's."""
+
+    def pieces(model, chunk, spec, kernel="reference", ubatch=None, tile_kv=None, saturated=None):
+        n, first = len(chunk), len(chunk) // 2
+        policy = make_policy()
+        cache = compressed(model, spec, policy, chunk[:first], n, kernel, ubatch, tile_kv, kept)
+        step = 1 if policy.decode else min(ubatch or n, n)
+        for s in range(first, n - 1, step):
+            piece = mx.array([chunk[s : min(s + step, n - 1)]])
+            with meter.timed("decode" if step == 1 else "prefill", piece.shape[1]):
+                logits = forward(model, piece, cache)[0]
+                mx.eval(logits, cache.arrays())
+            lp = logits - mx.logsumexp(logits, axis=-1, keepdims=True)
+            mx.eval(lp)
+            yield lp
+        kept.policy_s += cache.policy_s
+        if saturated is not None:
+            saturated.append(cache.saturated())
+
+    return pieces

@@ -17,6 +17,8 @@ cells adakv allocates are in `held_bytes` (measured), not in kept_bytes.
 
 from __future__ import annotations
 
+import time
+
 import mlx.core as mx
 import numpy as np
 
@@ -48,7 +50,7 @@ class EvictingCache:
         self.kernel, self.tile_kv, self.offset = kernel, tile_kv, 0
         self.rot, self.spec, self.policy = spec.rot(d), spec, policy
         self.ropes, self.n_layers, self.compressed = ropes, n, False
-        self.head_dim = d
+        self.head_dim, self.policy_s = d, 0.0
 
     def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
         self.write(layer, k, v)
@@ -91,6 +93,8 @@ class EvictingCache:
         return out
 
     def _observe(self, layer: int, q, pos, c) -> None:
+        if self.compressed and not self.policy.decode:
+            return  # selected once: what follows the context is never compressed
         kd, vd = self.dense(layer, mx.float32)
         rope = self.ropes[layer] if self.ropes else None
         obs = Observation(layer, self.n_layers, q.astype(mx.float32), self.offset, kd, vd,
@@ -105,13 +109,18 @@ class EvictingCache:
 
     def compress(self) -> None:
         """Every layer keeps the cells the policy selects (the end of the context's prefill;
-        after every pass for a decode policy)."""
+        after every pass for a decode policy); its wall time, the pass's writes evaluated
+        first, adds to policy_s (the policy's own cost beside the passes)."""
+        mx.eval(self.arrays())
+        t0 = time.perf_counter()
         for layer in range(self.n_layers):
             last = self.last[layer]  # the layer's last pass, over the cells held now
             kd, vd = self.dense(layer, mx.float32)
             pos = self.pos[layer][:, : self.cells[layer]].copy()
             obs = Observation(layer, self.n_layers, last.q, last.q_start, kd, vd, pos, last.rope)
             self.keep(layer, self.policy.select(obs))
+        mx.eval(self.arrays())
+        self.policy_s += time.perf_counter() - t0
         self.compressed = True
 
     def keep(self, layer: int, keep: np.ndarray) -> None:

@@ -214,16 +214,18 @@ def quality(
     ubatch: int | None = None,
     tile_kv: int | None = None,
     keep_tokens: bool = False,
+    pieces=piece_logprobs,
 ) -> dict:
     """ppl, ppl_ref, delta_ppl, kl_mean, kl_p99, top1_agree, n_scored of `spec` against `ref`
     (reference_run or reference_pieces of the same chunks); with an FP8 format, kv_saturated:
     the K/V elements stored saturated over every chunk, layer and head; with keep_tokens,
     per_token (per_token: every scored token's values). Compared micro-batch by micro-batch as
-    each is computed: one micro-batch's rows of this cache are held at once."""
+    each is computed: one micro-batch's rows of this cache are held at once. `pieces`: where
+    the log-probabilities come from (compress.pieces_under: under a cache policy)."""
     stats, ref_nll, sat = [], [], []
     for i, (chunk, ref_lp) in enumerate(zip(token_chunks, ref)):
         tg, at, parts = targets_of(chunk), 0, []
-        for lp in piece_logprobs(model, chunk, spec, kernel, ubatch, tile_kv, sat):
+        for lp in pieces(model, chunk, spec, kernel, ubatch, tile_kv, sat):
             m = lp.shape[0]
             check_finite(lp, f"the {spec.label} cache, chunk {i}", len(chunk) // 2 + at)
             r = rows_of(ref_lp, at, m)

@@ -56,3 +56,13 @@ def make(name: str, budget: Budget, **params):
             params["window"] = sub["window"]
         return POLICIES[name](budget, SCORERS[inner](budget, **sub), **params)
     return POLICIES[name](budget, **params)
+
+
+def planned_cells(policy, n: int, n_layers: int, n_kv_heads: int) -> list[int]:
+    """Cells each layer keeps of a context of n, its KV heads together: the budget per head
+    times the heads (adakv moves cells between heads, never in or out of a layer), pyramidkv's
+    layer line. The bytes formula the engine states before the run; the cache's kept_cells
+    is what ran (tests hold them equal)."""
+    if isinstance(policy, PyramidKV):
+        return [policy.kept(i, n_layers, n) * n_kv_heads for i in range(n_layers)]
+    return [policy.budget.kept(n) * n_kv_heads] * n_layers

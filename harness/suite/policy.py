@@ -1,0 +1,97 @@
+"""Suite checks of a cache policy (kernels/model/policies/, docs/policies.md): the phases that
+run one, the budget (compression_ratio or kv_budget, within the context and above the sinks),
+the cache it composes with (one per-token format: any kv_dtype and rotation, no separate V
+format, KIVI keys or fp16 regions, no window layout), and each policy's own axes. A row never
+says a policy ran when it did not: an axis a case's policy does not read is an error here."""
+
+from __future__ import annotations
+
+from kvbench.case import Case
+from kvbench.errors import SuiteError
+from kvbench.kernels.attention.registry import KERNELS
+
+PHASES = ("quality",)  # the phases whose engine compresses (harness/engines/model.py)
+AXES = ("compression_ratio", "kv_budget", "n_sink", "obs_window", "kernel_size", "scorer")
+DEFAULTS = {"compression_ratio": 0.0, "kv_budget": None, "n_sink": 4, "obs_window": 64,
+            "kernel_size": 5, "scorer": "snapkv"}  # fmt: skip
+SNAP = ("obs_window", "kernel_size")
+TAKES = {  # the axes each policy reads beside its budget
+    "window": ("n_sink",),
+    "snapkv": SNAP,
+    "h2o": (),
+    "tova": (),
+    "knorm": (),
+    "pyramidkv": ("scorer", *SNAP),
+    "expected_attention": ("n_sink",),
+    "adakv": ("scorer", *SNAP),
+}
+SPEC_AXES = {"v_dtype": None, "k_axis": "token", "sink_tokens": 0, "recent_tokens": 0}
+
+
+def compressed_tokens(case: Case) -> int:
+    """Positions the policy compresses: the context half of a quality chunk (the second half,
+    scored, is the continuation), the prompt elsewhere."""
+    return case.context_len // 2 if case.phase == "quality" else case.context_len
+
+
+def check_policy(path: str, case: Case) -> None:
+    if case.policy == "none":
+        off = [a for a in AXES if getattr(case, a) != DEFAULTS[a]]
+        if off:
+            raise SuiteError(path, off[0], "only with a cache policy (policy: ...)")
+        return
+    if case.phase not in PHASES:
+        why = (
+            f"a cache policy runs in phase {', '.join(PHASES)} (the model engine), not {case.phase}"
+        )
+        raise SuiteError(path, "policy", why)
+    if case.kernel not in KERNELS:
+        raise SuiteError(path, "kernel", f"{case.kernel} cannot run a kvbench cache policy")
+    for axis, default in SPEC_AXES.items():
+        if getattr(case, axis) != default:
+            why = f"a cache policy holds one per-token format; {axis} is not {default}"
+            raise SuiteError(path, axis, why)
+    if case.window is not None:
+        raise SuiteError(path, "window", "a cache policy replaces the window; not both")
+    check_budget(path, case)
+    takes = reads(case)
+    for axis in AXES[2:]:
+        if getattr(case, axis) != DEFAULTS[axis] and axis not in takes:
+            raise SuiteError(path, axis, f"policy {case.policy} does not read it")
+
+
+def reads(case: Case) -> tuple[str, ...]:
+    """The policy axes a case's policy reads (its scorer's too for pyramidkv and adakv)."""
+    if case.policy in ("pyramidkv", "adakv"):
+        return ("scorer", *SNAP) if case.scorer == "snapkv" else ("scorer",)
+    return TAKES[case.policy]
+
+
+def check_budget(path: str, case: Case) -> None:
+    n = compressed_tokens(case)
+    if case.kv_budget is not None and case.compression_ratio:
+        raise SuiteError(path, "kv_budget", "set compression_ratio or kv_budget, not both")
+    if case.kv_budget is not None and case.policy == "pyramidkv":
+        raise SuiteError(
+            path, "kv_budget", "pyramidkv's layer budgets are set by compression_ratio"
+        )
+    if case.kv_budget is not None and case.kv_budget > n:
+        raise SuiteError(
+            path, "kv_budget", f"{case.kv_budget}: larger than the {n} tokens compressed"
+        )
+    sinks = case.n_sink if case.policy in ("window", "expected_attention") else 0
+    kept = case.kv_budget if case.kv_budget is not None else int(n * (1 - case.compression_ratio))
+    if kept < sinks:
+        raise SuiteError(path, "kv_budget" if case.kv_budget else "compression_ratio",
+                         f"{kept} tokens kept: fewer than the {sinks} sinks (n_sink)")  # fmt: skip
+    window = (
+        case.obs_window
+        if "obs_window" in TAKES[case.policy]
+        or case.scorer == "snapkv"
+        and case.policy in ("pyramidkv", "adakv")
+        else 0
+    )
+    if window and window >= n:
+        raise SuiteError(
+            path, "obs_window", f"{window}: not shorter than the {n} tokens compressed"
+        )
