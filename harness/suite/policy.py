@@ -64,7 +64,7 @@ def reads(case: Case) -> tuple[str, ...]:
     """The policy axes a case's policy reads (its scorer's too for pyramidkv and adakv)."""
     if case.policy in ("pyramidkv", "adakv"):
         return ("scorer", *SNAP) if case.scorer == "snapkv" else ("scorer",)
-    return TAKES[case.policy]
+    return TAKES.get(case.policy, ())  # a policy added without axes reads only its budget
 
 
 def check_budget(path: str, case: Case) -> None:
@@ -84,13 +84,7 @@ def check_budget(path: str, case: Case) -> None:
     if kept < sinks:
         raise SuiteError(path, "kv_budget" if case.kv_budget else "compression_ratio",
                          f"{kept} tokens kept: fewer than the {sinks} sinks (n_sink)")  # fmt: skip
-    window = (
-        case.obs_window
-        if "obs_window" in TAKES[case.policy]
-        or case.scorer == "snapkv"
-        and case.policy in ("pyramidkv", "adakv")
-        else 0
-    )
+    window = case.obs_window if "obs_window" in reads(case) else 0
     if window and window >= n:
         raise SuiteError(
             path, "obs_window", f"{window}: not shorter than the {n} tokens compressed"
