@@ -318,6 +318,7 @@ def accuracy(cur: pd.DataFrame) -> Figure | None:
 
 def all_figures(cur, history, compare_rows, order) -> list[Figure]:
     """Every figure the data supports, in page order (the questions first)."""
+    from kvbench.report.budget import budget
     from kvbench.report.kvshare import kv_share_figure
     from kvbench.report.ratios import formats, layouts, quality, roofline
     from kvbench.report.tasks import generate, quality_context, retrieval
@@ -326,7 +327,7 @@ def all_figures(cur, history, compare_rows, order) -> list[Figure]:
 
     figs = [latency(cur), formats(cur), kv_share_figure(cur), layouts(cur), tiles(cur), peers(cur)]
     figs += [quality(cur)]
-    figs += [tradeoff(cur), quality_context(cur), retrieval(cur), generate(cur)]
+    figs += [budget(cur), tradeoff(cur), quality_context(cur), retrieval(cur), generate(cur)]
     figs += [accuracy(cur), memory(cur), residency(cur), bandwidth(cur), roofline(cur)]
     figs += [history_fig(history, order), compare(compare_rows)]
     return [f for f in figs if f is not None]

@@ -15,6 +15,7 @@ import pandas as pd
 from kvbench.analysis.findings import (
     accuracy,
     attribution,
+    budget,
     by_position,
     fastest,
     formats,
@@ -32,8 +33,8 @@ from kvbench.analysis.findings import (
 from kvbench.analysis.findings.common import Finding
 
 # in the order the report lists them
-MODULES = (fastest, formats, payoff, kv_share, layouts, tiles, peers, quality, tradeoff, accuracy,
-           retrieval, attribution, generate, by_position, memory)  # fmt: skip
+MODULES = (fastest, formats, payoff, kv_share, layouts, tiles, peers, quality, tradeoff, budget,
+           accuracy, retrieval, attribution, generate, by_position, memory)  # fmt: skip
 TOPICS = {m.TOPIC: m.find for m in MODULES}
 
 __all__ = ["TOPICS", "Finding", "findings"]

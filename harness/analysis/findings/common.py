@@ -246,7 +246,8 @@ def cache_config(row: dict) -> str:
             continue  # a sliding window's sinks: named with it below
         if _set(v) and v != _AXIS[col].default:
             text = CONFIG_WORDS.get(col, _AXIS[col].series)
-            parts.append(text.format(int(v) if isinstance(v, float) else v))
+            whole = isinstance(v, float) and v.is_integer()  # a CSV int column reads as float
+            parts.append(text.format(int(v) if whole else v))
     if windowed:
         sinks = int(row.get("sink_tokens") or 0)
         parts.append(
