@@ -5,6 +5,7 @@ mlx-lm's quantized_kv_start, and the suite checks of the task axes."""
 from __future__ import annotations
 
 import zlib
+from dataclasses import replace
 
 import mlx.core as mx
 import numpy as np
@@ -279,3 +280,19 @@ def test_fp8_generate_rows_count_saturated_elements(tiny, start):
         for s in (1e-6, "one")
     ]
     assert rows[0]["kv_saturated"] > 0 == rows[1]["kv_saturated"]
+
+
+@pytest.mark.parametrize("policy", ["snapkv", "window"])
+def test_retrieval_under_a_policy_compresses_the_haystack_not_the_question(tiny, policy):
+    """kvpress's setup: the instruction and haystack (the prompt's haystack span) compressed
+    to half, the question after it never; the row's bytes are that context's kept cells."""
+    c = case(phase="retrieval", task="passkey", trials=1, policy=policy, compression_ratio=0.5,
+             obs_window=8)  # fmt: skip
+    c = replace(c, obs_window=64) if policy == "window" else c
+    state = carrying(engine.build)(c)
+    row = state.check()
+    p = common.prompts_of(c.model, "passkey", 200, c.depth, 1, c.seed)[0]
+    n = p.haystack[1]
+    assert 0 < n < len(p.tokens) and row["context_tokens"] == n
+    assert row["kept_cells"] == 2 * 2 * int(n * 0.5)  # 2 layers x 2 KV heads
+    assert row["kept_bytes"] == state.kv_bytes and row["n_trials"] == 1

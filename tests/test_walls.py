@@ -331,8 +331,8 @@ MODEL_FLOORS = {
     "cache": 3, "seam": 3,
     "load": 4, "evicting": 4,
     "run": 5, "source": 5,
-    "quality": 6, "retrieval": 6, "generate": 6, "parts": 6, "compress": 6,
-    "capture": 7, "passkey": 7, "shift": 7,
+    "quality": 6, "retrieval": 6, "generate": 6, "parts": 6,
+    "capture": 7, "passkey": 7, "compress": 7, "shift": 7,
 }  # fmt: skip
 MODEL = "kvbench.kernels.model"
 

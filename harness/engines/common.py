@@ -32,7 +32,7 @@ from kvbench.kernels.attention.registry import (
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.model import cache as kv_store
-from kvbench.kernels.model import passkey, quality, retrieval
+from kvbench.kernels.model import passkey, policies, quality, retrieval
 from kvbench.kernels.model import spec as kv_spec
 from kvbench.kernels.model.load import load_model
 from kvbench.kernels.model.source import model_file
@@ -41,6 +41,7 @@ from kvbench.kernels.model.tokenizer import load_tokenizer
 from kvbench.kernels.stores.layouts import cells_from_tokens
 from kvbench.kernels.stores.workloads import Replay, Workload
 from kvbench.stats import wilson
+from kvbench.suite import policy as suite_policy
 from kvbench.suite import resolved
 from kvbench.suite.cache_spec import rotation_blocks
 from kvbench.suite.model_plan import PREFILL_UBATCH
@@ -324,3 +325,40 @@ def answer_fields(task: str, texts: list[str], ref_texts: list[str], truth: list
     row["accuracy_lo"], row["accuracy_hi"] = wilson(row["n_correct"], n)
     row["ref_agree_lo"], row["ref_agree_hi"] = wilson(row["n_ref_agree"], n)
     return {**row, "answer_texts": json.dumps(texts)}
+
+
+# ---- cache policies (kernels/model/policies/, harness/suite/policy.py) ----------------------
+
+# a case's policy axes -> the policy's own parameter names (kernels/model/policies/)
+POLICY_PARAMS = {
+    "n_sink": {"window": "sinks", "expected_attention": "n_sink"},
+    "obs_window": "window",
+    "kernel_size": "kernel_size",
+    "scorer": "scorer",
+}
+
+
+def policy_of(case: Case):
+    """A new policy for one chunk, with the case's budget and the axes its policy reads
+    (suite/policy.py TAKES: any other is at its default, checked before the run)."""
+    budget = policies.Budget(kv_budget=case.kv_budget) if case.kv_budget is not None else (
+        policies.Budget(compression_ratio=case.compression_ratio))  # fmt: skip
+    params = {}
+    for axis in suite_policy.reads(case):
+        name = POLICY_PARAMS[axis]
+        params[name[case.policy] if isinstance(name, dict) else name] = getattr(case, axis)
+    return policies.make(case.policy, budget, **params)
+
+
+def policy_kv_bytes(case: Case, spec, n: int | None = None) -> int:
+    """Exact bytes of the compressed context (the row's kv_bytes for a policy): the planned
+    cells' K and V in their formats, each layer's per-tensor scales, and h2o's float32 score
+    per kept cell; the run's kept_bytes (measured from the cache's cells) must equal it. n:
+    the tokens compressed (default: a quality chunk's context half)."""
+    c = model_of(case.model)[0].config
+    n = suite_policy.compressed_tokens(case) if n is None else n
+    cells = sum(policies.planned_cells(policy_of(case), n, c.n_layers, c.n_kv_heads))
+    kf, vf = spec.formats()
+    fixed = (kf.tensor_bytes(c.n_kv_heads) + vf.tensor_bytes(c.n_kv_heads)) * c.n_layers
+    state = 4 * cells if case.policy == "h2o" else 0
+    return kf.nbytes(cells, c.head_dim) + vf.nbytes(cells, c.head_dim) + fixed + state

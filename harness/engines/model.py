@@ -37,7 +37,7 @@ from kvbench.engines import common
 from kvbench.engines.contract import TOKENS, State, memory_baseline
 from kvbench.engines.model_step import ModelStep
 from kvbench.kernels.model import cache as kv_store
-from kvbench.kernels.model import compress, matvec, meter, policies, quality, rope
+from kvbench.kernels.model import compress, matvec, meter, quality, rope
 from kvbench.kernels.model.run import prefill
 from kvbench.suite import policy as suite_policy
 from kvbench.suite.cache_spec import MODEL_PHASES
@@ -116,7 +116,7 @@ def quality_state(case: Case, r: Resolved) -> State:
         kept = compress.Kept()
         pieces = quality.piece_logprobs
         if case.policy != "none":
-            pieces = compress.pieces_under(lambda: policy_of(case), kept)
+            pieces = compress.pieces_under(lambda: common.policy_of(case), kept)
         with meter.metered() as m:
             row = quality.quality(model, chunks, r.spec, ref, case.kernel, common.UBATCH,
                                   case.tile_kv, keep_tokens=True, pieces=pieces)  # fmt: skip
@@ -128,7 +128,7 @@ def quality_state(case: Case, r: Resolved) -> State:
 
     kv_bytes, bits = common.model_kv_bytes(case, r.spec), common.model_bits_per_elem(case, r.spec)
     if case.policy != "none":  # bits per element of the context's K/V, as kept
-        kv_bytes = policy_kv_bytes(case, r.spec)
+        kv_bytes = common.policy_kv_bytes(case, r.spec)
         c = model.config
         bits = (
             8
@@ -137,40 +137,6 @@ def quality_state(case: Case, r: Resolved) -> State:
         )
     return State({}, check, traffic=(0, 0), kv_bytes=kv_bytes, bits_per_elem=bits,
                  effective=common.model_effective(case))  # fmt: skip
-
-
-# a case's policy axes -> the policy's own parameter names (kernels/model/policies/)
-POLICY_PARAMS = {
-    "n_sink": {"window": "sinks", "expected_attention": "n_sink"},
-    "obs_window": "window",
-    "kernel_size": "kernel_size",
-    "scorer": "scorer",
-}
-
-
-def policy_of(case: Case):
-    """A new policy for one chunk, with the case's budget and the axes its policy reads
-    (suite/policy.py TAKES: any other is at its default, checked before the run)."""
-    budget = policies.Budget(kv_budget=case.kv_budget) if case.kv_budget is not None else (
-        policies.Budget(compression_ratio=case.compression_ratio))  # fmt: skip
-    params = {}
-    for axis in suite_policy.reads(case):
-        name = POLICY_PARAMS[axis]
-        params[name[case.policy] if isinstance(name, dict) else name] = getattr(case, axis)
-    return policies.make(case.policy, budget, **params)
-
-
-def policy_kv_bytes(case: Case, spec) -> int:
-    """Exact bytes of the compressed context (the row's kv_bytes for a policy): the planned
-    cells' K and V in their formats, each layer's per-tensor scales, and h2o's float32 score
-    per kept cell; the run's kept_bytes (measured from the cache's cells) must equal it."""
-    c = common.model_of(case.model)[0].config
-    n = suite_policy.compressed_tokens(case)
-    cells = sum(policies.planned_cells(policy_of(case), n, c.n_layers, c.n_kv_heads))
-    kf, vf = spec.formats()
-    fixed = (kf.tensor_bytes(c.n_kv_heads) + vf.tensor_bytes(c.n_kv_heads)) * c.n_layers
-    state = 4 * cells if case.policy == "h2o" else 0
-    return kf.nbytes(cells, c.head_dim) + vf.nbytes(cells, c.head_dim) + fixed + state
 
 
 def build(case: Case, r: Resolved) -> State:

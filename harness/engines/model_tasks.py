@@ -23,7 +23,7 @@ from functools import lru_cache
 from kvbench.case import Case
 from kvbench.engines import common
 from kvbench.engines.contract import State
-from kvbench.kernels.model import generate, meter, quality, retrieval, shift
+from kvbench.kernels.model import compress, generate, meter, quality, retrieval, shift
 from kvbench.kernels.model.cache import make_cache
 from kvbench.suite import model_edit
 from kvbench.suite.cache_spec import TASK_PHASES
@@ -41,17 +41,24 @@ skip_reason = common.model_skip_reason
 
 
 def answers(key: tuple, spec, kernel: str, tile_kv, case=None, saturated=None, edit=None,
-            edits=None) -> list[str]:  # fmt: skip
+            edits=None, kept=None) -> list[str]:  # fmt: skip
     """Each trial's greedy continuation (its text) with `spec`'s cache (and the case's sliding
     window, if any); key: (model, task, context_len, depth, trials, seed). Each trial's K/V
     elements stored saturated (FP8) appended to `saturated` when given. `edit`
     (suite/model_edit.py edit_of): the prompt read through llama.cpp's context shift or
-    self-extend (kernels/model/shift.py), each trial's counts appended to `edits`."""
+    self-extend (kernels/model/shift.py), each trial's counts appended to `edits`. The case's
+    cache policy, if any, compresses each prompt's haystack (compress.policy_answer), what it
+    kept noted in `kept`."""
     model, tokenizer = common.model_of(key[0])
     if case is not None:
         model = common.windowed(model, case)
     got = []
     for p in common.prompts_of(*key):
+        if case is not None and case.policy != "none":  # the haystack compressed, not the question
+            policy = common.policy_of(case)
+            got.append(compress.policy_answer(model, tokenizer, p, key[1], spec, kernel, policy,
+                                              kept, UBATCH, tile_kv))  # fmt: skip
+            continue
         if edit is not None:
             got.append(edited_answer(model, tokenizer, p, key, spec, kernel, tile_kv, edit, edits))
             continue
@@ -117,20 +124,35 @@ def retrieval_state(case: Case, r: Resolved) -> State:
         key = (case.model, case.task, case.context_len, case.depth, case.trials, case.seed)
         edit, edits = model_edit.edit_of(case), []
         ref, ref_s = reference_answers(*key, edit=edit)
-        spec, sat = r.spec, []
+        spec, sat, kept = r.spec, [], compress.Kept()
         with meter.metered() as m:
-            got = answers(key, spec, case.kernel, case.tile_kv, case, sat, edit, edits)
+            got = answers(key, spec, case.kernel, case.tile_kv, case, sat, edit, edits, kept)
         truth = [p.answer for p in common.prompts_of(*key)]
         row = common.answer_fields(case.task, got, list(ref), truth)
         row["prompt_tokens"] = max(len(p.tokens) for p in common.prompts_of(*key))
         row |= {"kv_saturated": sum(sat)} if spec.saturates else {}
         row |= edit_fields(edits)
+        row |= kept.fields() if case.policy != "none" else {}
         return {**row, **m.fields(), "ref_wall_s": ref_s, "ubatch": common.ubatch_of(case)}
 
     fields, held = edit_effective(case)  # an edit's cache holds the context's cells at most
-    return State({}, check, traffic=(0, 0), kv_bytes=common.model_kv_bytes(case, r.spec, held),
-                 bits_per_elem=common.model_bits_per_elem(case, r.spec),
+    kv_bytes, bits = (
+        policy_bytes(case, r)
+        if case.policy != "none"
+        else (common.model_kv_bytes(case, r.spec, held), common.model_bits_per_elem(case, r.spec))
+    )
+    return State({}, check, traffic=(0, 0), kv_bytes=kv_bytes, bits_per_elem=bits,
                  effective={**common.model_effective(case), **fields})  # fmt: skip
+
+
+def policy_bytes(case: Case, r: Resolved) -> tuple[int, float]:
+    """A policy row's kv_bytes and bits per element: the first prompt's compressed haystack
+    (the row's kept_* fields are that prompt's too)."""
+    key = (case.model, case.task, case.context_len, case.depth, case.trials, case.seed)
+    n = common.prompts_of(*key)[0].haystack[1]
+    c = common.model_of(case.model)[0].config
+    kv_bytes = common.policy_kv_bytes(case, r.spec, n)
+    return kv_bytes, 8 * kv_bytes / (2 * c.n_layers * c.n_kv_heads * c.head_dim * n)
 
 
 @lru_cache(maxsize=8)

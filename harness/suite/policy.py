@@ -10,7 +10,7 @@ from kvbench.case import Case
 from kvbench.errors import SuiteError
 from kvbench.kernels.attention.registry import KERNELS
 
-PHASES = ("quality",)  # the phases whose engine compresses (harness/engines/model.py)
+PHASES = ("quality", "retrieval")  # the phases whose engines compress (engines/model*.py)
 AXES = ("compression_ratio", "kv_budget", "n_sink", "obs_window", "kernel_size", "scorer")
 DEFAULTS = {"compression_ratio": 0.0, "kv_budget": None, "n_sink": 4, "obs_window": 64,
             "kernel_size": 5, "scorer": "snapkv"}  # fmt: skip

@@ -8,15 +8,16 @@ after every pass).
   presses are held against.
 * pieces_under: the quality phase's log-probabilities under a policy (quality.quality takes
   it): each chunk's first half is the context, compressed; the scored second half follows.
+* policy_answer: a retrieval prompt's answer, its haystack compressed, its question not.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import mlx.core as mx
 
-from kvbench.kernels.model import meter
+from kvbench.kernels.model import meter, retrieval
 from kvbench.kernels.model.evicting import make_policy_cache
 from kvbench.kernels.model.load import Model
 from kvbench.kernels.model.run import forward, prefill
@@ -35,9 +36,9 @@ def kept_positions(model: Model, tokens: list[int], policy, ubatch: int = 512, s
 
 @dataclass
 class Kept:
-    """What a policy kept of each chunk's context (the row reports the last chunk's cells and
-    bytes, which every chunk of one context length shares but for adakv's head split) and its
-    own cost over every chunk."""
+    """What a policy kept of the first chunk's (or prompt's) context, the row's cells and
+    bytes (every quality chunk of one context length keeps as many), and the policy's own cost
+    over every chunk or prompt."""
 
     context_tokens: int = 0
     cells: list = field(default_factory=list)  # per layer, per KV head
@@ -75,8 +76,9 @@ def compressed(
     cache = make_policy_cache(spec, model, capacity, kernel, policy, tile_kv)
     prefill(model, cache, context, ubatch)
     cache.compress()
-    kept.context_tokens, kept.cells = len(context), cache.kept_cells()
-    kept.kept_bytes = cache.kept_bytes()
+    if not kept.context_tokens:  # the row states the first chunk's or prompt's
+        kept.context_tokens, kept.cells = len(context), cache.kept_cells()
+        kept.kept_bytes = cache.kept_bytes()
     return cache
 
 
@@ -104,3 +106,20 @@ def pieces_under(make_policy, kept: Kept):
             saturated.append(cache.saturated())
 
     return pieces
+
+
+def policy_answer(model: Model, tokenizer, prompt, task: str, spec, kernel, policy, kept: Kept,
+                  ubatch=None, tile_kv=None) -> str:  # fmt: skip
+    """A retrieval prompt's greedy answer under a policy, as kvpress asks it: the instruction
+    and the haystack (prompt.haystack's end) are the context, compressed; the question and
+    the answer's start are never compressed; greedy decoding follows (a decode policy keeps
+    evicting)."""
+    end = prompt.haystack[1]
+    capacity = len(prompt.tokens) + prompt.gen_tokens
+    cache = compressed(model, spec, policy, prompt.tokens[:end], capacity, kernel, ubatch, tile_kv,
+                       kept)  # fmt: skip
+    text = retrieval.greedy_answer(
+        model, cache, tokenizer, replace(prompt, tokens=prompt.tokens[end:]), task, ubatch
+    )
+    kept.policy_s += cache.policy_s
+    return text
