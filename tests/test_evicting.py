@@ -85,3 +85,35 @@ def test_kept_bytes_by_hand(tiny):
     # 8 cells x 2 heads x 2 layers, K and V; q8_0 at head_dim 64: 2 blocks of 34 bytes a row
     assert cache.kept_bytes() == 8 * 2 * 2 * 2 * (2 * 34)
     assert cache.held_bytes() == cache.kept_bytes()
+
+
+@pytest.fixture(scope="module")
+def tiny_gemma(tmp_path_factory):
+    """gemma3_text, layers 0-2 a sliding window of 8 positions, layer 3 global."""
+    from tiny_model import write_random_mlx_dir
+
+    path = write_random_mlx_dir(tmp_path_factory.mktemp("g") / "g", "gemma3_text", n_layers=4)
+    return load_model(path)
+
+
+def test_a_windowed_model_keeps_its_rings_and_the_policy_selects_the_global_layer(tiny_gemma):
+    """Window layers attend as the plain windowed cache (nothing selected there); the global
+    layer keeps what the policy selects; keep-all equals the plain cache's logits."""
+    toks = TOKS[:20]
+    pol = P.make("knorm", P.Budget(compression_ratio=0.0))
+    cache = make_policy_cache(CacheSpec("fp32"), tiny_gemma, 24, "reference", pol, max_step=8)
+    prefill(tiny_gemma, cache, toks[:16], 8)
+    cache.compress()
+    got = forward(tiny_gemma, mx.array([toks[16:]]), cache)
+    plain = make_cache(CacheSpec("fp32"), tiny_gemma.config, 24, "reference", max_step=8)
+    prefill(tiny_gemma, plain, toks[:16], 8)
+    want = forward(tiny_gemma, mx.array([toks[16:]]), plain)
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-4)
+    pos = kept_positions(tiny_gemma, toks[:16], P.make("knorm", P.Budget(kv_budget=5)), ubatch=8)
+    h = tiny_gemma.config.n_kv_heads
+    assert [p.shape for p in pos] == [(h, 0)] * 3 + [(h, 5)]
+    half = make_policy_cache(CacheSpec("fp16"), tiny_gemma, 24, "reference",
+                             P.make("knorm", P.Budget(kv_budget=5)), max_step=8)  # fmt: skip
+    prefill(tiny_gemma, half, toks[:16], 8)
+    half.compress()
+    assert half.kept_cells() == [[8] * h] * 3 + [[5] * h]  # rings: window 8, no sinks

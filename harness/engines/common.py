@@ -357,8 +357,12 @@ def policy_kv_bytes(case: Case, spec, n: int | None = None) -> int:
     the tokens compressed (default: a quality chunk's context half)."""
     c = model_of(case.model)[0].config
     n = suite_policy.compressed_tokens(case) if n is None else n
-    cells = sum(policies.planned_cells(policy_of(case), n, c.n_layers, c.n_kv_heads))
+    per_layer = policies.planned_cells(policy_of(case), n, c.n_layers, c.n_kv_heads)
+    windows = c.windows or (None,) * c.n_layers  # a window layer keeps its own ring's positions
+    rings = {i: min(n, w[0] + w[1]) * c.n_kv_heads for i, w in enumerate(windows) if w}
+    cells = sum(rings.get(i, x) for i, x in enumerate(per_layer))
+    scored = sum(x for i, x in enumerate(per_layer) if i not in rings)
     kf, vf = spec.formats()
     fixed = (kf.tensor_bytes(c.n_kv_heads) + vf.tensor_bytes(c.n_kv_heads)) * c.n_layers
-    state = 4 * cells if case.policy == "h2o" else 0
+    state = 4 * scored if case.policy == "h2o" else 0
     return kf.nbytes(cells, c.head_dim) + vf.nbytes(cells, c.head_dim) + fixed + state

@@ -73,7 +73,7 @@ def compressed(
     kept: Kept,
 ):
     """A policy cache holding `context` compressed (its cells and bytes noted in `kept`)."""
-    cache = make_policy_cache(spec, model, capacity, kernel, policy, tile_kv)
+    cache = make_policy_cache(spec, model, capacity, kernel, policy, tile_kv, ubatch)
     prefill(model, cache, context, ubatch)
     cache.compress()
     if not kept.context_tokens:  # the row states the first chunk's or prompt's

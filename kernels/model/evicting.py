@@ -25,7 +25,7 @@ import numpy as np
 from kvbench.kernels.attention.registry import KERNELS
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.formats.rotation import rotate
-from kvbench.kernels.model.cache import LayerFormats, attend_kernel, check_kernel
+from kvbench.kernels.model.cache import LayerFormats, WindowCache, attend_kernel, check_kernel
 from kvbench.kernels.model.protocol import Observation
 
 
@@ -113,7 +113,7 @@ class EvictingCache:
         first, adds to policy_s (the policy's own cost beside the passes)."""
         mx.eval(self.arrays())
         t0 = time.perf_counter()
-        for layer in range(self.n_layers):
+        for layer in self.layers():
             last = self.last[layer]  # the layer's last pass, over the cells held now
             kd, vd = self.dense(layer, mx.float32)
             pos = self.pos[layer][:, : self.cells[layer]].copy()
@@ -122,6 +122,10 @@ class EvictingCache:
         mx.eval(self.arrays())
         self.policy_s += time.perf_counter() - t0
         self.compressed = True
+
+    def layers(self) -> list[int]:
+        """The layers whose cells the policy selects."""
+        return list(range(self.n_layers))
 
     def keep(self, layer: int, keep: np.ndarray) -> None:
         """Gather each head's kept cells (bool [Hkv, cells]) to the front, in cell order."""
@@ -186,10 +190,71 @@ def ropes_of(model) -> list | None:
     return ropes if ropes and all(r is not None for r in ropes) else None
 
 
-def make_policy_cache(spec, model, capacity: int, kernel: str, policy, tile_kv=None):
-    """An EvictingCache for `model` (kernels/model/load.py Model) asking `policy`."""
-    if any(getattr(model.config, "windows", None) or ()):
-        raise ValueError(
-            "a cache policy on a model with sliding-window layers is not supported yet"
-        )
+class WindowedEvictingCache(EvictingCache):
+    """A model with sliding-window layers (Gemma 3) under a policy: its window layers keep
+    their own rings (cache.py WindowCache: the model's sinks + window at every write, never
+    asked), its global layers the cells the policy selects. kept_cells counts a window layer's
+    visible positions, min(n, window + sinks), as the model's byte formula does."""
+
+    def __init__(
+        self, spec, config, capacity, kernel, policy, ropes, windows, max_step, tile_kv=None
+    ):
+        super().__init__(spec, config, capacity, kernel, policy, ropes, tile_kv)
+        h, d = config.n_kv_heads, config.head_dim
+        self.rings = {i: WindowCache(spec, h, d, w[0], w[1], max_step, kernel, tile_kv)
+                      for i, w in enumerate(windows) if w}  # fmt: skip
+        for i in self.rings:  # the policy's arrays for a window layer: none
+            self.k[i] = self.v[i] = {}
+            self.pos[i] = np.full((h, 0), -1, np.int64)
+
+    def write(self, layer: int, k, v) -> None:
+        if layer in self.rings:
+            return self.rings[layer].write(0, k, v)
+        super().write(layer, k, v)
+
+    def read(self, layer: int, q, scale: float) -> mx.array:
+        if layer in self.rings:
+            return self.rings[layer].read(0, q, scale)
+        return super().read(layer, q, scale)
+
+    def advance(self, n: int) -> None:
+        for ring in self.rings.values():
+            ring.advance(n)
+        super().advance(n)
+
+    def layers(self):
+        return [i for i in range(self.n_layers) if i not in self.rings]
+
+    def kept_cells(self) -> list[list[int]]:
+        out = super().kept_cells()
+        for i, r in self.rings.items():  # the positions a ring layer shows the next query
+            out[i] = [min(self.offset, r.ring.window + r.ring.sinks)] * self.pos[i].shape[0]
+        return out
+
+    def mark(self):
+        return super().mark(), [r.mark() for r in self.rings.values()]
+
+    def rewind(self, mark) -> None:
+        mine, rings = mark
+        super().rewind(mine)
+        for r, m in zip(self.rings.values(), rings):
+            r.rewind(m)
+
+    def arrays(self) -> list[mx.array]:
+        return super().arrays() + [a for r in self.rings.values() for a in r.arrays()]
+
+    def held_bytes(self) -> int:
+        return super().held_bytes() + sum(r.held_bytes() for r in self.rings.values())
+
+    def saturated(self) -> int:
+        return super().saturated() + sum(r.saturated() for r in self.rings.values())
+
+
+def make_policy_cache(spec, model, capacity: int, kernel: str, policy, tile_kv=None, max_step=None):
+    """An EvictingCache for `model` (kernels/model/load.py Model) asking `policy`; a model with
+    sliding-window layers keeps their rings (max_step: the most tokens one pass writes)."""
+    windows = getattr(model.config, "windows", None) or ()
+    if any(windows):
+        return WindowedEvictingCache(spec, model.config, capacity, kernel, policy, ropes_of(model),
+                                     windows, max_step or capacity, tile_kv)  # fmt: skip
     return EvictingCache(spec, model.config, capacity, kernel, policy, ropes_of(model), tile_kv)
