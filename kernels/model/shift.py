@@ -169,7 +169,9 @@ class ShiftCache:
                              "for K and V, per-token, no sinks, window or residual")  # fmt: skip
         self.inner, self.cells, self.ropes, self.div_sign = inner, Cells(), ropes, div_sign
         self.interleaved = inner.spec.k_order == "gguf"
-        if self.interleaved and any(d != inner.kv.keys[0]["data"].shape[-1] for d, _, _ in ropes):
+        head = {n: a[:, :, :1] for n, a in inner.kv.keys[0].items()}  # one cell: its width
+        head_dim = inner.fmt.decode(head, mx.float32).shape[-1]  # (packed formats: not data's)
+        if self.interleaved and any(d != head_dim for d, _, _ in ropes):
             raise ValueError("k_order gguf with a partial RoPE: not built")
         # cells removed, keys re-rotated (x layers), K-shifts applied, context shifts made
         self.counts = {"removed": 0, "rotated": 0, "kshifts": 0, "context_shifts": 0}
