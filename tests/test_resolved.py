@@ -180,6 +180,8 @@ NBYTES_CALLS = {
     "kernels/model/spec.py": "a real model's cache: fp16 sinks and residual beside the format",
     "kernels/model/cache.py": "a real model's residual window, flushed in groups",
     "kernels/model/evicting.py": "a cache policy's kept cells, each in its format",
+    "harness/engines/common.py": "a cache policy's planned kept cells (policy_kv_bytes), each in "
+    "its format",
 }
 
 

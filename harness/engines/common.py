@@ -45,6 +45,7 @@ from kvbench.suite import policy as suite_policy
 from kvbench.suite import resolved
 from kvbench.suite.cache_spec import rotation_blocks
 from kvbench.suite.model_plan import PREFILL_UBATCH
+from kvbench.suite.resolved import Resolved
 
 UBATCH = PREFILL_UBATCH  # prefill micro-batch (llama.cpp's default n_ubatch): a window ring holds
 # window + sinks + UBATCH - 1 cells (kernels/stores/window.py), not window + the whole prefill
@@ -350,7 +351,7 @@ def policy_of(case: Case):
     return policies.make(case.policy, budget, **params)
 
 
-def policy_kv_bytes(case: Case, spec, n: int | None = None) -> int:
+def policy_kv_bytes(case: Case, r: Resolved, n: int | None = None) -> int:
     """Exact bytes of the compressed context (the row's kv_bytes for a policy): the planned
     cells' K and V in their formats, each layer's per-tensor scales, and h2o's float32 score
     per kept cell; the run's kept_bytes (measured from the cache's cells) must equal it. n:
@@ -362,7 +363,7 @@ def policy_kv_bytes(case: Case, spec, n: int | None = None) -> int:
     rings = {i: min(n, w[0] + w[1]) * c.n_kv_heads for i, w in enumerate(windows) if w}
     cells = sum(rings.get(i, x) for i, x in enumerate(per_layer))
     scored = sum(x for i, x in enumerate(per_layer) if i not in rings)
-    kf, vf = spec.formats()
+    kf, vf = r.k_fmt, r.v_fmt  # the case resolved (suite/resolved.py)
     fixed = (kf.tensor_bytes(c.n_kv_heads) + vf.tensor_bytes(c.n_kv_heads)) * c.n_layers
     state = 4 * scored if case.policy == "h2o" else 0
     return kf.nbytes(cells, c.head_dim) + vf.nbytes(cells, c.head_dim) + fixed + state

@@ -128,7 +128,7 @@ def quality_state(case: Case, r: Resolved) -> State:
 
     kv_bytes, bits = common.model_kv_bytes(case, r.spec), common.model_bits_per_elem(case, r.spec)
     if case.policy != "none":  # bits per element of the context's K/V, as kept
-        kv_bytes = common.policy_kv_bytes(case, r.spec)
+        kv_bytes = common.policy_kv_bytes(case, r)
         c = model.config
         bits = (
             8

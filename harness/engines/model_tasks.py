@@ -151,7 +151,7 @@ def policy_bytes(case: Case, r: Resolved) -> tuple[int, float]:
     key = (case.model, case.task, case.context_len, case.depth, case.trials, case.seed)
     n = common.prompts_of(*key)[0].haystack[1]
     c = common.model_of(case.model)[0].config
-    kv_bytes = common.policy_kv_bytes(case, r.spec, n)
+    kv_bytes = common.policy_kv_bytes(case, r, n)
     return kv_bytes, 8 * kv_bytes / (2 * c.n_layers * c.n_kv_heads * c.head_dim * n)
 
 
