@@ -10,7 +10,7 @@ import pytest
 
 from kvbench.case import Case
 from kvbench.kernels.model.spec import CacheSpec, kv_bytes
-from kvbench.kernels.stores.footprint import layer_positions
+from kvbench.kernels.stores.footprint import layer_cells
 from kvbench.suite import plan
 from kvbench.suite.cache_spec import spec_of
 from kvbench.suite.presets import PRESETS
@@ -27,10 +27,10 @@ def test_gemma_preset_has_its_window_layers():
 
 @pytest.mark.parametrize("ctx,want", [(8192, [512] * 5 + [8192]), (300, [300] * 6)])
 def test_layer_positions(ctx, want):
-    assert layer_positions(ctx, GEMMA.windows, 18) == want * 3
-    assert layer_positions(ctx, (), 4) == [ctx] * 4
+    assert layer_cells(ctx, GEMMA.windows, 18) == want * 3
+    assert layer_cells(ctx, (), 4) == [ctx] * 4
     with pytest.raises(ValueError, match="3 layer windows for 4 layers"):
-        layer_positions(ctx, (None,) * 3, 4)
+        layer_cells(ctx, (None,) * 3, 4)
 
 
 @pytest.mark.parametrize(

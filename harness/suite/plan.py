@@ -16,7 +16,7 @@ are one prompt shared by all:
 bytes = 2 (K, V) x n_layers x cells x n_kv_heads x bytes_per_row(head_dim); a model with
 sliding-window layers (Gemma 3: 15 of 18 layers a 512-position window), per-stream, counts each
 layer at its own positions: a window layer holds min(context, window + sinks)
-(kernels/stores/footprint.py layer_positions), as the model engine's rows count them.
+(kernels/stores/footprint.py layer_cells), as the model engine's rows count them.
 `--budget` inverts that: the longest context whose cache (block tables included) fits, found by
 search over the context (every layout's bytes grow monotonically with it); a window's bytes do
 not grow, so a ring that fits fits any context.

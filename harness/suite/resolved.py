@@ -29,7 +29,7 @@ from kvbench.case import Case
 from kvbench.kernels.stores.footprint import (
     LayoutArgs,
     cache_bytes,
-    layer_positions,
+    layer_cells,
     layout_counts,
 )
 from kvbench.suite.cache_spec import MODEL_PHASES, format_of, spec_of, v_format_of
@@ -79,12 +79,12 @@ def of_shape(
 ) -> Resolved:
     """The Resolved of a shape (a Case's, or `kvbench plan`'s): query_len 1 for a decode step,
     the context for prefill; `windows` (per-stream): a model's sliding-window layers, each
-    layer counted at its own positions (kernels/stores/footprint.py layer_positions)."""
+    layer counted at its own positions (kernels/stores/footprint.py layer_cells)."""
     counts = layout_counts(layout, n_seqs, context_len, la)
     cells, table = counts["cells"], counts.get("block_table_bytes", 0)
     per_layer = None
     if windows and layout == "per-stream":
-        per_layer = tuple(n_seqs * p for p in layer_positions(context_len, windows, n_layers))
+        per_layer = tuple(n_seqs * p for p in layer_cells(context_len, windows, n_layers))
     shape = {"n_layers": n_layers, "n_kv_heads": n_kv_heads, "head_dim": head_dim}
     total = cache_bytes(k_fmt, v_fmt, layout, n_seqs, context_len, la, windows=windows, **shape)
     layer_elems = cells * n_kv_heads * head_dim  # K (or V) elements of one layer

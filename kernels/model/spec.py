@@ -20,7 +20,7 @@ import mlx.core as mx
 from kvbench.kernels.formats.fp8 import KINDS as FP8_KINDS
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.formats.rotation import K_ORDERS, ROTATIONS, block_size, gguf_order, rotate
-from kvbench.kernels.stores.footprint import layer_positions
+from kvbench.kernels.stores.footprint import layer_cells
 
 AXES = ("token", "channel")
 
@@ -174,10 +174,10 @@ def kv_bytes(
     """Exact bytes of the K and V a spec holds after n_tokens (data, scales, biases, fp16
     sinks and residual), over every layer, KV head and sequence, plus each layer's per-tensor
     scales (FP8); each layer at the positions it holds (`windows`: a sliding-window layer
-    min(n_tokens, window + sinks), kernels/stores/footprint.py layer_positions)."""
+    min(n_tokens, window + sinks), kernels/stores/footprint.py layer_cells)."""
     kf, vf = spec.formats()
     total = 0
-    for n, layers in Counter(layer_positions(n_tokens, windows, n_layers)).items():
+    for n, layers in Counter(layer_cells(n_tokens, windows, n_layers)).items():
         per = stream_bytes(spec, kf, spec.k_axis == "channel", n, head_dim)
         total += layers * (per + stream_bytes(spec, vf, False, n, head_dim))
     fixed = kf.tensor_bytes(n_kv_heads) + vf.tensor_bytes(n_kv_heads)

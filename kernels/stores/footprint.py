@@ -52,23 +52,22 @@ def kv_bytes(fmt, cells: int, *, n_layers: int, n_kv_heads: int, head_dim: int) 
     return n_layers * layer_kv_bytes(fmt, fmt, cells, n_kv_heads=n_kv_heads, head_dim=head_dim)
 
 
-def layer_positions(ctx: int, windows: tuple, n_layers: int) -> list[int]:
-    """Positions each layer of a model holds after ctx tokens. `windows`: per layer None (the
-    layer keeps its whole context) or (window, sinks) (a sliding-window layer: kernels/model/
-    cache.py WindowCache, mlx-lm's RotatingKVCache), which holds min(ctx, window + sinks);
-    empty: every layer keeps its whole context."""
+def layer_cells(ctx: int, windows: tuple, n_layers: int, max_step: int | None = None) -> list[int]:
+    """Cells of each layer of a model after ctx tokens, the one count of them: a layer that keeps
+    its whole context holds ctx; a sliding-window layer (window, sinks: kernels/model/cache.py
+    WindowCache, mlx-lm's RotatingKVCache) holds min(ctx, window + sinks) positions
+    (max_step None), and allocates its ring, sinks + window + max_step - 1 cells, when written
+    at most max_step tokens at a time (kernels/stores/window.py). `windows`: per layer None or
+    (window, sinks); empty: every layer keeps its whole context."""
     if windows and len(windows) != n_layers:
         raise ValueError(f"{len(windows)} layer windows for {n_layers} layers")
-    return [ctx if w is None else min(ctx, w[0] + w[1]) for w in windows or (None,) * n_layers]
 
+    def one(w) -> int:
+        if w is None:
+            return ctx
+        return min(ctx, w[0] + w[1]) if max_step is None else w[1] + w[0] + max_step - 1
 
-def layer_cells(ctx: int, windows: tuple, n_layers: int, max_step: int) -> list[int]:
-    """Cells each layer of a model allocates for ctx positions written at most max_step at a
-    time: ctx for a layer that keeps its whole context, the ring of a sliding-window layer
-    (window, sinks) otherwise: sinks + window + max_step - 1 (kernels/stores/window.py)."""
-    if windows and len(windows) != n_layers:
-        raise ValueError(f"{len(windows)} layer windows for {n_layers} layers")
-    return [ctx if w is None else w[1] + w[0] + max_step - 1 for w in windows or (None,) * n_layers]
+    return [one(w) for w in windows or (None,) * n_layers]
 
 
 def layer_kv_bytes(k_fmt, v_fmt, cells: int, *, n_kv_heads: int, head_dim: int) -> int:
@@ -89,7 +88,7 @@ def cache_bytes(
     counts = layout_counts(layout, n_seqs, ctx, la)
     cells = [counts["cells"]] * n_layers
     if windows and layout == "per-stream":
-        cells = [n_seqs * p for p in layer_positions(ctx, windows, n_layers)]
+        cells = [n_seqs * p for p in layer_cells(ctx, windows, n_layers)]
     one = {"n_kv_heads": n_kv_heads, "head_dim": head_dim}
     kv = sum(layer_kv_bytes(k_fmt, v_fmt, c, **one) for c in cells)
     return kv + counts.get("block_table_bytes", 0)
