@@ -84,3 +84,12 @@ def test_eta_is_shown_from_the_first_case_and_weighted_by_cost():
     assert p.eta_s() == pytest.approx(50.0 / 100 * 2)  # the slow case is done: 1 s left
     plain = Progress(2, stream=io.StringIO(), clock=clock)
     assert plain.eta_s() is None  # no estimate: the first case sets it
+
+
+def test_without_a_speed_the_first_quality_case_carries_the_reference():
+    from kvbench.run.estimate import relative_costs
+
+    cases = cases_of("--model", "smollm2-135m", "--phase", "quality", "--kv-dtype",
+                     "fp16,q8_0,q4_0", "--context", "2k")  # fmt: skip
+    assert relative_costs(cases) == [8.0, 4.0, 4.0]  # 4 passes each, the reference's 4 first
+    assert relative_costs(cases_of("--model", "tiny", "--context", "64")) is None  # timed

@@ -87,3 +87,24 @@ def estimate(cases, settings, out_dir: str | Path) -> tuple[float | None, list[s
     if any(s is None for s in each):
         return None, notes
     return sum(each) + reference_seconds(cases, per_pass), notes
+
+
+def relative_costs(cases) -> list[float] | None:
+    """Without a measured speed, model-phase cases weighed against each other in forward
+    passes, the first quality case of each reference carrying the reference's passes (it
+    computes it: the first of six cases took twice the others' time); None when timed cases
+    are among them (seconds and passes do not add)."""
+    if any(c.phase not in MODEL_PHASES for c in cases):
+        return None
+    seen, out = set(), []
+    for c in cases:
+        own = forward_passes(c)
+        key = (c.model, c.text, c.context_len, c.chunks)
+        ref = (
+            own
+            if c.phase != "quality"
+            else (0 if key in seen else c.chunks * math.ceil(c.context_len / PREFILL_UBATCH))
+        )
+        seen.add(key)
+        out.append(float(own + ref))
+    return out

@@ -128,14 +128,16 @@ def _run_cases(suite: Suite, cases: list[Case], writer: ResultsWriter, ctx: dict
 def _progress(runs: dict, settings: Settings, writer) -> Progress:
     """The progress line, its ETA weighted by each case's estimate (run/estimate.py; the last
     run's speed of a model in this output directory) and shown from the first case on."""
-    from kvbench.run.estimate import case_seconds, estimate, pass_seconds
+    from kvbench.run.estimate import case_seconds, estimate, pass_seconds, relative_costs
 
     cases = [r.case for r in runs.values()]
     out = writer.csv_path.parent
     per_pass = {c.model: pass_seconds(out, c.model) for c in cases}
     each = [case_seconds(c, settings, per_pass) for c in cases]
+    if None in each:  # a model's speed unknown: its cases weighed in forward passes
+        each = relative_costs(cases)
     steps = (
-        [] if None in each else [s / settings.rounds for _ in range(settings.rounds) for s in each]
+        [] if each is None else [s / settings.rounds for _ in range(settings.rounds) for s in each]
     )
     total_s, _ = estimate(cases, settings, out)
     return Progress(len(runs) * settings.rounds, stream=sys.stderr, weights=steps or None,
