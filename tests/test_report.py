@@ -248,11 +248,12 @@ def test_quality_points_keep_kvbench_and_llama_cpp_apart_with_their_pareto_front
 
 def _title_geometry(fig):
     """(rows of subplot titles' y, the smallest gap in px between panel rows, title lines)."""
-    from kvbench.report.common import PAGE_PLOT_PX, TITLE_CHAR_PX
+    from kvbench.report.common import LEGEND_PX, PAGE_PLOT_PX, TITLE_CHAR_PX
 
     titles = [a for a in fig.layout.annotations if a.yanchor == "bottom" and a.yref == "paper"]
     ncol = len({round(a.x, 3) for a in titles})
-    width_chars = PAGE_PLOT_PX / ncol / TITLE_CHAR_PX
+    width_chars = (PAGE_PLOT_PX - LEGEND_PX) / ncol / TITLE_CHAR_PX
+    assert all(a.font.size is None or a.font.size <= 12 for a in titles)
     domains = sorted({tuple(fig.layout[k].domain) for k in fig.layout if k.startswith("yaxis")
                       and fig.layout[k].domain}, reverse=True)  # fmt: skip
     plot_px = fig.layout.height - fig.layout.margin.t - fig.layout.margin.b

@@ -83,6 +83,7 @@ def gqa_facet(d: pd.DataFrame) -> pd.Series:
 
 PAGE_PLOT_PX = 1300  # a plot's width on the page (body max-width 1400 px less margins)
 TITLE_CHAR_PX = 7.0  # a subplot title's character at font size 12, generously
+LEGEND_PX = 220  # a legend at the plot's right
 TITLE_LINE_PX = 16
 TICKS_PX = 34  # an x axis's tick labels below a panel, and a little air
 
@@ -98,11 +99,13 @@ def fit_titles(fig: go.Figure, height: int) -> int:
     if not titles or not domains:
         return height
     ncol = max(1, len({round(a.x, 3) for a in titles}))
-    chars = max(12, int(PAGE_PLOT_PX / ncol * 0.92 / TITLE_CHAR_PX))
+    # the legend takes the plot's right side (LEGEND_PX); titles at one size, 12 px
+    chars = max(12, int((PAGE_PLOT_PX - LEGEND_PX) / ncol * 0.9 / TITLE_CHAR_PX))
     lines = 1
     for a in titles:
         wrapped = wrap_title(a.text, chars)
         a.text, lines = wrapped, max(lines, wrapped.count("<br>") + 1)
+        a.font.size = 12
     gaps = [up[0] - low[1] for up, low in zip(domains, domains[1:]) if up[0] > low[1]]
     need_px = lines * TITLE_LINE_PX + TICKS_PX
     fig.update_layout(margin={"t": max(40, lines * TITLE_LINE_PX + 16)})
