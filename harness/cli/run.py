@@ -108,7 +108,7 @@ def _run(args) -> int:
         from kvbench.run.estimate import estimate
 
         total_s, notes = estimate(cases, st, args.out)
-        if total_s is not None:
+        if total_s is not None and notes:  # notes: model phases (timed ones: the floor above)
             print(f"estimated {total_s / 60:,.1f} min in all (timed cases at their floor; model "
                   "phases at the last run's speed):")  # fmt: skip
         for note in notes:
