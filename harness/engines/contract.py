@@ -1,8 +1,9 @@
 """The contract between the runner and an engine (the code that builds and runs one case).
 
 An Engine declares which cases it claims, why it would skip one on a backend, and how it builds
-one. `build(case)` returns a State: named timed stages (plain functions returning the arrays to
-evaluate; "step" is the case's headline time, other stages such as "write", "attend" or "mask"
+one. `build(case, resolved)` (handed the case resolved once: `carrying`) returns a State:
+named timed stages (plain functions returning the arrays to evaluate; "step" is the case's
+headline time, other stages such as "write", "attend" or "mask"
 are timed on their own beside it), a `check()` that runs the parity gate and returns the
 accuracy fields, the engine's byte model of one step (traffic, kv_bytes), the case axes as they
 actually ran (`effective`, e.g. the tile a null tile_kv meant), and what it measured while

@@ -1,7 +1,7 @@
 """The sharded engine: one decode step with the KV cache spread over `shards` ranks.
 
 The process boundary. MLX's collectives need one process per rank, started by MLX's launcher
-(`mlx.launch`), so the ranks cannot live in the suite's process. `build(case)` prepares no
+(`mlx.launch`), so the ranks cannot live in the suite's process. `build(case, r)` prepares no
 arrays: it returns a State whose `job` the runner calls once per round with each stage's timer
 arguments. The job writes them with the case to a JSON spec in a temporary folder and runs
 
