@@ -296,3 +296,15 @@ def test_retrieval_under_a_policy_compresses_the_haystack_not_the_question(tiny,
     assert 0 < n < len(p.tokens) and row["context_tokens"] == n
     assert row["kept_cells"] == 2 * 2 * int(n * 0.5)  # 2 layers x 2 KV heads
     assert row["kept_bytes"] == state.kv_bytes and row["n_trials"] == 1
+
+
+def test_generate_under_a_policy_compresses_the_chunk_before_generation(tiny):
+    """The chunk but its last token compressed to half; greedy generation follows; the row's
+    bytes are the kept context's (kept_bytes = kv_bytes, the plan)."""
+    c = case(phase="generate", context_len=32, gen_tokens=4, policy="knorm",
+             compression_ratio=0.5)  # fmt: skip
+    state = carrying(engine.build)(c)
+    row = state.check()
+    assert row["context_tokens"] == 31 and row["kept_cells"] == 2 * 2 * 15
+    assert row["kept_bytes"] == state.kv_bytes and row["gen_tokens_scored"] == 4
+    assert 0 <= row["gen_agree"] <= 1 and row["policy_s"] > 0

@@ -145,11 +145,12 @@ def retrieval_state(case: Case, r: Resolved) -> State:
                  effective={**common.model_effective(case), **fields})  # fmt: skip
 
 
-def policy_bytes(case: Case, r: Resolved) -> tuple[int, float]:
-    """A policy row's kv_bytes and bits per element: the first prompt's compressed haystack
-    (the row's kept_* fields are that prompt's too)."""
-    key = (case.model, case.task, case.context_len, case.depth, case.trials, case.seed)
-    n = common.prompts_of(*key)[0].haystack[1]
+def policy_bytes(case: Case, r: Resolved, n: int | None = None) -> tuple[int, float]:
+    """A policy row's kv_bytes and bits per element of the n tokens compressed (default: the
+    first prompt's haystack; the row's kept_* fields are that prompt's too)."""
+    if n is None:
+        key = (case.model, case.task, case.context_len, case.depth, case.trials, case.seed)
+        n = common.prompts_of(*key)[0].haystack[1]
     c = common.model_of(case.model)[0].config
     kv_bytes = common.policy_kv_bytes(case, r, n)
     return kv_bytes, 8 * kv_bytes / (2 * c.n_layers * c.n_kv_heads * c.head_dim * n)
@@ -170,17 +171,27 @@ def generate_state(case: Case, r: Resolved) -> State:
         model = common.windowed(common.model_of(case.model)[0], case)
         chunks, refs, ref_s = generate_reference(case.model, case.text, case.context_len,
                                                  case.chunks, case.gen_tokens)  # fmt: skip
+        kept, cache_of, settle = compress.Kept(), None, None
+        if case.policy != "none":  # each chunk but its last token compressed, then generation
+            cache_of, settle = compress.generate_cache_of(
+                model, r.spec, lambda: common.policy_of(case), kept, case.kernel, UBATCH,
+                case.tile_kv)  # fmt: skip
         with meter.metered() as m:
             row = generate.generate_error(
                 model, chunks, refs, r.spec, case.gen_tokens, case.kernel, case.tile_kv,
-                case.quantized_kv_start, UBATCH,
+                case.quantized_kv_start, UBATCH, cache_of,
             )  # fmt: skip
+        if settle is not None:
+            settle()
+            row |= kept.fields()
         bos = common.chunk_bos(case.model) is not None
         return {**row, **m.fields(), "ref_wall_s": ref_s, "chunk_bos": bos,
                 "ubatch": common.ubatch_of(case)}  # fmt: skip
 
-    return State({}, check, traffic=(0, 0), kv_bytes=common.model_kv_bytes(case, r.spec),
-                 bits_per_elem=common.model_bits_per_elem(case, r.spec),
+    kv_bytes, bits = common.model_kv_bytes(case, r.spec), common.model_bits_per_elem(case, r.spec)
+    if case.policy != "none":
+        kv_bytes, bits = policy_bytes(case, r, case.context_len - 1)
+    return State({}, check, traffic=(0, 0), kv_bytes=kv_bytes, bits_per_elem=bits,
                  effective=common.model_effective(case))  # fmt: skip
 
 

@@ -10,7 +10,11 @@ from kvbench.case import Case
 from kvbench.errors import SuiteError
 from kvbench.kernels.attention.registry import KERNELS
 
-PHASES = ("quality", "retrieval")  # the phases whose engines compress (engines/model*.py)
+PHASES = (
+    "quality",
+    "retrieval",
+    "generate",
+)  # the phases whose engines compress (engines/model*.py)
 AXES = ("compression_ratio", "kv_budget", "n_sink", "obs_window", "kernel_size", "scorer")
 DEFAULTS = {"compression_ratio": 0.0, "kv_budget": None, "n_sink": 4, "obs_window": 64,
             "kernel_size": 5, "scorer": "snapkv"}  # fmt: skip
@@ -30,7 +34,10 @@ SPEC_AXES = {"v_dtype": None, "k_axis": "token", "sink_tokens": 0, "recent_token
 
 def compressed_tokens(case: Case) -> int:
     """Positions the policy compresses: the context half of a quality chunk (the second half,
-    scored, is the continuation), the prompt elsewhere."""
+    scored, is the continuation), a generate chunk but its last token, at most the prompt in
+    retrieval (its haystack's end)."""
+    if case.phase == "generate":  # a chunk but the token generation starts from
+        return case.context_len - 1
     return case.context_len // 2 if case.phase == "quality" else case.context_len
 
 

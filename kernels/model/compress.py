@@ -123,3 +123,28 @@ def policy_answer(model: Model, tokenizer, prompt, task: str, spec, kernel, poli
     )
     kept.policy_s += cache.policy_s
     return text
+
+
+def generate_cache_of(model: Model, spec, make_policy, kept: Kept, kernel, ubatch=None,
+                      tile_kv=None):  # fmt: skip
+    """generate.generate_error's cache_of under a policy: the prompt but its last token (what
+    free_run prefills) is the context, compressed when it is held; generation follows over
+    the kept cells (a decode policy keeps evicting). Each cache's cells and bytes go to
+    `kept` (the first prompt's) and its cost once the run ends (cache.policy_s, read by
+    `settle`)."""
+    made = []
+
+    def cache_of(prompt: list[int], capacity: int):
+        cache = make_policy_cache(spec, model, capacity, kernel, make_policy(), tile_kv, ubatch)
+        cache.compress_at = len(prompt) - 1
+        made.append(cache)
+        return cache
+
+    def settle() -> None:
+        for cache in made:
+            kept.policy_s += cache.policy_s
+        first = made[0]
+        kept.context_tokens, kept.cells = first.compress_at, first.kept_cells_at
+        kept.kept_bytes = first.kept_bytes_at
+
+    return cache_of, settle

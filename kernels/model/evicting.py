@@ -51,6 +51,7 @@ class EvictingCache:
         self.rot, self.spec, self.policy = spec.rot(d), spec, policy
         self.ropes, self.n_layers, self.compressed = ropes, n, False
         self.head_dim, self.policy_s = d, 0.0
+        self.compress_at: int | None = None  # compress once when this many positions are held
 
     def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
         self.write(layer, k, v)
@@ -106,6 +107,8 @@ class EvictingCache:
         self.offset += n
         if self.compressed and self.policy.decode:
             self.compress()
+        elif not self.compressed and self.offset == self.compress_at:
+            self.compress()  # the context's end, set by the caller (compress.py)
 
     def compress(self) -> None:
         """Every layer keeps the cells the policy selects (the end of the context's prefill;
@@ -121,6 +124,8 @@ class EvictingCache:
             self.keep(layer, self.policy.select(obs))
         mx.eval(self.arrays())
         self.policy_s += time.perf_counter() - t0
+        if not self.compressed:  # what the context kept (decode policies hold it since)
+            self.kept_cells_at, self.kept_bytes_at = self.kept_cells(), self.kept_bytes()
         self.compressed = True
 
     def layers(self) -> list[int]:

@@ -157,20 +157,35 @@ def reference(model, prompt: list[int], n_new: int, ubatch=None) -> tuple[list[i
 
 
 def generate_error(
-    model, prompts, refs, spec, n_new: int, kernel="reference", tile_kv=None, start=0, ubatch=None
+    model,
+    prompts,
+    refs,
+    spec,
+    n_new: int,
+    kernel="reference",
+    tile_kv=None,
+    start=0,
+    ubatch=None,
+    cache_of=None,
 ) -> dict:
     """gen_first_diverge (mean over prompts), gen_first_diverge_min, gen_agree, gen_kl_mean,
     gen_kl_max, gen_tokens_scored of `spec` against `refs` (reference() of each prompt); with
-    an FP8 format, kv_saturated over every prompt's free run."""
+    an FP8 format, kv_saturated over every prompt's free run. cache_of(prompt, capacity): the
+    cache each run takes (default: the spec's, fp16 until `start`)."""
+    if cache_of is None:
+
+        def cache_of(prompt, cap):
+            return make_deferred(spec, model.config, cap, kernel, tile_kv, start, ubatch)
+
     diverge, agree, kls, sat = [], [], [], []
     for prompt, (ref_tokens, ref_lps) in zip(prompts, refs):
         cap = len(prompt) + n_new
-        cache = make_deferred(spec, model.config, cap, kernel, tile_kv, start, ubatch)
+        cache = cache_of(prompt, cap)
         tokens, _ = free_run(model, cache, prompt, n_new, ubatch, f"the {spec.label} cache")
         sat.append(cache.saturated())
         diverge.append(first_divergence(tokens, ref_tokens))
         agree.append(np.mean([a == b for a, b in zip(tokens, ref_tokens)]))
-        cache = make_deferred(spec, model.config, cap, kernel, tile_kv, start, ubatch)
+        cache = cache_of(prompt, cap)
         forced = teacher_forced(model, cache, prompt, ref_tokens, ubatch, f"the {spec.label} cache")
         kls.append(kl_along(ref_lps, forced))
     kl = np.concatenate(kls)
