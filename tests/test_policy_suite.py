@@ -26,6 +26,7 @@ BASE = "fixed: {model: smollm2-135m, phase: quality, kernel: reference, context_
     ("compression_ratio: 0.5}", "compression_ratio", "only with a cache policy"),
     ("policy: knorm, compression_ratio: 0.5, v_dtype: int4}", "v_dtype", "one per-token"),
     ("policy: knorm, compression_ratio: 0.5, window: 16}", "window", "not both"),
+    ("policy: knorm, compression_ratio: 0.5, k_order: gguf}", "k_order", "one per-token"),
     ("policy: lru}", "policy", "unknown value"),
 ])  # fmt: skip
 def test_bad_policy_input(write_suite, extra, key, reason):

@@ -29,7 +29,11 @@ TAKES = {  # the axes each policy reads beside its budget
     "expected_attention": ("n_sink",),
     "adakv": ("scorer", *SNAP),
 }
-SPEC_AXES = {"v_dtype": None, "k_axis": "token", "sink_tokens": 0, "recent_tokens": 0}
+# the cache options a policy does not compose with yet: a mixed spec (separate V format, KIVI
+# keys, fp16 regions), and keys stored in another channel order or queries rounded (the
+# policies' scores read keys and queries in the model's own basis)
+SPEC_AXES = {"v_dtype": None, "k_axis": "token", "sink_tokens": 0, "recent_tokens": 0,
+             "k_order": "hf", "q_quant": "none"}  # fmt: skip
 
 
 def compressed_tokens(case: Case) -> int:
