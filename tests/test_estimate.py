@@ -4,6 +4,7 @@ the first case (harness/run/progress.py): figures by hand (issue 44 item 6)."""
 from __future__ import annotations
 
 import io
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -28,7 +29,7 @@ def test_seconds_per_pass_from_the_newest_rows_of_the_model(tmp_path):
          "kernel": "llama.cpp"},  # another program's time: left out
         {"model": "other", "phase": "quality", "context_len": 512, "wall_s": 1.0},
     ])  # fmt: skip
-    assert pass_seconds(tmp_path, "m") == (pytest.approx(88.0 / 8), "r1.csv")
+    assert pass_seconds(tmp_path, "m") == (pytest.approx(88.0 / 8), str(tmp_path / "r1.csv"))
     assert pass_seconds(tmp_path, "nobody") is None
 
 
@@ -50,10 +51,11 @@ def test_model_phases_at_the_last_runs_speed_with_the_reference_once(tmp_path):
                      "--context", "2k")  # fmt: skip
     total, notes = estimate(cases, Settings(rounds=1), tmp_path)
     assert total == pytest.approx(10.0 * (4 + 4 + 4))  # two cases and one reference, 4 passes
-    assert "10.00 s per forward pass, from r1.csv" in notes[0]
+    assert f"10.00 s per forward pass, from {tmp_path / 'r1.csv'}" in notes[0]
 
 
-def test_unknown_speed_is_said_never_guessed(tmp_path):
+def test_unknown_speed_is_said_never_guessed(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)  # no ./results either
     cases = cases_of("--model", "smollm2-135m", "--phase", "quality", "--context", "1k")
     total, notes = estimate(cases, Settings(rounds=1), tmp_path)
     assert total is None and "no earlier run" in notes[0]
@@ -93,3 +95,12 @@ def test_without_a_speed_the_first_quality_case_carries_the_reference():
                      "fp16,q8_0,q4_0", "--context", "2k")  # fmt: skip
     assert relative_costs(cases) == [8.0, 4.0, 4.0]  # 4 passes each, the reference's 4 first
     assert relative_costs(cases_of("--model", "tiny", "--context", "64")) is None  # timed
+
+
+def test_a_new_out_dir_falls_back_to_the_default_results(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "results").mkdir()
+    earlier_run(tmp_path / "results", [{"model": "m", "phase": "quality", "context_len": 512,
+                                        "wall_s": 3.0}])  # fmt: skip
+    (tmp_path / "new").mkdir()
+    assert pass_seconds(tmp_path / "new", "m") == (3.0, str(Path("results") / "r1.csv"))

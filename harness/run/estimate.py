@@ -31,9 +31,21 @@ def _passes_of_row(row) -> int:
     return forward_passes(SimpleNamespace(**fields))
 
 
+DEFAULT_OUT = "results"  # also searched: a first run into a new --out still gets an ETA
+
+
 def pass_seconds(out_dir: str | Path, model: str) -> tuple[float, str] | None:
-    """(seconds per forward pass, the run file) from the newest run in out_dir with ok
-    model-phase rows of `model` that record their wall time; None when there is none."""
+    """(seconds per forward pass, the run file) from the newest run in out_dir (then in
+    ./results) with ok model-phase rows of `model` that record their wall time; None when
+    there is none."""
+    got = _pass_seconds_in(Path(out_dir), model)
+    default = Path(DEFAULT_OUT)
+    if got is None and default.is_dir() and default.resolve() != Path(out_dir).resolve():
+        got = _pass_seconds_in(default, model)
+    return got
+
+
+def _pass_seconds_in(out_dir: Path, model: str) -> tuple[float, str] | None:
     files = [p for p in Path(out_dir).glob("*.csv") if p.name.count(".") == 1]
     for path in sorted(files, key=lambda p: p.stat().st_mtime, reverse=True):
         try:
@@ -48,7 +60,7 @@ def pass_seconds(out_dir: str | Path, model: str) -> tuple[float, str] | None:
                     & (rows["kernel"] != "llama.cpp")]  # fmt: skip
         passes = sum(_passes_of_row(r) for _, r in mine.iterrows())
         if passes:
-            return float(mine["wall_s"].sum()) / passes, path.name
+            return float(mine["wall_s"].sum()) / passes, str(path)
     return None
 
 
@@ -80,7 +92,7 @@ def estimate(cases, settings, out_dir: str | Path) -> tuple[float | None, list[s
     per_pass = {m: pass_seconds(out_dir, m) for m in models}
     notes = []
     for m, got in per_pass.items():
-        notes.append(f"{m}: {got[0]:.2f} s per forward pass, from {got[1]} in {out_dir}"
+        notes.append(f"{m}: {got[0]:.2f} s per forward pass, from {got[1]}"
                      if got else f"{m}: no earlier run in {out_dir} to time its forward "
                      "passes by; the first case's time sets the ETA")  # fmt: skip
     each = [case_seconds(c, settings, per_pass) for c in cases]
