@@ -118,7 +118,7 @@ def test_quality_only_when_its_columns_exist():
     assert fd.quality.find(df) == []
     df = df.assign(delta_ppl=[0.0, 0.31], kl_mean=[0.0, 0.012])
     lines = {f.text for f in fd.quality.find(df)}
-    assert "int4: Δppl +0.31, KL 0.012" in lines
+    assert any(x.startswith("int4: Δppl +0.31, KL 0.012") for x in lines)  # then its bytes
 
 
 def test_too_few_samples_give_no_interval_and_no_verdict():
@@ -347,3 +347,19 @@ def test_tradeoff_names_each_models_frontier_apart():
     lines = [f.text for f in fd.tradeoff.find(rows)]
     assert len(lines) == 2 and lines[0].startswith("a (KL at ctx 128)") and "b (" in lines[1]
     assert "never on one: int8" in lines[0] and "never on one: none" in lines[1], lines
+
+
+def test_quality_lines_say_the_saving_against_fp16():
+    """#44 item 3: the memory saving in the findings: each configuration's bytes and their share
+    of the fp16 row's at the same workload (by formula where the run has no fp16 row)."""
+    import pandas as pd
+
+    q = dict(status="ok", phase="quality", model="m", context_len=2048, n_layers=30,
+             n_kv_heads=3, head_dim=64, n_seqs=1)  # fmt: skip
+    fp16 = 2 * 2 * 30 * 3 * 64 * 2048  # K and V x layers x heads x dims x positions x 2 B
+    q8 = dict(q, kv_dtype="q8_0", kv_bytes=fp16 * 17 // 32, kl_mean=5e-4)
+    rows = pd.DataFrame([dict(q, kv_dtype="fp16", kv_bytes=fp16, kl_mean=1e-6), q8])
+    lines = {f.text.split(":")[0]: f.text for f in fd.quality.find(rows)}
+    assert lines["q8_0"].endswith(f", {fp16 * 17 / 32 / 2**20:,.3g} MiB = 53% of fp16's")
+    alone = {f.text.split(":")[0]: f.text for f in fd.quality.find(rows.iloc[1:])}
+    assert alone["q8_0"].endswith("= 53% of fp16's")

@@ -42,5 +42,21 @@ def find(cur: pd.DataFrame) -> list[Finding]:
         text = f"{values['fmt']}{apart_text(values, d, *peer)}: " + ", ".join(
             NAMES[c].format(r[c]) for c in cols if pd.notna(r[c])
         )
-        out.append(Finding(TOPIC, text, "quality", True))
+        out.append(Finding(TOPIC, text + saving_text(g, d, values, axes), "quality", True))
     return out
+
+
+def saving_text(g: pd.DataFrame, d: pd.DataFrame, values: dict, axes: list) -> str:
+    """', 23.9 MiB = 53% of fp16's': the cache's bytes against fp16's at the same workload
+    (its fp16 row where the run has one, else by formula: analysis/answer.py), issue 44."""
+    from kvbench.analysis.answer import fp16_bytes
+
+    if "kv_bytes" not in g or g["kv_bytes"].isna().all():
+        return ""
+    same = d
+    for a in axes:
+        if a not in ("fmt", "source") and a in d:
+            same = same[same[a].map(str) == str(values[a])]
+    base, _ = fp16_bytes(same)
+    kv = float(g["kv_bytes"].median())
+    return f", {kv / 2**20:,.3g} MiB = {100 * kv / base:.0f}% of fp16's" if base else ""
