@@ -20,7 +20,7 @@ from kvbench.kernels.model.cache import (
     WindowCache,
     make_cache,
 )
-from kvbench.kernels.model.evicting import EvictingCache
+from kvbench.kernels.model.evicting import EvictingCache, WindowedEvictingCache
 from kvbench.kernels.model.load import Shape
 from kvbench.kernels.model.policies import Budget, make
 from kvbench.kernels.model.protocol import (
@@ -52,6 +52,10 @@ def build(cls):
         return EvictingCache(
             CacheSpec("int8"), SHAPE, 8, "reference", make("knorm", Budget(kv_budget=2))
         )
+    if cls is WindowedEvictingCache:
+        policy = make("knorm", Budget(kv_budget=2))
+        return WindowedEvictingCache(CacheSpec("int8"), WINDOWED, 8, "reference", policy, None,
+                                     WINDOWED.windows, 2)  # fmt: skip
     if cls is generate.DeferredCache:
         return generate.DeferredCache(CacheSpec("int8"), SHAPE, 8, start=2)
     if cls is capture._Tap:
@@ -68,6 +72,7 @@ CLAIMS = {
     WindowCache: PartedCache,
     LayeredCache: PartedCache,
     EvictingCache: PartedCache,
+    WindowedEvictingCache: PartedCache,
     generate.DeferredCache: StoredCache,
     capture._Tap: ModelCache,
     shift.ShiftCache: StoredCache,
