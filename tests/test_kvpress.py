@@ -72,6 +72,7 @@ def test_trace_names_each_cause():
     ours_s3 = np.array([[[0.9, 0.8, 0.7, 0.59999, 0.6, 0.1, 0.2, 0.3]]])
     assert K.trace(ours, theirs, ours_s3, theirs_s2)["near_tie"] == 2
     assert K.trace(ours, theirs)["unexplained"] == 2  # no scores: nothing is explained
+    assert K.trace(ours, theirs, None, theirs_s)["kvpress_tie"] == 2  # kvpress's side alone
 
 
 def test_close_and_argmax():
@@ -216,3 +217,29 @@ def test_each_press_keeps_what_its_source_says(short):
     assert (tova == tova[:, :1]).all()
     full, ids = K.full_answer(answer)
     assert p.answer in full and len(ids) <= 8  # the uncompressed cache finds the pass key
+
+
+@needs_kvpress
+def test_kvbench_policies_keep_what_kvpress_keeps(short, record_property):
+    """kvbench's five policies (kernels/model/policies/) against kvpress's presses on the same
+    280 context tokens at ratio 0.5, per layer and KV head: equal, or every differing position
+    traced to a score tie or a near tie at the cut (float32 in torch vs MLX)."""
+    from kvbench.kernels.model import policies as P
+    from kvbench.kernels.model.compress import kept_positions
+    from kvbench.kernels.model.fetch import model_path
+    from kvbench.kernels.model.load import load_model
+
+    p, cut, answer, dump = short
+    model, runs = load_model(model_path()), K.press_runs(answer)
+    for name, press in K.PRESSES.items():
+        pos = kept_positions(model, p.tokens[:cut], P.make(name, P.Budget(RATIO)), ubatch=cut)
+        ours = np.zeros(runs[(press, RATIO)].kept.shape, bool)
+        for layer, rows in enumerate(pos):
+            for h, row in enumerate(rows):
+                ours[layer, h, row[row >= 0]] = True
+        theirs = runs[(press, RATIO)].kept
+        a = K.agreement(ours, theirs)
+        record_property(name, f"{a['heads_equal']}/{a['heads']} heads equal")
+        if a["heads_equal"] < a["heads"]:
+            t = K.trace(ours, theirs, None, dump.get(f"{press}@{RATIO}"))
+            assert t["unexplained"] == 0, (name, a["heads_equal"], t)

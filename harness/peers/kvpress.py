@@ -178,13 +178,14 @@ def trace(ours: np.ndarray, theirs: np.ndarray, our_scores=None, their_scores=No
     kvpress's cut (its score equals the cut's and so does another position's), a tie at
     kvbench's cut, a near tie (on either side, its score and another's within rel_tol of that
     side's cut: the last bits of float32 differ between torch and MLX), or unexplained.
-    Without scores, every difference is unexplained."""
+    Without kvpress's scores every difference is unexplained; without kvbench's, only
+    kvpress's side is looked at."""
     diff = ours ^ theirs
     counts = dict.fromkeys(CAUSES, 0)
-    if our_scores is None or their_scores is None:
+    if their_scores is None:
         counts["unexplained"] = int(diff.sum())
         return counts
-    pairs = ((their_scores, theirs), (our_scores, ours))
+    pairs = ((their_scores, theirs),) + (() if our_scores is None else ((our_scores, ours),))
     ties, near = [], np.zeros_like(diff)
     for s, kept in pairs:
         cut = cut_of(s, kept.sum(-1))[..., None]
@@ -192,6 +193,8 @@ def trace(ours: np.ndarray, theirs: np.ndarray, our_scores=None, their_scores=No
         ties.append(at & (at.sum(-1, keepdims=True) >= 2))
         band = np.abs(s - cut) <= rel_tol * np.abs(cut)
         near |= band & (band.sum(-1, keepdims=True) >= 2)
+    if our_scores is None:
+        ties.append(np.zeros_like(diff))  # kvbench's ties: not known
     for cause, where in zip(CAUSES[:3], (ties[0], ties[1] & ~ties[0], near & ~ties[0] & ~ties[1])):
         counts[cause] = int((diff & where).sum())
     counts["unexplained"] = int(diff.sum()) - sum(counts[c] for c in CAUSES[:3])
