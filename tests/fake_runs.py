@@ -42,7 +42,7 @@ def write_run(
                 case_id=cid,
                 commit=commit,
                 dirty=dirty,
-                timestamp=timestamp or f"2026-01-01T00:00:{i:02d}+00:00",
+                timestamp=timestamp or f"2026-01-01T00:{i // 60:02d}:{i % 60:02d}+00:00",
                 **context,
                 **row,
             )  # fmt: skip
