@@ -114,3 +114,10 @@ def test_the_figure_plots_every_point_and_labels_the_frontier():
     xs = sorted(x for tr in fig.fig.data if tr.mode != "lines" for x in tr.x)
     assert xs[0] == ELEMS * 2 * 0.25 and len(xs) == 7
     assert budget(planted().assign(policy="none", compression_ratio=0.0)) is None
+
+
+def test_the_bits_frontier_leaves_policy_rows_to_this_one():
+    from kvbench.analysis.findings import tradeoff
+
+    text = " ".join(f.text for f in tradeoff.find(planted()))
+    assert "int4/g32" in text and "snapkv" not in text and "knorm" not in text

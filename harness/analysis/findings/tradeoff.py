@@ -44,9 +44,20 @@ def _per_config(rows: pd.DataFrame, **figures) -> pd.DataFrame:
     )
 
 
+def full_cache(cur: pd.DataFrame) -> pd.DataFrame:
+    """The rows that keep every token: a cache policy's rows hold fewer tokens than their bits
+    per element say, so they go on the frontier of bytes per context token (findings/budget.py),
+    not this one (here they sat at their format's bits and looked dominated)."""
+    if "policy" not in cur:
+        return cur
+    return cur[cur["policy"].isna() | cur["policy"].isin(("", "none"))]
+
+
 def points(cur: pd.DataFrame) -> pd.DataFrame:
     """One row per (model, context, metric, config): kv_dtype, bits, value (median KL, or the
-    share found), tokens or trials, and whether it is on its panel's frontier."""
+    share found), tokens or trials, and whether it is on its panel's frontier (full-cache rows
+    only: full_cache)."""
+    cur = full_cache(cur)
     parts = []
     q = task_rows(cur, "quality", "kl_mean")
     if not q.empty and "bits_per_elem" in q:
