@@ -92,3 +92,16 @@ def test_noise_line_when_most_timed_rows_are_unstable():
     assert "kvbench calibrate" in line and "rounds" in line
     assert noise_line(df.assign(unstable=[True, False, False, None]), 2.5) == ""  # 1 of 3
     assert noise_line(pd.DataFrame({"ppl": [1.0]}), 1.0) == ""  # quality rows: no times
+
+
+def test_a_policy_rows_share_is_per_context_token():
+    """A policy row's kv_bytes hold the compressed context only (half a quality chunk): its
+    share of fp16's comes from kept_bytes_per_token x context_len. snapkv at ratio 0.5 over
+    fp16 cells keeps half of fp16's bytes per token: 50.0%, not the 25.0% that kv_bytes (512
+    positions' cells kept of a 1,024-token chunk's fp16 row) would say."""
+    kept = FP16 // 4  # half of the 512 context positions' fp16 cells
+    policy = {**row("fp16", "none", kept, 1.0, 0.2, 0.05, 0.004), "policy": "snapkv",
+              "compression_ratio": 0.5, "kept_bytes_per_token": kept / 512}  # fmt: skip
+    text = answer(pd.concat([ROWS, pd.DataFrame([policy])], ignore_index=True))
+    line = next(x for x in text.splitlines() if "+1.000 ± 0.200" in x)
+    assert "50.0%" in line and f"{FP16 / 2 / 2**20:,.1f}" in line

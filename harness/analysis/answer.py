@@ -38,15 +38,32 @@ def config_label(row: pd.Series, varying: set[str]) -> str:
     return " ".join(parts)
 
 
+def _full(policy) -> bool:
+    """A row that keeps every position: no cache policy named."""
+    return not _given(policy) or policy == "none"
+
+
 def fp16_bytes(g: pd.DataFrame) -> tuple[float, str]:
     """fp16's cache bytes at the group's shape: its own row where the run has one, else
     2 bytes x K and V x layers x KV heads x head_dim x positions x sequences."""
-    plain = g[(g["kv_dtype"] == "fp16") & g["kv_bytes"].notna()]
+    full = g["policy"].map(_full) if "policy" in g else True  # a policy row keeps a part
+    plain = g[(g["kv_dtype"] == "fp16") & g["kv_bytes"].notna() & full]
     if len(plain):
         return float(plain["kv_bytes"].min()), "its row"
     r = g.iloc[0]
     n = 2 * 2 * r["n_layers"] * r["n_kv_heads"] * r["head_dim"] * r["context_len"] * r["n_seqs"]
     return float(n), "by formula"
+
+
+def context_bytes(g: pd.DataFrame) -> pd.Series:
+    """Each row's cache bytes for its whole context_len: kv_bytes, except a cache policy's row,
+    whose kv_bytes hold only the context it compressed (half a quality chunk): its
+    kept_bytes_per_token x context_len, so its share of fp16's is per context token."""
+    out = g["kv_bytes"].astype(float)
+    if "kept_bytes_per_token" in g and "context_len" in g:
+        per_token = g["kept_bytes_per_token"] * g["context_len"]
+        out = per_token.where(per_token.notna(), out).astype(float)
+    return out
 
 
 def _pm(v, e, fmt: str) -> str:
@@ -79,7 +96,7 @@ def _rows(g: pd.DataFrame, df: pd.DataFrame, base_bytes: float) -> pd.DataFrame:
         "kl_err": g.get("kl_err", pd.Series([None] * len(g))).values,
         "top1": g["top1_agree"].values,
         "retrieval": [_retrieval(df, r) for _, r in g.iterrows()],
-        "bytes": g["kv_bytes"].values,
+        "bytes": context_bytes(g).values,
     })  # fmt: skip
     out["share"] = out["bytes"] / base_bytes
     return out.sort_values(["bytes", "kl"], ascending=[False, True]).reset_index(drop=True)
