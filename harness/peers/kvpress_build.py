@@ -26,6 +26,9 @@ import sys
 import time
 from pathlib import Path
 
+# the build record is llama.cpp's peer's: the same file name, written atomically
+from kvbench.peers.llamacpp_build import read_stamp, write_stamp  # noqa: F401 (kvpress.py reads it here)
+
 VERSION = "0.5.5"  # kvpress on PyPI
 TORCH = "torch==2.13.0+cpu"
 # kvpress 0.5.5's own pin is transformers<5.3,>=4.56; gguf: transformers' GGUF loader needs it
@@ -61,21 +64,6 @@ def env_dir(version: str = VERSION, torch: str = TORCH) -> Path:
 
 def env_python(directory: Path) -> Path:
     return directory / "venv" / "bin" / "python"
-
-
-def read_stamp(directory: Path) -> dict | None:
-    try:
-        return json.loads((directory / STAMP).read_text())
-    except (OSError, ValueError):
-        return None
-
-
-def write_stamp(directory: Path, stamp: dict) -> dict:
-    directory.mkdir(parents=True, exist_ok=True)
-    tmp = directory / (STAMP + ".tmp")
-    tmp.write_text(json.dumps(stamp, indent=1, sort_keys=True) + "\n")
-    tmp.replace(directory / STAMP)  # atomic: a reader sees the old stamp or the new one
-    return stamp
 
 
 def is_built(stamp: dict | None) -> bool:
