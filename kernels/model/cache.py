@@ -61,6 +61,13 @@ def check_kernel(kernel: str, fmt, backend: str = "cpu") -> None:
         raise ValueError(f"kernel {kernel}: {reason}")
 
 
+def stored_basis(spec, rot, k: mx.array, v: mx.array) -> tuple[mx.array, mx.array]:
+    """The new k, v [1, Hkv, n, D] as a cache stores them before encoding: keys in the stored
+    channel order, each rotated as `rot` (spec.rot(head_dim), computed once per cache) says."""
+    rk, rv, bk, bv = rot
+    return rotate(spec.key_in_order(k), rk, bk), rotate(v, rv, bv)
+
+
 class LayerFormats:
     """Each layer's K and V formats, fixed at the layer's first write: an FP8 format whose scale
     is calibrated gets K's and V's from that write (vLLM's calculate_kv_scales, per layer);
@@ -108,9 +115,7 @@ class PlainCache:
 
     def write(self, layer: int, k, v) -> None:
         """The new k, v [1, Hkv, n, D] stored at offset.. (rotated, quantized on write)."""
-        rk, rv, bk, bv = self.rot
-        k, v = rotate(self.spec.key_in_order(k), rk, bk), rotate(v, rv, bv)
-        parts = self.formats.encode(layer, k, v)
+        parts = self.formats.encode(layer, *stored_basis(self.spec, self.rot, k, v))
         self.kv.put_encoded(layer, self.kv.positions(self.offset, k.shape[2]), *parts)
 
     def read(self, layer: int, q, scale: float) -> mx.array:
@@ -235,10 +240,8 @@ class WindowCache:
 
     def write(self, layer: int, k, v) -> None:
         """As PlainCache's: stored order and rotation, into the ring's next cells."""
-        rk, rv, bk, bv = self.rot
         cells = self.ring.write(k.shape[2])
-        k, v = rotate(self.spec.key_in_order(k), rk, bk), rotate(v, rv, bv)
-        parts = self.formats.encode(0, k, v)
+        parts = self.formats.encode(0, *stored_basis(self.spec, self.rot, k, v))
         self.kv.put_encoded(0, (ALL, ALL, mx.array(cells)), *parts)
 
     def read(self, layer: int, q, scale: float) -> mx.array:

@@ -25,7 +25,13 @@ import numpy as np
 from kvbench.kernels.attention.registry import KERNELS
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.formats.rotation import rotate
-from kvbench.kernels.model.cache import LayerFormats, WindowCache, attend_kernel, check_kernel
+from kvbench.kernels.model.cache import (
+    LayerFormats,
+    WindowCache,
+    attend_kernel,
+    check_kernel,
+    stored_basis,
+)
 from kvbench.kernels.model.protocol import Observation
 
 
@@ -59,9 +65,7 @@ class EvictingCache:
 
     def write(self, layer: int, k, v) -> None:
         """The new k, v [1, Hkv, n, D] stored (rotated, quantized) in the next cells."""
-        rk, rv, bk, bv = self.rot
-        k, v = rotate(self.spec.key_in_order(k), rk, bk), rotate(v, rv, bv)
-        kp, vp = self.formats.encode(layer, k, v)
+        kp, vp = self.formats.encode(layer, *stored_basis(self.spec, self.rot, k, v))
         c, n = self.cells[layer], k.shape[2]
         if c + n > self.pos[layer].shape[1]:
             raise ValueError(f"cache full: {c} + {n} cells > {self.pos[layer].shape[1]}")
