@@ -85,6 +85,15 @@ def test_kept_bytes_by_hand(tiny):
     # 8 cells x 2 heads x 2 layers, K and V; q8_0 at head_dim 64: 2 blocks of 34 bytes a row
     assert cache.kept_bytes() == 8 * 2 * 2 * 2 * (2 * 34)
     assert cache.held_bytes() == cache.kept_bytes()
+    row = 2 * 34  # q8_0 at head_dim 64
+    for layer in range(2):  # per layer, after the fill: 8 kept cells x 2 heads, K and V
+        held = [a[:, :, : cache.cells[layer]].nbytes for s in (cache.k[layer], cache.v[layer])
+                for a in s.values()]  # fmt: skip
+        assert cache.cells[layer] == 8 and sum(held) == 2 * 8 * 2 * row
+        # the buffers stay allocated at the capacity (16 cells): what is resident is the
+        # capacity's bytes; kept_bytes is what a cache that frees evicted cells would hold
+        whole = [a.nbytes for s in (cache.k[layer], cache.v[layer]) for a in s.values()]
+        assert sum(whole) == 2 * 16 * 2 * row
 
 
 @pytest.fixture(scope="module")
