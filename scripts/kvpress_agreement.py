@@ -41,6 +41,7 @@ from kvbench.kernels.model.retrieval import (
     tokenizer_of,
 )
 from kvbench.kernels.model.spec import CacheSpec
+from kvbench.kernels.model.tokenizer import eog_ids
 from kvbench.peers import kvpress as K
 
 POLICIES = tuple(K.PRESSES)  # snapkv, window, knorm, tova, expected_attention
@@ -102,7 +103,7 @@ def kept_and_scores(cache, members: dict, n: int) -> dict:
     }
 
 
-def answer_with(base, pol, model, question: list[int], gen: int, kept=None) -> list[int]:
+def answer_with(base, pol, model, question: list[int], gen: int, eog, kept=None) -> list[int]:
     """A copy of the prefilled cache, compressed as compress() does (each layer keeps the
     cells `kept` [L, Hkv, n] says: what pol's select chose, computed once in kept_and_scores),
     then the question and a greedy answer (a decode policy keeps selecting after each pass)."""
@@ -120,10 +121,13 @@ def answer_with(base, pol, model, question: list[int], gen: int, kept=None) -> l
     for _ in range(gen):
         token = int(mx.argmax(R.decode(model, c, token)).item())
         out.append(token)
+        if token in eog:  # kvpress's generate_answer keeps its eos id and stops
+            break
     return out
 
 
-def kvbench_side(model, ctx: list[int], question: list[int], gen: int, answer_ratios) -> dict:
+def kvbench_side(model, ctx: list[int], question: list[int], gen: int, answer_ratios,
+                 eog: frozenset[int]) -> dict:  # fmt: skip
     members = {(name, r): P.make(name, P.Budget(compression_ratio=r)) for name in POLICIES
                for r in RATIOS}  # fmt: skip
     base = make_policy_cache(CacheSpec("fp32"), model, len(ctx) + len(question) + gen,
@@ -135,12 +139,12 @@ def kvbench_side(model, ctx: list[int], question: list[int], gen: int, answer_ra
     kept = kept_and_scores(base, members, len(ctx))
     print(f"kept: {time.perf_counter() - start:.0f} s", file=sys.stderr, flush=True)
     full = P.make("knorm", P.Budget(compression_ratio=0.0))  # keeps every cell
-    answers = {None: answer_with(base, full, model, question, gen)}  # first: base untouched
+    answers = {None: answer_with(base, full, model, question, gen, eog)}  # first: base untouched
     seconds = {}
     for key, pol in members.items():
         if key[1] in answer_ratios:
             t = time.perf_counter()
-            answers[key] = answer_with(base, pol, model, question, gen, kept[key][0])
+            answers[key] = answer_with(base, pol, model, question, gen, eog, kept[key][0])
             seconds[key] = time.perf_counter() - t
             print(f"answer {key}: {seconds[key]:.0f} s", file=sys.stderr, flush=True)
     return {"kept": kept, "answers": answers, "prefill_s": prefill_s, "seconds": seconds}
@@ -166,7 +170,7 @@ def rows(side: dict, mine: dict, tok, task: str, truth: str) -> list[dict]:
         if (name, r) in mine["answers"]:
             ids = mine["answers"][(name, r)]
             row.update(answer_kvbench=tok.decode(ids), answer_kvpress=theirs.answer,
-                       ids_equal=list(theirs.answer_ids) == ids[: len(theirs.answer_ids)],
+                       ids_equal=list(theirs.answer_ids) == ids,
                        got_kvbench=extract(task, tok.decode(ids)),
                        got_kvpress=extract(task, theirs.answer or ""), truth=truth)  # fmt: skip
         out.append(row)
@@ -206,7 +210,7 @@ def main() -> int:
     side_s = time.perf_counter() - start
     model = load_model(gguf)
     start = time.perf_counter()
-    mine = kvbench_side(model, ctx, question, trial.gen_tokens, args.answer_ratios)
+    mine = kvbench_side(model, ctx, question, trial.gen_tokens, args.answer_ratios, eog_ids(tok))
     ours_s = time.perf_counter() - start
     full_kvpress, full_ids = K.full_answer(answer)
     result = {
@@ -215,7 +219,7 @@ def main() -> int:
         "question_tokens": len(question), "gen_tokens": trial.gen_tokens, "truth": trial.answer,
         "full_answer_kvbench": tok.decode(mine["answers"][None]),
         "full_answer_kvpress": full_kvpress,
-        "full_ids_equal": list(full_ids) == mine["answers"][None][: len(full_ids)],
+        "full_ids_equal": list(full_ids) == mine["answers"][None],
         "kvpress_seconds": answer.get("prefill_seconds"), "kvpress_wall_s": round(side_s, 1),
         "kvbench_prefill_s": round(mine["prefill_s"], 1), "kvbench_wall_s": round(ours_s, 1),
         "rows": rows({"answer": answer, "dump": dump}, mine, tok, args.task, trial.answer),

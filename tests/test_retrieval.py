@@ -183,3 +183,24 @@ def test_chat_template_sees_the_gguf_bos_token():
         "tokenizer.ggml.bos_token_id": 1,
     }
     assert R.chat_frame(WordTokenizer(), md) == ("<s>", "|")
+
+
+def test_greedy_answer_stops_at_the_end_of_turn(monkeypatch):
+    """The greedy answer ends at an end-of-generation id and leaves it out of the text, as
+    passkey.cpp (llama_vocab_is_eog) and kvpress's generate_answer (eos ids) do; before this
+    it decoded gen_tokens tokens past the model's end of turn."""
+    import mlx.core as mx
+    from tokenizers import Tokenizer, models
+
+    from kvbench.kernels.model import run
+    from kvbench.kernels.model.tokenizer import TextTokenizer
+
+    vocab = {"<|endoftext|>": 0, "a": 1, "<|im_end|>": 2, "b": 3}
+    tok = TextTokenizer(Tokenizer(models.WordLevel(vocab, unk_token="a")), None, 2, False)
+    tok.tok.add_special_tokens(["<|endoftext|>", "<|im_end|>"])
+    said = iter([3, 1, 2, 3, 3])  # "b", "a", end of turn, then what must not be read
+    monkeypatch.setattr(run, "prefill", lambda *a, **k: None)
+    monkeypatch.setattr(run, "decode", lambda *a: mx.eye(4)[next(said)])
+    prompt = R.Prompt([1, 1], 0, (0, 1), 1, "", gen_tokens=5)
+    assert R.greedy_answer(None, None, tok, prompt, "vartrack") == "b a"
+    assert next(said) == 3  # decoding stopped at the end of turn: one of the two left unread

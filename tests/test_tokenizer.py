@@ -9,6 +9,7 @@ from tokenizers import pre_tokenizers
 
 from kvbench.kernels.model.fetch import model_path
 from kvbench.kernels.model.tokenizer import (
+    eog_ids,
     from_gguf_metadata,
     from_gguf_sentencepiece,
     partition,
@@ -223,3 +224,10 @@ def test_a_model_directory_goes_through_mlx_lms_loader_with_its_chat_template(tm
     text = "hello world, 123"
     assert tok.encode(text) == hf.encode(text, add_special_tokens=False) and not tok.add_bos
     assert (tok.bos_id, tok.eos_id) == (hf.bos_token_id, hf.eos_token_id) != (None, None)
+
+
+def test_end_of_generation_ids_are_llama_cpps(smol_tok):
+    # SmolLM2's eos <|im_end|> (2) and <|endoftext|> (0), the two of llama.cpp's EOG texts in
+    # its vocabulary; <|im_start|> (1, its bos) is not an end
+    assert eog_ids(smol_tok) == {0, 2}
+    assert smol_tok.decode([0, 2]) == "<|endoftext|><|im_end|>"

@@ -305,17 +305,21 @@ def chat_frame(tokenizer, metadata: dict | None = None) -> tuple[str, str]:
 
 def greedy_answer(model, cache, tokenizer, prompt: Prompt, task: str, ubatch: int = 512) -> str:
     """The greedy continuation's text (at most prompt.gen_tokens tokens, stopped once a numeric
-    answer is complete), with `cache` (empty, capacity >= len(prompt.tokens) + gen_tokens)."""
+    answer is complete or at an end-of-generation token, which the text leaves out), with
+    `cache` (empty, capacity >= len(prompt.tokens) + gen_tokens)."""
     import mlx.core as mx
 
     from kvbench.kernels.model.run import check_finite, decode, prefill
+    from kvbench.kernels.model.tokenizer import eog_ids
 
     prefill(model, cache, prompt.tokens[:-1], ubatch)
-    token, out = prompt.tokens[-1], []
+    token, out, eog = prompt.tokens[-1], [], eog_ids(tokenizer)
     for _ in range(prompt.gen_tokens):
         logits = check_finite(decode(model, cache, token), "greedy decoding",
                               len(prompt.tokens) - 1 + len(out))  # fmt: skip
         token = int(mx.argmax(logits).item())
+        if token in eog:  # the model ended its turn (llama.cpp's and kvpress's stop)
+            break
         out.append(token)
         if stop_early(task, tokenizer.decode(out)):
             break

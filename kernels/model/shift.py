@@ -303,11 +303,15 @@ def greedy_answer(model, cache: ShiftCache, tokenizer, prompt, task: str, sch: S
 
     from kvbench.kernels.model.retrieval import stop_early
     from kvbench.kernels.model.run import check_finite, decode
+    from kvbench.kernels.model.tokenizer import eog_ids
 
     logits = read_prompt(model, cache, prompt.tokens, sch, ubatch)
     out: list[int] = []
+    eog = eog_ids(tokenizer)
     for _ in range(prompt.gen_tokens):
         token = int(mx.argmax(check_finite(logits, "greedy decoding", cache.offset)).item())
+        if token in eog:  # passkey.cpp stops at llama_vocab_is_eog
+            break
         out.append(token)
         if stop_early(task, tokenizer.decode(out)):
             break

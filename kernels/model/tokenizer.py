@@ -103,6 +103,24 @@ class TextTokenizer:
         return self.tok.decode(ids, skip_special_tokens=False)
 
 
+# The texts llama.cpp counts as the end of generation besides the vocabulary's eos / eot / eom ids
+# (src/llama-vocab.cpp, b11434: `special_eog_ids` in load(); passkey.cpp and llama-cli stop at
+# `llama_vocab_is_eog`). kvpress's pipeline stops at the model's generation_config eos ids.
+EOG_TEXTS = ("<|eot_id|>", "<|im_end|>", "<|end|>", "<|return|>", "<|call|>", "<|flush|>",
+             "<|calls|>", "<end_of_turn>", "<|endoftext|>", "</s>", "<|eom_id|>", "<EOT>",
+             "_<EOT>", "[EOT]", "[EOS]", "<|end_of_text|>", "<end_of_utterance>", "<eos>",
+             "<turn|>", "<|tool_response>", "<\uff5cend\u2581of\u2581sentence\uff5c>",
+             "[e~[")  # fmt: skip
+
+
+def eog_ids(tokenizer: TextTokenizer) -> frozenset[int]:
+    """The ids a greedy answer stops at (not part of its text): the eos id and every token of
+    the vocabulary whose text is in EOG_TEXTS, as llama.cpp's vocabulary marks them."""
+    found = {tokenizer.tok.token_to_id(t) for t in EOG_TEXTS}
+    found.add(tokenizer.eos_id)
+    return frozenset(int(i) for i in found if i is not None)
+
+
 def _val(md: dict, key: str, default=None):
     v = md.get(key, default)
     return v.item() if hasattr(v, "item") else v
