@@ -105,3 +105,21 @@ def test_a_policy_rows_share_is_per_context_token():
     text = answer(pd.concat([ROWS, pd.DataFrame([policy])], ignore_index=True))
     line = next(x for x in text.splitlines() if "+1.000 ± 0.200" in x)
     assert "50.0%" in line and f"{FP16 / 2 / 2**20:,.1f}" in line
+
+
+def test_a_policy_row_says_its_policy_and_the_table_its_per_token_bytes():
+    """A lone policy row is labelled with its policy and ratio ("fp16" alone read as the full
+    cache), and the terminal table's KV MiB is the answer block's figure (kept bytes per context
+    token x context_len), not kv_bytes of the compressed half-chunk (0.06 here, half of it)."""
+    from kvbench.analysis.summary import table
+
+    kept = FP16 // 4
+    policy = pd.DataFrame([{**row("fp16", "none", kept, 1.0, 0.2, 0.05, 0.004),
+                            "policy": "snapkv", "compression_ratio": 0.5,
+                            "kept_bytes_per_token": kept / 512, "peak_mem_bytes": None,
+                            "alloc_bytes": None, "cv": None, "unstable": None,
+                            "ci_low_ms": None, "ci_high_ms": None}])  # fmt: skip
+    line = next(x for x in answer(policy).splitlines() if "+1.000 ± 0.200" in x)
+    assert line.split()[:3] == ["fp16", "snapkv", "cr0.5"]
+    mib = f"{FP16 / 2 / 2**20:g}"  # 0.125: half of fp16's 0.25 MiB at 1,024 positions
+    assert mib in table(policy).splitlines()[1].split()

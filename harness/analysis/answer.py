@@ -28,12 +28,18 @@ def _given(v) -> bool:
     return v is not None and v == v and v != ""
 
 
+# a row that keeps a part of its context always says which policy and how much, varying or not
+POLICY_AXES = ("policy", "compression_ratio", "kv_budget")
+
+
 def config_label(row: pd.Series, varying: set[str]) -> str:
-    """The format, then every other cache axis that varies in the group and is off default."""
+    """The format, then every other cache axis that varies in the group and is off default
+    (and a policy's name and budget on its rows: "fp16" alone would read as the full cache)."""
     parts = [str(row["kv_dtype"])]
+    shown = varying | (set(POLICY_AXES) if not _full(row.get("policy")) else set())
     for a in LABELLED:
         v = row.get(a.name)
-        if a.name != "kv_dtype" and a.name in varying and _given(v) and v != a.default:
+        if a.name != "kv_dtype" and a.name in shown and _given(v) and v != a.default:
             parts.append(a.label.format(int(v) if a.is_int and float(v).is_integer() else v))
     return " ".join(parts)
 

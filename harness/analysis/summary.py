@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from kvbench.analysis.answer import context_bytes
 from kvbench.axes import TABLE, Axis
 
 # the measured columns the summary shows (column -> header), after the axes
@@ -71,7 +72,7 @@ def table(df: pd.DataFrame) -> str:
         f"{lo:.3g}-{hi:.3g}" if pd.notna(lo) else ""
         for lo, hi in zip(df.get("ci_low_ms", []), df.get("ci_high_ms", []))
     ]
-    df["kv_mib"] = df["kv_bytes"] / 2**20
+    df["kv_mib"] = context_bytes(df) / 2**20  # a policy's row: per context token, as the answer
     df["peak_mib"] = df["peak_mem_bytes"] / 2**20
     df["alloc_mib"] = df["alloc_bytes"] / 2**20
     if "fill_peak_bytes" in df:
