@@ -22,6 +22,8 @@ BASE = "fixed: {model: smollm2-135m, phase: quality, kernel: reference, context_
     ("policy: knorm, kv_budget: 8, compression_ratio: 0.5}", "kv_budget", "not both"),
     ("policy: pyramidkv, kv_budget: 8, obs_window: 8}", "kv_budget", "compression_ratio"),
     ("policy: snapkv, compression_ratio: 0.5}", "obs_window", "not shorter than the 32"),
+    ("policy: snapkv, compression_ratio: 0.5, obs_window: 16}", "obs_window", "16 tokens kept"),
+    ("policy: adakv, kv_budget: 8, obs_window: 8}", "obs_window", "8 tokens kept fit"),
     ("policy: knorm, compression_ratio: 0.5, kernel_size: 3}", "kernel_size", "does not read"),
     ("compression_ratio: 0.5}", "compression_ratio", "only with a cache policy"),
     ("policy: knorm, compression_ratio: 0.5, v_dtype: int4}", "v_dtype", "one per-token"),

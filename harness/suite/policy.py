@@ -100,3 +100,7 @@ def check_budget(path: str, case: Case) -> None:
         raise SuiteError(
             path, "obs_window", f"{window}: not shorter than the {n} tokens compressed"
         )
+    if window and kept <= window:  # SnapKV keeps its window first (policies/snapkv.py)
+        raise SuiteError(path, "obs_window", f"{window}: the {kept} tokens kept fit in the "
+                         "observation window, so no score would choose one; keep more tokens "
+                         "or lower obs_window")  # fmt: skip
