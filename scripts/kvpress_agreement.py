@@ -103,10 +103,16 @@ def kept_and_scores(cache, members: dict, n: int) -> dict:
     }
 
 
-def answer_with(base, pol, model, question: list[int], gen: int, eog, kept=None) -> list[int]:
+def answer_with(base, pol, model, question: list[int], gen: int, eog, kept=None,
+                once: bool = True) -> list[int]:  # fmt: skip
     """A copy of the prefilled cache, compressed as compress() does (each layer keeps the
     cells `kept` [L, Hkv, n] says: what pol's select chose, computed once in kept_and_scores),
-    then the question and a greedy answer (a decode policy keeps selecting after each pass)."""
+    then the question and a greedy answer. A decode policy (window, tova) keeps selecting after
+    each pass unless `once` (kvpress's setup: every press compresses once, at the end of the
+    context, and the question and answer are appended to what it kept)."""
+    if once and pol.decode:
+        pol = copy.copy(pol)
+        pol.decode = False  # this copy selects once: EvictingCache._observe / advance read it
     c = copy.copy(base)
     c.k = [{n: mx.array(a) for n, a in s.items()} for s in base.k]
     c.v = [{n: mx.array(a) for n, a in s.items()} for s in base.v]
@@ -127,7 +133,7 @@ def answer_with(base, pol, model, question: list[int], gen: int, eog, kept=None)
 
 
 def kvbench_side(model, ctx: list[int], question: list[int], gen: int, answer_ratios,
-                 eog: frozenset[int]) -> dict:  # fmt: skip
+                 eog: frozenset[int], once: bool) -> dict:  # fmt: skip
     members = {(name, r): P.make(name, P.Budget(compression_ratio=r)) for name in POLICIES
                for r in RATIOS}  # fmt: skip
     base = make_policy_cache(CacheSpec("fp32"), model, len(ctx) + len(question) + gen,
@@ -144,7 +150,7 @@ def kvbench_side(model, ctx: list[int], question: list[int], gen: int, answer_ra
     for key, pol in members.items():
         if key[1] in answer_ratios:
             t = time.perf_counter()
-            answers[key] = answer_with(base, pol, model, question, gen, eog, kept[key][0])
+            answers[key] = answer_with(base, pol, model, question, gen, eog, kept[key][0], once)
             seconds[key] = time.perf_counter() - t
             print(f"answer {key}: {seconds[key]:.0f} s", file=sys.stderr, flush=True)
     return {"kept": kept, "answers": answers, "prefill_s": prefill_s, "seconds": seconds}
@@ -187,6 +193,10 @@ def main() -> int:
     ap.add_argument("--side-json", help="kvpress's answer already computed (its stdout)")
     ap.add_argument("--side-dump", help="its npz (scores)")
     ap.add_argument("--out", default="results/kvpress")
+    ap.add_argument("--evict", choices=("once", "policy"), default="once",
+                    help="once (kvpress's setup, the default): window and tova compress at the "
+                    "context's end only; policy: they keep evicting through the question and "
+                    "answer, as kvbench's decode policies do in a suite")  # fmt: skip
     args = ap.parse_args()
     p, trial, tok = prompt_of(args.task, args.context, args.depth, args.seed)
     cut = p.haystack[1]
@@ -210,11 +220,13 @@ def main() -> int:
     side_s = time.perf_counter() - start
     model = load_model(gguf)
     start = time.perf_counter()
-    mine = kvbench_side(model, ctx, question, trial.gen_tokens, args.answer_ratios, eog_ids(tok))
+    mine = kvbench_side(model, ctx, question, trial.gen_tokens, args.answer_ratios, eog_ids(tok),
+                        args.evict == "once")  # fmt: skip
     ours_s = time.perf_counter() - start
     full_kvpress, full_ids = K.full_answer(answer)
     result = {
-        "task": args.task, "context_len": args.context, "depth": args.depth, "seed": args.seed,
+        "task": args.task, "evict": args.evict, "context_len": args.context, "depth": args.depth,
+        "seed": args.seed,
         "prompt_tokens": len(p.tokens), "context_tokens": len(ctx),
         "question_tokens": len(question), "gen_tokens": trial.gen_tokens, "truth": trial.answer,
         "full_answer_kvbench": tok.decode(mine["answers"][None]),
