@@ -41,7 +41,11 @@ def test_refusals_name_the_key():
     windowed = SimpleNamespace(trained_context=256, windows=((8, 0), None))
     assert "sliding-window" in refused(kv_edit="shift", shape=windowed)
     assert "plain cache" in refused(kv_edit="shift", kv_dtype="int8", v_dtype="int4")
-    assert "phase retrieval" in refused(kv_edit="shift", phase="quality", task="none")
+    assert "phase retrieval or quality" in refused(kv_edit="shift", phase="generate", task="none")
+    assert "policy" in refused(kv_edit="shift", policy="window", compression_ratio=0.5)
+    # 300 tokens past the trained length 256, but + 16 answer positions inside n_ctx 487
+    # (512 cells - n_keep 25): passkey.cpp makes no shift
+    assert "no shift happens" in refused(sizes=(300,), kv_edit="shift")
     assert "past smollm2-135m's trained length" in refused(kv_edit="shift", context_limit=512)
     assert "needs kv_edit" in refused(ga_n=2)
     assert "a number sizes a kv_edit's context" in refused(context_limit=100)

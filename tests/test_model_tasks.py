@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import zlib
 from dataclasses import replace
+from types import SimpleNamespace
 
 import mlx.core as mx
 import numpy as np
@@ -32,9 +33,11 @@ TOKENS = tuple(np.random.default_rng(1).integers(0, TINY["vocab"], 200).tolist()
 
 
 class HashTokenizer:
-    """A word per token, ids by crc32 within the tiny vocabulary (no BOS added)."""
+    """A word per token, ids by crc32 within the tiny vocabulary (no BOS added, no end of turn:
+    `tok` names no token, as tokenizer.eog_ids asks)."""
 
-    bos_id, add_bos = None, False
+    bos_id, add_bos, eos_id = None, False, None
+    tok = SimpleNamespace(token_to_id=lambda text: None)
 
     def __init__(self):
         self.words: dict[int, str] = {}

@@ -20,6 +20,13 @@ cache stored in the case's format through kvbench's own formats and kernels
   row states what its evidence cost:
   wall_s, prefill tokens / seconds / tokens per second, and ref_wall_s, the float32
   reference's (kernels/model/meter.py).
+* phase quality with kv_edit shift (suite/model_edit.py): each chunk, longer than the context,
+  read through llama.cpp's context shift (kernels/model/shift_quality.py; docs/context-shift.md
+  "Under the quality phase"); the tokens read after the first shift are scored against the
+  float32 cache read through the same shifts, and ppl_noshift, shift_delta_ppl and shift_kl
+  hold that float32 cache against one that reads the chunk whole (what the shift itself costs).
+  The row adds kv_shifts, n_past, cells_alloc and edit_units as a retrieval shift row does;
+  ref_wall_s is both references' seconds.
 * kv_bytes: the exact bytes of the cache after context_len tokens (kernels/model/spec.py kv_bytes:
   data, scales, biases, fp16 sinks and residual window); alloc_bytes: what the store holds.
 The model, the tokenized text and the float32 reference of each (model, text, context, chunks)
@@ -33,12 +40,13 @@ from functools import lru_cache
 import mlx.core as mx
 
 from kvbench.case import Case
-from kvbench.engines import common
+from kvbench.engines import common, model_tasks
 from kvbench.engines.contract import TOKENS, State, memory_baseline
 from kvbench.engines.model_step import ModelStep
 from kvbench.kernels.model import cache as kv_store
-from kvbench.kernels.model import compress, matvec, meter, quality, rope
+from kvbench.kernels.model import compress, matvec, meter, quality, rope, shift_quality
 from kvbench.kernels.model.run import prefill
+from kvbench.suite import model_edit
 from kvbench.suite import policy as suite_policy
 from kvbench.suite.cache_spec import MODEL_PHASES
 from kvbench.suite.resolved import Resolved
@@ -108,7 +116,48 @@ def cpu_paths(step: ModelStep) -> dict:
             "rope": "table" if rope.table_calls() > tabled else "fast"}  # fmt: skip
 
 
+@lru_cache(maxsize=8)
+def shift_reference_of(name: str, text: str, context_len: int, n_chunks: int, edit: tuple):
+    """The chunks, their float32-cache log-probabilities read through the edit's shifts, what
+    the shift costs that cache against reading each chunk whole (shift_quality.shift_cost) and
+    the wall seconds both references took (once per process)."""
+    model, _ = common.model_of(name)
+    chunks = common.chunks_of(name, text, context_len, n_chunks)
+    sch = model_tasks.schedule(name, edit)
+    with meter.metered() as m:
+        ref = shift_quality.reference_pieces(model, chunks, sch, common.UBATCH)
+        whole = shift_quality.reference_pieces(model, chunks, sch, common.UBATCH, shifted=False)
+    return chunks, ref, shift_quality.shift_cost(chunks, ref, whole, sch), m.wall_s
+
+
+def shift_quality_state(case: Case, r: Resolved, edit: tuple) -> State:
+    """phase quality through a context shift (module docstring)."""
+    model = common.model_of(case.model)[0]
+    sch = model_tasks.schedule(case.model, edit)
+
+    def check() -> dict:
+        chunks, ref, cost, ref_s = shift_reference_of(case.model, case.text, case.context_len,
+                                                      case.chunks, edit)  # fmt: skip
+        edits = []
+        with meter.metered() as m:
+            row = quality.quality(model, chunks, r.spec, ref, case.kernel, common.UBATCH,
+                                  case.tile_kv, keep_tokens=True, first=sch.n_ctx,
+                                  pieces=shift_quality.pieces_through(sch, edits))  # fmt: skip
+        per_token = row.pop("per_token")
+        return {**row, **cost, **m.fields(), "ref_wall_s": ref_s, TOKENS: per_token,
+                "chunk_bos": common.chunk_bos(case.model) is not None,
+                "ubatch": model_tasks.edit_ubatch(case),
+                **model_tasks.edit_fields(edits)}  # fmt: skip
+
+    fields, held = model_tasks.edit_effective(case)  # the context's cells at most
+    return State({}, check, traffic=(0, 0), kv_bytes=common.model_kv_bytes(case, r.spec, held),
+                 bits_per_elem=common.model_bits_per_elem(case, r.spec),
+                 effective={**common.model_effective(case), **fields})  # fmt: skip
+
+
 def quality_state(case: Case, r: Resolved) -> State:
+    if (edit := model_edit.edit_of(case)) is not None:
+        return shift_quality_state(case, r, edit)
     model = common.windowed(common.model_of(case.model)[0], case)
 
     def check() -> dict:

@@ -119,6 +119,14 @@ def edit_effective(case: Case) -> tuple[dict, int | None]:
     return {"n_keep": sch.n_keep}, min(case.context_len, sch.n_cells)
 
 
+def edit_ubatch(case: Case) -> int:
+    """The row's ubatch: an edit reads passkey.cpp's batches of ga_w in micro-batches of at
+    most UBATCH, so one forward pass takes at most the smaller."""
+    edit = model_edit.edit_of(case)
+    n = common.ubatch_of(case)
+    return n if edit is None else min(n, schedule(case.model, edit).n_batch)
+
+
 def retrieval_state(case: Case, r: Resolved) -> State:
     def check() -> dict:
         key = (case.model, case.task, case.context_len, case.depth, case.trials, case.seed)
@@ -133,7 +141,7 @@ def retrieval_state(case: Case, r: Resolved) -> State:
         row |= {"kv_saturated": sum(sat)} if spec.saturates else {}
         row |= edit_fields(edits)
         row |= kept.fields() if case.policy != "none" else {}
-        return {**row, **m.fields(), "ref_wall_s": ref_s, "ubatch": common.ubatch_of(case)}
+        return {**row, **m.fields(), "ref_wall_s": ref_s, "ubatch": edit_ubatch(case)}
 
     fields, held = edit_effective(case)  # an edit's cache holds the context's cells at most
     kv_bytes, bits = (

@@ -227,6 +227,12 @@ class _Measured:
     # position RoPE gave an answer's first token (n_past; kvbench rows)
     kv_shifts: int | None = None
     n_past: int | None = None
+    # phase quality under kv_edit shift (kernels/model/shift_quality.py): the float32 cache read
+    # through the shifts against one reading each chunk whole, over the scored tokens: its
+    # perplexity (ppl_noshift), ppl_ref less it, and the mean KL (nats)
+    ppl_noshift: float | None = None
+    shift_delta_ppl: float | None = None
+    shift_kl: float | None = None
     # phase generate: greedy continuation against the float32 cache's
     gen_first_diverge: float | None = None  # tokens before the first differing one (mean)
     gen_first_diverge_min: int | None = None  # the least over the prompts

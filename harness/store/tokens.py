@@ -4,13 +4,13 @@ A quality row's mean figures (ppl, kl_mean) are means over its scored tokens; th
 each scored token so that two rows scoring the same tokens (kvbench beside llama.cpp, or two
 formats) can be compared token by token (analysis/truth.py: a paired bootstrap). One line per
 scored token: case_id, chunk, position (the chunk position whose logits are scored, context_len/2
-.. context_len-2), token (the id of the true next token, at position + 1), nll (its negative
-log-likelihood, nats) and kl (KL(reference || this) of the next-token distributions, nats; each
-engine's own reference, as the row's kl_mean). The file is written only by runs whose rows carry
-per-token values (the quality phase), each row's lines before the row (store/writer.py). The
-samples file is not the place: its `ms` column holds times, checked non-negative, and a
-per-token KL as llama.cpp sums it can be slightly negative. This module imports neither mlx nor
-kernels/.
+.. context_len-2; under a context shift, n_ctx .. context_len-2), token (the id of the true next
+token, at position + 1), nll (its negative log-likelihood, nats) and kl (KL(reference || this)
+of the next-token distributions, nats; each engine's own reference, as the row's kl_mean). The
+file is written only by runs whose rows carry per-token values (the quality phase), each row's
+lines before the row (store/writer.py). The samples file is not the place: its `ms` column
+holds times, checked non-negative, and a per-token KL as llama.cpp sums it can be slightly
+negative. This module imports neither mlx nor kernels/.
 """
 
 from __future__ import annotations

@@ -1,13 +1,16 @@
 """kv_edit shift / self-extend on a real model: the suite's checks and the schedule a case runs
 (kernels/model/shift.py: llama.cpp's context shift and self-extend as its passkey example runs
-them; docs/context-shift.md).
+them; docs/context-shift.md). Phase retrieval runs either on passkey.cpp's prompt; phase
+quality reads a text through the shift (kernels/model/shift_quality.py).
 
 The context is sized by a trained length, n_ctx_train: the model's own, or `context_limit: N`
 (the value llama-passkey is given with --override-kv). A case is refused, in one line, where
-the edit would not run as asked: a prompt that fits the context (no shift happens; self-extend
-has nothing to extend), ga_w not a multiple of ga_n, a context whose batches would overrun it
-(kernels/model/shift.py Schedule.overrun), a cache the edit cannot move (one plain format for K
-and V), a phase other than retrieval, or a model with sliding-window layers.
+the edit would not run as asked: a prompt or chunk that fits the context (no shift happens;
+self-extend has nothing to extend), ga_w not a multiple of ga_n, a context whose batches would
+overrun it (kernels/model/shift.py Schedule.overrun), a cache the edit cannot move (one plain
+format for K and V), a cache policy beside it, a phase other than retrieval or quality
+(self-extend: retrieval only), llama-perplexity as the kernel, or a model with sliding-window
+layers.
 """
 
 from __future__ import annotations
@@ -16,9 +19,13 @@ from types import SimpleNamespace
 
 from kvbench.case import Case
 from kvbench.errors import SuiteError
-from kvbench.kernels.model.shift import DIV_SIGNS, Schedule
+from kvbench.kernels.model.shift import DIV_SIGNS, N_PREDICT, Schedule
 
 MODEL_EDITS = ("shift", "self-extend")
+EDIT_PHASES = ("retrieval", "quality")  # self-extend: retrieval only
+# n_keep of a quality row that leaves it empty: passkey.cpp's --keep default (its schedule is
+# the one replayed; examples/passkey/passkey.cpp: params.n_keep = 32), the text's first tokens
+QUALITY_KEEP = 32
 __all__ = ["DIV_SIGNS", "MODEL_EDITS", "check_case", "schedule_of", "edit_of"]
 WORDS = ("trained", "beyond")
 
@@ -60,24 +67,32 @@ def schedule_of(case: Case, trained: int | None, n_keep: int) -> Schedule:
     return Schedule(n_ctx_train(case, trained), keep, case.ga_w, ga_n, sign)
 
 
-EDIT_AXES = ("kv_edit", "context_limit", "ga_n", "ga_w", "n_keep", "div_sign")
+EDIT_AXES = ("kv_edit", "context_limit", "ga_n", "ga_w", "n_keep", "div_sign", "phase")
 
 
 def edit_of(case: Case) -> tuple | None:
     """The case's edit axes (EDIT_AXES' values; a key the float32 reference shares), or None."""
-    if case.kv_edit == "none" or case.phase not in ("retrieval",):
+    if case.kv_edit == "none" or case.phase not in EDIT_PHASES:
         return None
     return tuple(getattr(case, a) for a in EDIT_AXES)
 
 
-def schedule_for(edit: tuple, name: str, model, tokenizer) -> Schedule:
-    """schedule_of for edit_of's tuple on the loaded model `name`: n_keep, where the case leaves
-    it empty, the tokens of passkey.cpp's instruction (BOS included)."""
+def default_keep(phase: str, tokenizer) -> int:
+    """n_keep where a case leaves it empty: quality's QUALITY_KEEP; retrieval's, the tokens of
+    passkey.cpp's instruction (BOS included)."""
+    if phase == "quality":
+        return QUALITY_KEEP
     from kvbench.kernels.model.passkey import PREFIX, tokens
 
-    n_keep = len(tokens(tokenizer, PREFIX))
+    return len(tokens(tokenizer, PREFIX))
+
+
+def schedule_for(edit: tuple, name: str, model, tokenizer) -> Schedule:
+    """schedule_of for edit_of's tuple on the loaded model `name` (n_keep, where the case leaves
+    it empty: default_keep)."""
     fields = SimpleNamespace(model=name, **dict(zip(EDIT_AXES, edit)))
-    return schedule_of(fields, model.config.trained_context, n_keep)
+    keep = fields.n_keep if fields.n_keep is not None else default_keep(fields.phase, tokenizer)
+    return schedule_of(fields, model.config.trained_context, keep)
 
 
 def off_default(case: Case) -> list[str]:
@@ -93,13 +108,25 @@ def off_default(case: Case) -> list[str]:
 
 def check_case(path: str, case: Case, sizes: list[int] | None) -> None:
     """A model case's kv_edit (or its axes without one): the task whose schedule it replays
-    (llama.cpp's passkey example), against the model's shape and the prompts' token counts
-    (sizes; None: a registered model not fetched yet, checked when its engine runs)."""
+    (llama.cpp's passkey example) or the text chunks read through it, against the model's shape
+    and the prompts' token counts (sizes; quality: context_len, each chunk's; None: a
+    registered model not fetched yet, checked when its engine runs)."""
+    from kvbench.kernels.model.load import ModelError
     from kvbench.kernels.model.passkey import TASK, instruction_tokens
     from kvbench.kernels.model.source import model_shape
 
-    if case.kv_edit == "none" or case.phase != "retrieval":  # the edit's axes, its phase
+    if case.kv_edit == "none" or case.phase not in EDIT_PHASES:  # the edit's axes, its phase
         return check(path, case, None, [], 0)
+    if case.phase == "quality":
+        if fetched(case.model):
+            try:
+                shape = model_shape(case.model)
+            except ModelError as e:
+                raise SuiteError(path, "model", str(e)) from None
+            check(path, case, shape, [case.context_len], QUALITY_KEEP)
+        else:
+            check(path, case, None, [], 0, context=False)
+        return
     if case.task != TASK:
         why = f"a model's kv_edit replays llama.cpp's passkey example: task {TASK}"
         raise SuiteError(path, "kv_edit", why)
@@ -107,9 +134,20 @@ def check_case(path: str, case: Case, sizes: list[int] | None) -> None:
         check(path, case, model_shape(case.model), sizes, instruction_tokens(case.model))
 
 
-def check(path: str, case: Case, shape, sizes: list[int], n_keep: int) -> None:
+def fetched(name: str) -> bool:
+    """The model's shape can be read now (a registered model not fetched yet cannot: its engine
+    checks the case when it loads it)."""
+    from kvbench.kernels.model.fetch import MODELS, model_path
+
+    return not (name in MODELS and model_path(name) is None)
+
+
+def check(path: str, case: Case, shape, sizes: list[int], n_keep: int,
+          context: bool = True) -> None:  # fmt: skip
     """A model case's kv_edit and its axes (module docstring); shape: the model's Shape, sizes:
-    every trial's prompt tokens, n_keep: the instruction's tokens."""
+    every trial's prompt tokens (quality: the chunk's), n_keep: the default n_keep (the
+    instruction's tokens; quality's QUALITY_KEEP); context False: the model's shape is not known
+    yet, its context not checked."""
     if case.kv_edit == "none":
         if off := off_default(case):
             raise SuiteError(path, off[0], "needs kv_edit shift or self-extend (a model's edit)")
@@ -117,16 +155,26 @@ def check(path: str, case: Case, shape, sizes: list[int], n_keep: int) -> None:
             raise SuiteError(path, "context_limit", "a number sizes a kv_edit's context; "
                              "without one use trained or beyond")  # fmt: skip
         return
-    if case.kv_edit not in MODEL_EDITS or case.phase != "retrieval":
+    if case.kv_edit not in MODEL_EDITS or case.phase not in EDIT_PHASES:
         raise SuiteError(path, "kv_edit", f"a model runs kv_edit {' or '.join(MODEL_EDITS)} "
-                         "in phase retrieval (a shift under quality is not built)")  # fmt: skip
-    if any(shape.windows):
-        raise SuiteError(path, "kv_edit", f"{case.model} has sliding-window layers: a shift "
-                         "of their rings is not built")  # fmt: skip
+                         f"in phase {' or '.join(EDIT_PHASES)}")  # fmt: skip
+    if case.phase == "quality" and case.kv_edit != "shift":
+        raise SuiteError(path, "kv_edit", "phase quality reads a text through a shift; "
+                         "self-extend under quality is not built")  # fmt: skip
+    if case.phase == "quality" and case.kernel == "llama.cpp":
+        why = "llama-perplexity never shifts (a chunk a context): a shift runs on kvbench's"
+        raise SuiteError(path, "kernel", f"{why} cache under quality")
+    if case.policy != "none":
+        raise SuiteError(path, "policy", "a cache policy beside a kv_edit is not built")
     if case.v_dtype not in (None, case.kv_dtype) or case.k_axis != "token" or case.sink_tokens \
             or case.recent_tokens or case.window is not None:  # fmt: skip
         raise SuiteError(path, "kv_edit", "edits one plain cache: one format for K and V, "
                          "per-token, no sinks, window or residual")  # fmt: skip
+    if not context:
+        return
+    if any(shape.windows):
+        raise SuiteError(path, "kv_edit", f"{case.model} has sliding-window layers: a shift "
+                         "of their rings is not built")  # fmt: skip
     _check_context(path, case, shape, sizes, n_keep)
 
 
@@ -143,13 +191,31 @@ def _check_context(path: str, case: Case, shape, sizes: list[int], n_keep: int) 
     if numeric_limit(case) is not None and trained and limit > trained:
         raise SuiteError(path, "context_limit", f"{limit} is past {case.model}'s trained "
                          f"length {trained}")  # fmt: skip
-    if max(sizes) <= limit:
-        what = "no shift happens" if case.kv_edit == "shift" else "nothing to extend"
+    if case.kv_edit == "shift":
+        _check_shifts(path, case, sch, max(sizes))
+    elif max(sizes) <= limit:
         raise SuiteError(path, "context_len", f"{max(sizes)} prompt tokens stay inside the "
-                         f"trained length {limit}: {what} (context_limit: N sizes the context "
-                         "by a shorter one)")  # fmt: skip
+                         f"trained length {limit}: nothing to extend (context_limit: N sizes "
+                         "the context by a shorter one)")  # fmt: skip
     if sch.n_keep >= sch.n_ctx:
         raise SuiteError(path, "n_keep", f"{sch.n_keep}: the whole context of {sch.n_ctx}")
     for n in sizes:
         if reason := sch.overrun(n):
             raise SuiteError(path, "ga_w", reason)
+
+
+def _check_shifts(path: str, case: Case, sch: Schedule, n_tokens: int) -> None:
+    """A shift happens (and, under quality, a token is scored after it): a retrieval prompt of
+    n_tokens shifts once it and the N_PREDICT answer positions pass n_ctx (passkey.cpp's
+    closing shift); a quality chunk scores positions n_ctx .. n_tokens - 2
+    (kernels/model/shift_quality.py), so it needs n_ctx + 2 tokens."""
+    held = f"n_ctx {sch.n_ctx} positions (cells {sch.n_cells} - n_keep {sch.n_keep})"
+    fix = "(context_limit: N sizes the context by a shorter trained length)"
+    if case.phase == "quality" and n_tokens < sch.n_ctx + 2:
+        raise SuiteError(path, "context_len", f"chunks of {n_tokens} tokens: a quality row "
+                         f"scores the tokens read after a shift, and the context holds {held} "
+                         f"before one, so a chunk needs {sch.n_ctx + 2} {fix}")  # fmt: skip
+    if case.phase == "retrieval" and n_tokens + N_PREDICT <= sch.n_ctx:
+        raise SuiteError(path, "context_len", f"{n_tokens} prompt tokens and {N_PREDICT} "
+                         f"answer positions fit the context's {held}: no shift happens "
+                         f"{fix}")  # fmt: skip

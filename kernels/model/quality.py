@@ -113,9 +113,13 @@ def nll_of(lp: mx.array, targets: list[int]) -> mx.array:
     return -mx.take_along_axis(lp, mx.array(targets)[:, None], axis=-1)[:, 0]
 
 
-def targets_of(chunk: list[int]) -> list[int]:
-    first = len(chunk) // 2
-    return chunk[first + 1 :]
+def first_scored(chunk: list[int], first: int | None = None) -> int:
+    """The first chunk position whose logits are scored: `first`, else the chunk's middle."""
+    return len(chunk) // 2 if first is None else first
+
+
+def targets_of(chunk: list[int], first: int | None = None) -> list[int]:
+    return chunk[first_scored(chunk, first) + 1 :]
 
 
 def reference_run(model: Model, token_chunks: list[list[int]], ubatch=None) -> list[mx.array]:
@@ -215,19 +219,21 @@ def quality(
     tile_kv: int | None = None,
     keep_tokens: bool = False,
     pieces=piece_logprobs,
+    first: int | None = None,
 ) -> dict:
     """ppl, ppl_ref, delta_ppl, kl_mean, kl_p99, top1_agree, n_scored of `spec` against `ref`
     (reference_run or reference_pieces of the same chunks); with an FP8 format, kv_saturated:
     the K/V elements stored saturated over every chunk, layer and head; with keep_tokens,
     per_token (per_token: every scored token's values). Compared micro-batch by micro-batch as
     each is computed: one micro-batch's rows of this cache are held at once. `pieces`: where
-    the log-probabilities come from (compress.pieces_under: under a cache policy)."""
+    the log-probabilities come from (compress.pieces_under: under a cache policy; shift_quality:
+    through a context shift); `first`: the first chunk position they score (None: its middle)."""
     stats, ref_nll, sat = [], [], []
     for i, (chunk, ref_lp) in enumerate(zip(token_chunks, ref)):
-        tg, at, parts = targets_of(chunk), 0, []
+        tg, at, parts = targets_of(chunk, first), 0, []
         for lp in pieces(model, chunk, spec, kernel, ubatch, tile_kv, sat):
             m = lp.shape[0]
-            check_finite(lp, f"the {spec.label} cache, chunk {i}", len(chunk) // 2 + at)
+            check_finite(lp, f"the {spec.label} cache, chunk {i}", first_scored(chunk, first) + at)
             r = rows_of(ref_lp, at, m)
             parts.append(token_stats(r, lp, tg[at : at + m]))
             ref_nll.append(np.array(nll_of(r, tg[at : at + m])))
@@ -235,19 +241,19 @@ def quality(
         stats.append({k: np.concatenate([p[k] for p in parts]) for k in parts[0]})
     out = summarize(stats, np.concatenate(ref_nll))
     if keep_tokens:
-        out["per_token"] = per_token(token_chunks, stats)
+        out["per_token"] = per_token(token_chunks, stats, first)
     return out | ({"kv_saturated": sum(sat)} if spec.saturates else {})
 
 
-def per_token(token_chunks: list[list[int]], stats: list[dict]) -> dict:
+def per_token(token_chunks: list[list[int]], stats: list[dict], first: int | None = None) -> dict:
     """Every scored token's values as arrays: chunk, position (the chunk position whose logits
-    are scored), token (the true next token's id), nll and kl (nats)."""
+    are scored, from `first`: quality's), token (the true next token's id), nll and kl (nats)."""
     parts = {"chunk": [], "position": [], "token": [], "nll": [], "kl": []}
     for i, (chunk, s) in enumerate(zip(token_chunks, stats)):
-        first = len(chunk) // 2
+        at = first_scored(chunk, first)
         parts["chunk"].append(np.full(len(s["kl"]), i))
-        parts["position"].append(np.arange(first, first + len(s["kl"])))
-        parts["token"].append(np.array(targets_of(chunk)))
+        parts["position"].append(np.arange(at, at + len(s["kl"])))
+        parts["token"].append(np.array(targets_of(chunk, first)))
         parts["nll"].append(s["nll"])
         parts["kl"].append(s["kl"])
     return {k: np.concatenate(v) for k, v in parts.items()}

@@ -263,6 +263,29 @@ def group(cache: ShiftCache, i: int, sch: Schedule) -> None:
     cache.seq_div(n_past - sch.n_batch + ib * bd, n_past + ib * bd, sch.ga_n)
 
 
+def batches(sch: Schedule, n_tokens: int) -> list[tuple[int, str | None]]:
+    """passkey.cpp's batches over n_tokens: (first token, the edit made before it: "group",
+    "shift" or None). The first loop fills n_ctx (self-extend between batches); the second
+    shifts before each further batch."""
+    out, i = [], 0
+    while i < sch.n_ctx:
+        out.append((i, "group" if i > 0 and sch.ga_n > 1 else None))
+        if i + sch.n_batch >= n_tokens:
+            break
+        i += sch.n_batch
+    return out + [(j, "shift") for j in range(sch.n_ctx, n_tokens, sch.n_batch)]
+
+
+def edit_before(cache: ShiftCache, start: int, edit: str | None, sch: Schedule) -> None:
+    """The edit passkey.cpp makes before the batch at `start`, then the K-shift of all edits
+    pending (llama_decode applies it before the batch)."""
+    if edit == "group":
+        group(cache, start, sch)
+    elif edit == "shift":
+        shift_out(cache, sch.n_keep, sch.n_batch, sch.n_ctx)
+    cache.kshift()
+
+
 def read_prompt(model, cache: ShiftCache, tokens: list[int], sch: Schedule, ubatch: int):
     """The prompt through passkey.cpp's two loops (module docstring), each batch in micro-batches
     of `ubatch` after the K-shift of the edits before it; the last token's logits [vocab], taken
@@ -271,20 +294,9 @@ def read_prompt(model, cache: ShiftCache, tokens: list[int], sch: Schedule, ubat
 
     if reason := sch.overrun(len(tokens)):
         raise ValueError(reason)
-    batches, i = [], 0
-    while i < sch.n_ctx:  # the first loop: fill n_ctx (self-extend between batches)
-        batches.append((i, "group" if i > 0 and sch.ga_n > 1 else None))
-        if i + sch.n_batch >= len(tokens):
-            break
-        i += sch.n_batch
-    batches += [(j, "shift") for j in range(sch.n_ctx, len(tokens), sch.n_batch)]
     logits = None
-    for start, edit in batches:
-        if edit == "group":
-            group(cache, start, sch)
-        elif edit == "shift":
-            shift_out(cache, sch.n_keep, sch.n_batch, sch.n_ctx)
-        cache.kshift()
+    for start, edit in batches(sch, len(tokens)):
+        edit_before(cache, start, edit, sch)
         piece = tokens[start : start + sch.n_batch]
         last = start + sch.n_batch >= len(tokens)
         prefill(model, cache, piece[:-1] if last else piece, ubatch)
