@@ -214,7 +214,8 @@ TABLE: tuple[Axis, ...] = (
              "(beyond: asked for explicitly, and the row says so), or a number: the trained "
              "length a kv_edit's context is sized by (llama.cpp's n_ctx_train)", role="workload"),
     # llama.cpp's context shift and self-extend on a real model (kv_edit shift / self-extend in
-    # phase retrieval, as its passkey example runs them: kernels/model/shift.py)
+    # phase retrieval, as its passkey example runs them: kernels/model/shift.py; a shift in
+    # phase quality: kernels/model/shift_quality.py)
     Axis("ga_n", "int", 1, "positive_int", label="gan{}", column="ga_n", hide_default=True,
          series="ga_n {}", role="choice",
          doc="kv_edit self-extend on a model: the group factor (llama.cpp's --grp-attn-n)"),
@@ -224,7 +225,7 @@ TABLE: tuple[Axis, ...] = (
     Axis("n_keep", "int | None", None, "optional_non_negative_int", label="keep{}",
          column="keep", hide_default=True, series="keep {}", doc="kv_edit shift on a model: the "
          "first positions never shifted out (llama.cpp's --keep); empty: the prompt's "
-         "instruction", role="choice"),
+         "instruction (quality: 32, passkey.cpp's default)", role="choice"),
     Axis("div_sign", "str", "exact", "choice:div_signs", label="div:{}", column="div",
          hide_default=True, doc="kv_edit self-extend on a model: keys turned to their divided "
          "positions (exact) or as llama.cpp b11434's seq_div records it (llama.cpp: by old "
