@@ -363,3 +363,19 @@ def test_quality_lines_say_the_saving_against_fp16():
     assert lines["q8_0"].endswith(f", {fp16 * 17 / 32 / 2**20:,.3g} MiB = 53% of fp16's")
     alone = {f.text.split(":")[0]: f.text for f in fd.quality.find(rows.iloc[1:])}
     assert alone["q8_0"].endswith("= 53% of fp16's")
+
+
+def test_a_policy_rows_saving_is_per_context_token_as_the_answer_says():
+    """A policy row's kv_bytes hold its compressed context (half a quality chunk): snapkv at
+    0.5 on fp16 cells is 50% of fp16's per context token (the answer block's figure), where
+    kv_bytes alone said 25%."""
+    q = dict(status="ok", phase="quality", model="m", context_len=2048, n_layers=30,
+             n_kv_heads=3, head_dim=64, n_seqs=1)  # fmt: skip
+    fp16 = 2 * 2 * 30 * 3 * 64 * 2048
+    kept = fp16 // 4  # 512 of the 1,024 context positions' fp16 cells
+    snap = dict(q, kv_dtype="fp16", kv_bytes=kept, kl_mean=0.05, policy="snapkv",
+                compression_ratio=0.5, kept_bytes_per_token=kept / 1024)  # fmt: skip
+    rows = pd.DataFrame([dict(q, kv_dtype="fp16", kv_bytes=fp16, kl_mean=1e-6,
+                              policy="none"), snap])  # fmt: skip
+    line = next(f.text for f in fd.quality.find(rows) if "snapkv" in f.text)
+    assert line.endswith(f", {fp16 / 2 / 2**20:,.3g} MiB = 50% of fp16's"), line

@@ -65,11 +65,11 @@ def context_bytes(g: pd.DataFrame) -> pd.Series:
     """Each row's cache bytes for its whole context_len: kv_bytes, except a cache policy's row,
     whose kv_bytes hold only the context it compressed (half a quality chunk): its
     kept_bytes_per_token x context_len, so its share of fp16's is per context token."""
-    out = g["kv_bytes"].astype(float)
-    if "kept_bytes_per_token" in g and "context_len" in g:
-        per_token = g["kept_bytes_per_token"] * g["context_len"]
-        out = per_token.where(per_token.notna(), out).astype(float)
-    return out
+    from kvbench.analysis.findings.budget import bytes_per_token  # the one definition
+
+    if "context_len" not in g:
+        return g["kv_bytes"].astype(float)
+    return (bytes_per_token(g) * g["context_len"]).astype(float)
 
 
 def _pm(v, e, fmt: str) -> str:

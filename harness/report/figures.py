@@ -13,6 +13,7 @@ from __future__ import annotations
 import pandas as pd
 from plotly.subplots import make_subplots
 
+from kvbench.analysis.answer import context_bytes
 from kvbench.report.common import (
     MEASURED,
     MIB,
@@ -126,7 +127,8 @@ def _memory_rows(cur: pd.DataFrame) -> pd.DataFrame:
     d = with_fmt(cur[ok & cur["kv_bytes"].notna() & cur["context_len"].notna()])
     if (d["phase"] == "decode").any():
         d = d[d["phase"] == "decode"]
-    return d
+    # a cache policy's row: its kept bytes per context token x context_len, as the answer says
+    return d.assign(kv_bytes=context_bytes(d)) if len(d) else d
 
 
 def memory(cur: pd.DataFrame) -> Figure | None:
@@ -200,7 +202,8 @@ def memory(cur: pd.DataFrame) -> Figure | None:
     title = "KV-cache memory vs context: K, V and scales stacked (MiB, 1 MiB = 2^20 B)"
     note = (
         "Bars: kv_bytes, the format's exact byte formula for all layers at the context length, "
-        "split into equal K and V halves of data, with the scales' share "
+        "split into equal K and V halves of data (a cache policy's row: its kept bytes per "
+        "context token times the context length), with the scales' share "
         "1 − data_bits / bits_per_elem stacked on top. Markers: measured growth of active memory "
         "when the cache was allocated (alloc_bytes) and the peak above the pre-cache baseline "
         "during the case (peak_mem_bytes), per kernel. "

@@ -48,8 +48,9 @@ def find(cur: pd.DataFrame) -> list[Finding]:
 
 def saving_text(g: pd.DataFrame, d: pd.DataFrame, values: dict, axes: list) -> str:
     """', 23.9 MiB = 53% of fp16's': the cache's bytes against fp16's at the same workload
-    (its fp16 row where the run has one, else by formula: analysis/answer.py), issue 44."""
-    from kvbench.analysis.answer import fp16_bytes
+    (its fp16 row where the run has one, else by formula: analysis/answer.py), issue 44; a
+    cache policy's row by its kept bytes per context token (answer.context_bytes)."""
+    from kvbench.analysis.answer import context_bytes, fp16_bytes
 
     if "kv_bytes" not in g or g["kv_bytes"].isna().all():
         return ""
@@ -58,5 +59,5 @@ def saving_text(g: pd.DataFrame, d: pd.DataFrame, values: dict, axes: list) -> s
         if a not in ("fmt", "source") and a in d:
             same = same[same[a].map(str) == str(values[a])]
     base, _ = fp16_bytes(same)
-    kv = float(g["kv_bytes"].median())
+    kv = float(context_bytes(g).median())  # a policy's row: per context token, as the answer
     return f", {kv / 2**20:,.3g} MiB = {100 * kv / base:.0f}% of fp16's" if base else ""
