@@ -52,13 +52,17 @@ def test_attention_over_each_heads_kept_cells():
     assert cache.kept_positions()[0][0].tolist() == [-1, -1, 0, 3, 7, 10]  # padding first
 
 
-def test_keeping_everything_is_the_plain_cache(tiny):
+@pytest.mark.parametrize("spec", [CacheSpec("fp32"), CacheSpec("fp8_e4m3", fp8_scale=0.01),
+                                  CacheSpec("fp8_e4m3", fp8_scale="calibrated")])  # fmt: skip
+def test_keeping_everything_is_the_plain_cache(tiny, spec):
+    """FP8 with a tensor scale too: the cells are read at scale 1 and scaled back per layer
+    and KV head (before the fix the dense K/V ignored the scale: logits off by 5.0)."""
     pol = P.make("knorm", P.Budget(compression_ratio=0.0))
-    cache = make_policy_cache(CacheSpec("fp32"), tiny, len(TOKS), "reference", pol)
+    cache = make_policy_cache(spec, tiny, len(TOKS), "reference", pol)
     prefill(tiny, cache, TOKS[:16], 8)
     cache.compress()
     got = forward(tiny, mx.array([TOKS[16:]]), cache)
-    plain = make_cache(CacheSpec("fp32"), tiny.config, len(TOKS), "reference")
+    plain = make_cache(spec, tiny.config, len(TOKS), "reference")
     prefill(tiny, plain, TOKS[:16], 8)
     want = forward(tiny, mx.array([TOKS[16:]]), plain)
     np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-4)

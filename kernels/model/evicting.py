@@ -76,12 +76,14 @@ class EvictingCache:
         self.cells[layer] = c + n
 
     def dense(self, layer: int, dtype) -> tuple[mx.array, mx.array]:
-        """The held cells' K and V [1, Hkv, cells, D] decoded to dtype, in the model's basis."""
+        """The held cells' K and V [1, Hkv, cells, D] decoded to dtype, in the model's basis
+        (an FP8 format's rows, read at scale 1, times the layer's K and V scales)."""
         rk, rv, bk, bv = self.rot
         c = self.cells[layer]
         kd = self.fmt.decode({n: a[:, :, :c] for n, a in self.k[layer].items()}, dtype)
         vd = self.fmt.decode({n: a[:, :, :c] for n, a in self.v[layer].items()}, dtype)
-        return rotate(kd, rk, bk), rotate(vd, rv, bv)
+        ks, vs = self.formats.scales(layer)
+        return rotate(head_scaled(kd, ks), rk, bk), rotate(head_scaled(vd, vs), rv, bv)
 
     def read(self, layer: int, q, scale: float) -> mx.array:
         """Attention of q [1, Hq, n, D] over the held cells, each query seeing the cells at or
@@ -189,6 +191,13 @@ class EvictingCache:
 
     def saturated(self) -> int:
         return self.formats.saturated()
+
+
+def head_scaled(x: mx.array, scale: tuple) -> mx.array:
+    """x [1, Hkv, cells, D] times its tensor scale: one, or one per KV head (FP8)."""
+    if scale == (1.0,):
+        return x
+    return x * mx.array(scale, dtype=x.dtype).reshape(1, -1, 1, 1)
 
 
 def ropes_of(model) -> list | None:
