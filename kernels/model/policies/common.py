@@ -83,7 +83,7 @@ class Tail:
         if obs.layer in self.held and q.shape[2] < self.n:
             prev, _ = self.held[obs.layer]
             q = mx.concatenate([prev, q], axis=2)
-        q = q[:, :, -self.n :]
+        q = mx.contiguous(q[:, :, -self.n :])  # a copy: a slice would hold the whole pass
         self.held[obs.layer] = (q, obs.n_positions - q.shape[2])
         del start
 
