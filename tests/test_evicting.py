@@ -130,3 +130,43 @@ def test_a_windowed_model_keeps_its_rings_and_the_policy_selects_the_global_laye
     prefill(tiny_gemma, half, toks[:16], 8)
     half.compress()
     assert half.kept_cells() == [[8] * h] * 3 + [[5] * h]  # rings: window 8, no sinks
+    assert half.read_cells() == [8, 8, 8, 5]  # what a step reads per KV head, layer by layer
+
+
+def _compressed(tiny, pol):
+    cache = make_policy_cache(CacheSpec("fp16"), tiny, len(TOKS), "reference", pol)
+    prefill(tiny, cache, TOKS[:16], 8)
+    cache.compress()
+    return cache
+
+
+def test_rewind_restores_a_prefill_time_policys_cache(tiny):
+    """After a prefill-time compression a step only writes the next cell: rewinding offset,
+    positions and cell counts is the whole state. A step of token A, rewound, then token B
+    equals token B on a cache that never saw A (logits bit for bit, positions, cells)."""
+    pol = lambda: P.make("snapkv", P.Budget(compression_ratio=0.5), window=4)  # noqa: E731
+    cache, fresh = _compressed(tiny, pol()), _compressed(tiny, pol())
+    mark = cache.mark()
+    mx.eval(forward(tiny, mx.array([[TOKS[16]]]), cache), cache.arrays())
+    assert cache.cells == [9, 9] and cache.offset == 17  # 8 kept + A
+    cache.rewind(mark)
+    got = forward(tiny, mx.array([[TOKS[17]]]), cache)
+    want = forward(tiny, mx.array([[TOKS[17]]]), fresh)
+    assert mx.array_equal(got, want)
+    assert cache.offset == fresh.offset and cache.cells == fresh.cells
+    for a, b in zip(cache.kept_positions(), fresh.kept_positions()):
+        assert a.tolist() == b.tolist()
+
+
+def test_rewind_cannot_restore_a_decode_time_policys_cache(tiny):
+    """Why model_decode refuses window, h2o and tova: after the step their select gathers the
+    kept cells again (the oldest non-sink leaves, the rest move down a cell), so rewound
+    positions no longer name the data in their cells and the next step differs."""
+    pol = lambda: P.make("window", P.Budget(kv_budget=8), sinks=2)  # noqa: E731
+    cache, fresh = _compressed(tiny, pol()), _compressed(tiny, pol())
+    mark = cache.mark()
+    mx.eval(forward(tiny, mx.array([[TOKS[16]]]), cache), cache.arrays())
+    cache.rewind(mark)
+    got = forward(tiny, mx.array([[TOKS[17]]]), cache)
+    want = forward(tiny, mx.array([[TOKS[17]]]), fresh)
+    assert not mx.allclose(got, want, atol=1e-3)

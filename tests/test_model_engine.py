@@ -3,11 +3,13 @@ quality rows, decode at a fixed depth, bytes against hand counts, and the suite 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import mlx.core as mx
 import mlx.nn as nn
 import numpy as np
 import pytest
-from tiny_model import TINY, weights, write_gguf
+from tiny_model import TINY, np_forward, weights, write_gguf
 
 from kvbench.case import Case
 from kvbench.engines import common, engine_for
@@ -258,3 +260,92 @@ def test_a_policy_row_states_what_was_kept(tiny, policy, kw):
     if policy != "adakv":  # heads keep the same count: no per-head column
         assert row.kept_heads is None
     assert row.kl_mean > 0
+
+
+@pytest.mark.parametrize("policy, kw", [("snapkv", {"obs_window": 4}), ("knorm", {})])
+def test_model_decode_under_a_policy_steps_over_the_kept_cells(tiny, policy, kw):
+    """context_len 32: the depth's 31 tokens compressed at ratio 0.5 keep int(31 x 0.5) = 15
+    cells per KV head (2 heads, 2 layers: 60). fp16 cells: 2 B x 64 x (K, V) = 256 B each;
+    the step reads those 60 cells (15,360 B) and writes one position (1,024 B), where the full
+    cache reads 31 positions (31,744 B). Every sample is the same step over the same cells."""
+    c = case(phase="model_decode", kv_dtype="fp16", policy=policy, compression_ratio=0.5, **kw)
+    state = carrying(engine.build)(c)
+    x = state.extra
+    assert x["context_tokens"] == 31 and x["kept_cells"] == 60 and x["kept_layers"] == "30/30"
+    assert x["kept_heads"] is None and x["kept_bytes"] == 60 * 256
+    assert x["kept_bytes_per_token"] == 60 * 256 / 31 and x["policy_s"] > 0
+    assert state.kv_bytes == 60 * 256 + 1024 and state.bits_per_elem == 8.0  # 16 of 32 held
+    weights_b = common.weight_bytes(tiny)
+    assert state.traffic == (weights_b + 60 * 256, 1024)
+    full = carrying(engine.build)(case(phase="model_decode", kv_dtype="fp16"))
+    assert full.traffic == (weights_b + 31 * 1024, 1024)
+    attn = 4 * 4 * 64  # FLOPs per attended position per layer (4 Hq D)
+    assert full.flops - state.flops == attn * 2 * (32 - 16)  # each layer: 15 kept + the new
+    first, second = state.stages["step"](), state.stages["step"]()
+    mx.eval(first, second)
+    assert mx.array_equal(first[0], second[0])  # rewound to the kept cells, not deeper
+    mx.eval(want := full.stages["step"]()[0])
+    assert not mx.allclose(first[0], want, atol=1e-3)  # the kept half is not the whole context
+
+
+@pytest.mark.parametrize("policy, kw", [("snapkv", {"obs_window": 4}), ("knorm", {})])
+def test_a_policy_step_is_attention_over_only_the_kept_positions(tiny, policy, kw):
+    """The step's logits (float32 cells, sampled twice) against the numpy float64 forward pass
+    whose last token sees only the positions the cache kept, per layer and KV head, and
+    itself (every earlier token saw its whole causal context: the prefill)."""
+    c = case(phase="model_decode", kv_dtype="fp32", policy=policy, compression_ratio=0.5, **kw)
+    state = carrying(engine.build)(c)
+    mx.eval(state.stages["step"]())
+    got = np.array(state.stages["step"]()[0])
+    sees = []
+    for pos in state.profile.cache.kept_positions():  # per layer [Hkv, 15]
+        keep = np.zeros((TINY["n_kv_heads"], 32), bool)
+        for h, p in enumerate(pos):
+            keep[h, p[p >= 0]] = True
+        keep[:, 31] = True
+        assert keep[:, :31].sum(axis=1).tolist() == [15, 15]
+        sees.append(keep)
+    want = np_forward(weights(seed=3), list(TOKENS[:32]), sees)[-1]
+    np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
+    whole = np_forward(weights(seed=3), list(TOKENS[:32]))[-1]
+    assert np.abs(whole - want).max() > 1e-2  # the reference's mask matters at this tolerance
+
+
+def test_a_policy_cache_hands_its_kernel_a_dense_view():
+    """The evicting cache decodes its kept cells to a dense array: under a policy a kernel
+    that reads packed cells only is skipped with that reason (it would fail in the cache), and
+    a dense-only kernel runs a quantized format it could not read from the plain cache."""
+    pol = dict(policy="knorm", compression_ratio=0.5)
+    packed = case(phase="model_decode", kv_dtype="int4", kernel="dequant_sdpa")
+    assert common.model_skip_reason(packed, "cpu") is None
+    reason = common.model_skip_reason(replace(packed, **pol), "cpu")
+    assert reason == "kernel dequant_sdpa: needs a quantized cache, fp16 is dense"
+    dense = case(phase="model_decode", kv_dtype="int4", kernel="sdpa")
+    assert "needs a dense cache, int4 is quantized" in common.model_skip_reason(dense, "cpu")
+    assert common.model_skip_reason(replace(dense, **pol), "cpu") is None
+
+
+def test_a_policy_decode_row_through_the_runner(tiny):
+    """The row as the runner writes it: the timed step's samples beside the kept cells, the
+    policy's one-off cost and the bytes of the cells the step read (see above)."""
+    c = case(phase="model_decode", kv_dtype="fp16", policy="knorm", compression_ratio=0.5)
+    run = runner.CaseRun(c)
+    runner.measure_round(run, Settings(warmup_s=0, min_samples=2, max_samples=2, budget_s=0), 0)
+    row = runner.finish(run, Settings(), {})
+    assert row.status == "ok" and row.n_samples >= 1 and row.median_ms > 0
+    assert row.kept_cells == 60 and row.context_tokens == 31 and row.policy_s > 0
+    assert row.kv_bytes == 60 * 256 + 1024 and row.bits_per_elem == 8.0
+    assert row.bytes_read == common.weight_bytes(tiny) + 60 * 256 and row.bytes_written == 1024
+
+
+def test_a_step_over_uneven_heads_reads_their_padding(tiny):
+    """adakv moves cells between a layer's heads; the cache pads every head to the layer's
+    most and the step reads (and masks) the padding: traffic counts the cells read, more than
+    kept_bytes, never fewer."""
+    c = case(phase="model_decode", kv_dtype="fp16", policy="adakv", scorer="knorm",
+             compression_ratio=0.5)  # fmt: skip
+    state = carrying(engine.build)(c)
+    heads = [[int(n) for n in layer.split(",")] for layer in state.extra["kept_heads"].split(";")]
+    assert [sum(h) for h in heads] == [30, 30] and any(len(set(h)) > 1 for h in heads)
+    read = sum(2 * max(h) * 256 for h in heads)  # 2 KV heads x the layer's most, 256 B a cell
+    assert state.traffic[0] - common.weight_bytes(tiny) == read > state.extra["kept_bytes"]

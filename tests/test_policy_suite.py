@@ -9,7 +9,7 @@ import sys
 import pytest
 
 from kvbench.errors import SuiteError
-from kvbench.suite.suite import load_suite
+from kvbench.suite.suite import expand, load_suite
 
 BASE = "fixed: {model: smollm2-135m, phase: quality, kernel: reference, context_len: 64, "
 
@@ -62,3 +62,26 @@ def test_cli_exits_2_with_one_line(write_suite):
                        capture_output=True, text=True, timeout=300)  # fmt: skip
     assert r.returncode == 2 and "Traceback" not in r.stderr
     assert r.stderr.strip().count("\n") == 0 and "kv_budget" in r.stderr
+
+
+DECODE = BASE.replace("phase: quality", "phase: model_decode")
+
+
+@pytest.mark.parametrize("policy", ["window", "h2o", "tova"])
+def test_model_decode_refuses_a_decode_time_policy(write_suite, policy):
+    path = write_suite(DECODE + f"policy: {policy}, compression_ratio: 0.5}}\n")
+    with pytest.raises(SuiteError) as err:
+        load_suite(path)
+    message = str(err.value)
+    assert message.startswith(f"{path}: policy: {policy} selects again after every decode step")
+    assert "rewinding" in message and "snapkv, knorm" in message and "\n" not in message
+
+
+def test_model_decode_runs_a_prefill_time_policy_over_the_depth(write_suite):
+    """The step decodes at depth context_len - 1: that is what is compressed (63 of 64)."""
+    ok = write_suite(DECODE + "policy: snapkv, compression_ratio: 0.5, obs_window: 16}\n")
+    (case,) = expand(load_suite(ok))
+    assert case.phase == "model_decode" and case.policy == "snapkv"
+    bad = write_suite(DECODE + "policy: knorm, kv_budget: 64}\n", "bad.yaml")
+    with pytest.raises(SuiteError, match="kv_budget: 64: larger than the 63 tokens compressed"):
+        load_suite(bad)

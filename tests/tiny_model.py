@@ -165,13 +165,17 @@ def rope_half(x: np.ndarray) -> np.ndarray:
     return np.concatenate([a * cos - b * sin, b * cos + a * sin], axis=-1)
 
 
-def attention(q, k, v):
-    """q [Hq, L, D], k/v [Hkv, L, D], causal, GQA by repeating K/V heads."""
+def attention(q, k, v, last_sees=None):
+    """q [Hq, L, D], k/v [Hkv, L, D], causal, GQA by repeating K/V heads; last_sees: bool
+    [Hkv, L], the positions the last query sees (default: all, causal)."""
     g = q.shape[0] // k.shape[0]
     k, v = np.repeat(k, g, axis=0), np.repeat(v, g, axis=0)
     s = q @ k.transpose(0, 2, 1) / np.sqrt(q.shape[-1])
     n = q.shape[1]
-    s = np.where(np.tril(np.ones((n, n), bool)), s, -np.inf)
+    seen = np.broadcast_to(np.tril(np.ones((n, n), bool)), s.shape).copy()
+    if last_sees is not None:
+        seen[:, -1] = np.repeat(last_sees, g, axis=0)
+    s = np.where(seen, s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
     return (p / p.sum(-1, keepdims=True)) @ v
 
@@ -182,16 +186,18 @@ def project(lp: dict, h: np.ndarray, name: str, n_heads: int) -> np.ndarray:
     return y.reshape(h.shape[0], n_heads, -1).transpose(1, 0, 2)
 
 
-def np_forward(wts: dict, tokens: list[int]) -> np.ndarray:
-    """Logits [L, vocab] in float64."""
+def np_forward(wts: dict, tokens: list[int], last_sees=None) -> np.ndarray:
+    """Logits [L, vocab] in float64; last_sees: per layer, bool [Hkv, L] the positions the
+    last token attends to (a cache that kept only those; default: every earlier one)."""
     t = TINY
     n = len(tokens)
     x = wts["embed"][tokens].astype(np.float64)
-    for lp in wts["layers"]:
+    for i, lp in enumerate(wts["layers"]):
         h = rms(x, lp["attn_norm"])
         q = rope_half(project(lp, h, "q", t["n_heads"]))
         k = rope_half(project(lp, h, "k", t["n_kv_heads"]))
-        o = attention(q, k, project(lp, h, "v", t["n_kv_heads"]))  # [Hq, L, D]
+        sees = None if last_sees is None else last_sees[i]
+        o = attention(q, k, project(lp, h, "v", t["n_kv_heads"]), sees)  # [Hq, L, D]
         x = x + o.transpose(1, 0, 2).reshape(n, -1) @ lp["o"].T
         h = rms(x, lp["ffn_norm"])
         g = h @ lp["gate"].T

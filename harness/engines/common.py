@@ -241,18 +241,22 @@ def matmul_macs(model) -> int:
     return macs if head else macs + model.config.vocab * model.config.hidden
 
 
-def decode_flops(case: Case, model) -> int:
+def decode_flops(case: Case, model, attended: list[int] | None = None) -> int:
     """Matmul FLOPs of one decode step: 2 per multiply-add of every linear layer and the
-    output head, plus attention over the context (4 * Hq * L * D per layer)."""
+    output head, plus attention over the positions each layer attends (4 * Hq * L * D per
+    layer; `attended`: L per layer, default the whole context, context_len)."""
     c = model.config
-    return 2 * matmul_macs(model) + c.n_layers * 4 * c.n_heads * case.context_len * c.head_dim
+    attended = [case.context_len] * c.n_layers if attended is None else attended
+    return 2 * matmul_macs(model) + 4 * c.n_heads * c.head_dim * sum(attended)
 
 
-def decode_traffic(case: Case, model, spec) -> tuple[int, int]:
-    """(read, written) of one decode step, each tensor once: every weight, the K/V of the
-    context_len - 1 positions held, the new token's K/V written (activations not counted)."""
-    held = model_kv_bytes(case, spec, case.context_len - 1)
-    return weight_bytes(model) + held, model_kv_bytes(case, spec) - held
+def decode_traffic(case: Case, model, spec, held: int | None = None) -> tuple[int, int]:
+    """(read, written) of one decode step, each tensor once: every weight, the K/V the step
+    reads (`held` bytes; default the context_len - 1 positions held), the new token's K/V
+    written (activations not counted)."""
+    depth = model_kv_bytes(case, spec, case.context_len - 1)
+    held = depth if held is None else held
+    return weight_bytes(model) + held, model_kv_bytes(case, spec) - depth
 
 
 def windowed(model, case: Case):
@@ -291,12 +295,14 @@ def model_bits_per_elem(case: Case, spec) -> float:
 
 def model_skip_reason(case: Case, backend: str) -> str | None:
     """A plain spec runs the kernel on the stored format; any other spec (separate K/V formats,
-    per-channel keys, sinks, a residual window) hands the kernel a dense view."""
+    per-channel keys, sinks, a residual window) and any cache policy (kernels/model/evicting.py)
+    hand the kernel a dense view."""
     r = resolved.of_case(case)
     f32 = case.kernel in KERNELS and KERNELS[case.kernel].float32
     dense = get_format("fp32" if f32 else "fp16")
+    stored = r.spec.plain and case.policy == "none"
     try:
-        for fmt in (r.k_fmt, r.v_fmt) if r.spec.plain else (dense,):
+        for fmt in (r.k_fmt, r.v_fmt) if stored else (dense,):
             kv_store.check_kernel(case.kernel, fmt, backend)
     except ValueError as e:
         return str(e)
@@ -349,6 +355,18 @@ def policy_of(case: Case):
         name = POLICY_PARAMS[axis]
         params[name[case.policy] if isinstance(name, dict) else name] = getattr(case, axis)
     return policies.make(case.policy, budget, **params)
+
+
+def policy_read_bytes(case: Case, r: Resolved, read_cells: list[int]) -> int:
+    """Exact bytes a step over a policy cache reads of what it held before the step: per
+    layer, each KV head's `read_cells` (evicting.py EvictingCache.read_cells: the kept cells,
+    a layer's padding included), K and V in their formats, and each layer's per-tensor
+    scales."""
+    c = model_of(case.model)[0].config
+    cells = sum(read_cells) * c.n_kv_heads
+    kf, vf = r.k_fmt, r.v_fmt
+    fixed = (kf.tensor_bytes(c.n_kv_heads) + vf.tensor_bytes(c.n_kv_heads)) * c.n_layers
+    return kf.nbytes(cells, c.head_dim) + vf.nbytes(cells, c.head_dim) + fixed
 
 
 def policy_kv_bytes(case: Case, r: Resolved, n: int | None = None) -> int:

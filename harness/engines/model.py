@@ -8,7 +8,9 @@ cache stored in the case's format through kvbench's own formats and kernels
   sample decodes the same next token at the same depth: the cache's write position is reset
   before each step, so each sample is the context_len-th token. tokens_per_s = 1 / step.
   `matvec` and `rope`: how the step's one-token weight products and its RoPE ran
-  (kernels/model/matvec.py, rope.py).
+  (kernels/model/matvec.py, rope.py). Under a prefill-time cache policy the depth's tokens
+  are compressed once at the end of their prefill and the step reads the kept cells
+  (policy_decode; docs/policies.md "Phase model_decode").
 * phase quality: the text is cut into `chunks` chunks of context_len tokens (as
   llama-perplexity: each chunk's first token replaced by BOS where the vocabulary adds one,
   the row's chunk_bos; the second half of each chunk is scored); the model runs over each chunk
@@ -45,6 +47,7 @@ from kvbench.engines.contract import TOKENS, State, memory_baseline
 from kvbench.engines.model_step import ModelStep
 from kvbench.kernels.model import cache as kv_store
 from kvbench.kernels.model import compress, matvec, meter, quality, rope, shift_quality
+from kvbench.kernels.model.evicting import make_policy_cache
 from kvbench.kernels.model.run import prefill
 from kvbench.suite import model_edit
 from kvbench.suite import policy as suite_policy
@@ -74,7 +77,10 @@ def decode_state(case: Case, r: Resolved, n_new: int = 1) -> State:
     """The timed step: n_new tokens (at most common.UBATCH) at depth context_len - n_new
     (engines/model_step.py); 1 is the model_decode phase's decode step, more a prefill
     micro-batch (kvbench profile --ubatch). With settings.stages the runner also times the
-    step's KV write and attention over the stored cache on their own (write_ms, attend_ms)."""
+    step's KV write and attention over the stored cache on their own (write_ms, attend_ms).
+    Under a cache policy (a prefill-time one: suite/policy.py) the depth's tokens are
+    compressed once at the end of their prefill (policy_decode) and the step reads the kept
+    cells."""
     model, _ = common.model_of(case.model)
     spec = r.spec
     depth = case.context_len - n_new
@@ -82,9 +88,13 @@ def decode_state(case: Case, r: Resolved, n_new: int = 1) -> State:
     if len(tokens) < case.context_len:
         raise ValueError(f"text {case.text}: {len(tokens)} tokens, fewer than context_len")
     baseline = memory_baseline()
-    cache = kv_store.make_cache(spec, model.config, case.context_len, case.kernel, case.tile_kv,
-                                max_step=common.UBATCH)  # fmt: skip
-    prefill(model, cache, list(tokens[:depth]), common.UBATCH)
+    if case.policy != "none":
+        cache, byte_model, kept = policy_decode(case, r, model, list(tokens[:depth]))
+    else:
+        cache = kv_store.make_cache(spec, model.config, case.context_len, case.kernel,
+                                    case.tile_kv, max_step=common.UBATCH)  # fmt: skip
+        prefill(model, cache, list(tokens[:depth]), common.UBATCH)
+        byte_model, kept = plain_bytes(case, model, spec), {}
     mx.eval(cache.arrays())
     # FP8: what the prefill stored saturated (the timed steps rewrite one position over again)
     held = {"kv_saturated": cache.saturated()} if spec.saturates else {}
@@ -92,17 +102,55 @@ def decode_state(case: Case, r: Resolved, n_new: int = 1) -> State:
     return State(
         {"step": step, "write": step.part("write"), "attend": step.part("attend")},
         lambda: held,
-        traffic=common.decode_traffic(case, model, spec),
-        flops=common.decode_flops(case, model),
-        bits_per_elem=common.model_bits_per_elem(case, r.spec),
-        kv_bytes=common.model_kv_bytes(case, r.spec),
+        **byte_model,
         alloc_bytes=cache.held_bytes(),
         baseline_bytes=baseline,
         cache=cache.arrays,
         effective=common.model_effective(case),
-        extra=cpu_paths(step),
+        extra={**cpu_paths(step), **kept},
         profile=step,
     )
+
+
+def plain_bytes(case: Case, model, spec) -> dict:
+    """The byte and FLOP model of a step over every position held (common.py)."""
+    return {
+        "traffic": common.decode_traffic(case, model, spec),
+        "flops": common.decode_flops(case, model),
+        "bits_per_elem": common.model_bits_per_elem(case, spec),
+        "kv_bytes": common.model_kv_bytes(case, spec),
+    }
+
+
+def policy_decode(case: Case, r: Resolved, model, context: list[int]):
+    """(cache, byte model, row fields) of a step under a prefill-time policy: `context` (the
+    depth's tokens) prefilled with every position held and compressed once at its end
+    (kvpress's setup, as compress.py), so the step writes its token after the kept cells and
+    reads only those; ModelStep's rewind (offset, positions, cell counts) restores that state
+    exactly (tests/test_evicting.py). kv_bytes: the kept cells (the formula,
+    common.policy_kv_bytes) and the step's new tokens, as a full-cache row's counts its
+    context_len positions; traffic and FLOPs: the cells the step reads (common.policy_read_bytes:
+    a layer whose heads keep different counts reads its padding too), never the context's.
+    policy_s: the selection and gather's wall seconds, once, outside the timed samples."""
+    n_new = case.context_len - len(context)
+    cache = make_policy_cache(r.spec, model, case.context_len, case.kernel,
+                              common.policy_of(case), case.tile_kv, common.UBATCH)  # fmt: skip
+    prefill(model, cache, context, common.UBATCH)
+    cache.compress()
+    kept = compress.Kept(len(context), cache.kept_cells(), cache.kept_bytes(), cache.policy_s)
+    new = common.model_kv_bytes(case, r.spec) - common.model_kv_bytes(case, r.spec, len(context))
+    kv_bytes = common.policy_kv_bytes(case, r, len(context)) + new
+    c = model.config
+    elems = 2 * c.n_layers * c.n_kv_heads * c.head_dim * case.context_len
+    read = cache.read_cells()  # per layer, each KV head's cells
+    read_bytes = common.policy_read_bytes(case, r, read)
+    byte_model = {
+        "traffic": common.decode_traffic(case, model, r.spec, read_bytes),
+        "flops": common.decode_flops(case, model, [x + n_new for x in read]),
+        "bits_per_elem": 8 * kv_bytes / elems,  # of the context's K/V, as held after the step
+        "kv_bytes": kv_bytes,
+    }
+    return cache, byte_model, kept.fields()
 
 
 def cpu_paths(step: ModelStep) -> dict:

@@ -1,19 +1,22 @@
 """Suite checks of a cache policy (kernels/model/policies/, docs/policies.md): the phases that
-run one, the budget (compression_ratio or kv_budget, within the context and above the sinks),
-the cache it composes with (one per-token format: any kv_dtype and rotation, no separate V
-format, KIVI keys or fp16 regions, no window layout), and each policy's own axes. A row never
-says a policy ran when it did not: an axis a case's policy does not read is an error here."""
+run one (model_decode: the prefill-time policies only), the budget (compression_ratio or
+kv_budget, within the context and above the sinks), the cache it composes with (one
+per-token format: any kv_dtype and rotation, no separate V format, KIVI keys or fp16 regions,
+no window layout), and each policy's own axes. A row never says a policy ran when it did not:
+an axis a case's policy does not read is an error here."""
 
 from __future__ import annotations
 
 from kvbench.case import Case
 from kvbench.errors import SuiteError
 from kvbench.kernels.attention.registry import KERNELS
+from kvbench.kernels.model.policies import POLICIES
 
 PHASES = (
     "quality",
     "retrieval",
     "generate",
+    "model_decode",
 )  # the phases whose engines compress (engines/model*.py)
 AXES = ("compression_ratio", "kv_budget", "n_sink", "obs_window", "kernel_size", "scorer")
 DEFAULTS = {"compression_ratio": 0.0, "kv_budget": None, "n_sink": 4, "obs_window": 64,
@@ -36,11 +39,23 @@ SPEC_AXES = {"v_dtype": None, "k_axis": "token", "sink_tokens": 0, "recent_token
              "k_order": "hf", "q_quant": "none"}  # fmt: skip
 
 
+def decode_time_reason(name: str) -> str:
+    """Why model_decode refuses a policy that selects after every step (window, h2o, tova)."""
+    once = ", ".join(n for n, p in POLICIES.items() if not p.decode)
+    return (
+        f"{name} selects again after every decode step (a decode-time policy): each step "
+        "gathers the kept cells in place (and h2o adds to its scores), so rewinding the step's "
+        "positions would not restore the cache it started from and every sample would time a "
+        f"different cache; model_decode times the prefill-time policies ({once}), compressed "
+        "once at the context's end"
+    )
+
+
 def compressed_tokens(case: Case) -> int:
     """Positions the policy compresses: the context half of a quality chunk (the second half,
-    scored, is the continuation), a generate chunk but its last token, at most the prompt in
-    retrieval (its haystack's end)."""
-    if case.phase == "generate":  # a chunk but the token generation starts from
+    scored, is the continuation), a generate chunk but its last token, the depth a model_decode
+    step decodes at (context_len - 1), at most the prompt in retrieval (its haystack's end)."""
+    if case.phase in ("generate", "model_decode"):  # all but the token that follows
         return case.context_len - 1
     return case.context_len // 2 if case.phase == "quality" else case.context_len
 
@@ -56,6 +71,8 @@ def check_policy(path: str, case: Case) -> None:
             f"a cache policy runs in phase {', '.join(PHASES)} (the model engine), not {case.phase}"
         )
         raise SuiteError(path, "policy", why)
+    if case.phase == "model_decode" and getattr(POLICIES.get(case.policy), "decode", False):
+        raise SuiteError(path, "policy", decode_time_reason(case.policy))
     if case.kernel not in KERNELS:
         raise SuiteError(path, "kernel", f"{case.kernel} cannot run a kvbench cache policy")
     for axis, default in SPEC_AXES.items():

@@ -133,6 +133,8 @@ class EvictingCache:
         if not self.compressed:  # what the context kept (decode policies hold it since)
             self.kept_cells_at, self.kept_bytes_at = self.kept_cells(), self.kept_bytes()
         self.compressed = True
+        if not self.policy.decode:  # never observed or selected again: the passes' queries
+            self.last = [None] * self.n_layers  # and dense cells go (not held by the steps)
 
     def layers(self) -> list[int]:
         """The layers whose cells the policy selects."""
@@ -161,6 +163,12 @@ class EvictingCache:
     def kept_cells(self) -> list[list[int]]:
         """Per layer, per KV head: positions held now."""
         return [[int((p[h] >= 0).sum()) for h in range(p.shape[0])] for p in self.pos]
+
+    def read_cells(self) -> list[int]:
+        """Per layer: the cells a pass's attention reads for each KV head besides the pass's
+        own, as held now: the kept cells, and a layer whose heads keep different counts
+        (adakv) pads every head to its most (read, masked)."""
+        return list(self.cells)
 
     def kept_positions(self) -> list[np.ndarray]:
         """Per layer: [Hkv, cells] positions held (-1 padding), each head's ascending."""
@@ -247,6 +255,12 @@ class WindowedEvictingCache(EvictingCache):
         out = super().kept_cells()
         for i, r in self.rings.items():  # the positions a ring layer shows the next query
             out[i] = [min(self.offset, r.ring.window + r.ring.sinks)] * self.pos[i].shape[0]
+        return out
+
+    def read_cells(self) -> list[int]:
+        out = super().read_cells()
+        for i, cells in enumerate(self.kept_cells()):
+            out[i] = max(cells) if i in self.rings else out[i]  # a ring: its visible positions
         return out
 
     def mark(self):
