@@ -333,6 +333,7 @@ MODEL_FLOORS = {
     "run": 5, "source": 5,
     "quality": 6, "retrieval": 6, "generate": 6, "parts": 6,
     "capture": 7, "passkey": 7, "compress": 7, "shift": 7,
+    "shift_quality": 8,
 }  # fmt: skip
 MODEL = "kvbench.kernels.model"
 

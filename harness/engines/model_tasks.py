@@ -73,18 +73,13 @@ def answers(key: tuple, spec, kernel: str, tile_kv, case=None, saturated=None, e
 def edited_answer(model, tokenizer, p, key, spec, kernel, tile_kv, edit, edits) -> str:
     """One trial through the edit: a cache of the schedule's cells (an overrun fails as
     llama_decode would), the prompt and answer as passkey.cpp reads them."""
-    sch = schedule(key[0], edit)
+    sch = common.schedule(key[0], edit)
     inner = make_cache(spec, model.config, sch.n_cells, kernel, tile_kv)
     cache = shift.ShiftCache(inner, shift.rope_params(model.net), sch.div_sign)
     text = shift.greedy_answer(model, cache, tokenizer, p, key[1], sch, UBATCH)
     if edits is not None:
         edits.append({**cache.counts, "n_past": cache.offset, "cells": sch.n_cells})
     return text
-
-
-def schedule(name: str, edit: tuple) -> shift.Schedule:
-    """The Schedule of an edit (model_edit.edit_of) on model `name`."""
-    return model_edit.schedule_for(edit, name, *common.model_of(name))
 
 
 @lru_cache(maxsize=16)
@@ -94,37 +89,6 @@ def reference_answers(*key, edit=None) -> tuple[tuple, float]:
     with meter.metered() as m:
         got = tuple(answers(key, quality.REFERENCE_SPEC, "reference", None, edit=edit))
     return got, m.wall_s
-
-
-def edit_fields(edits: list[dict]) -> dict:
-    """A row's evidence of the edit: context shifts made (all trials), the largest position
-    RoPE gave an answer token (n_past), the context's cells, keys re-rotated (all trials)."""
-    if not edits:
-        return {}
-    return {
-        "kv_shifts": sum(e["context_shifts"] for e in edits),
-        "n_past": max(e["n_past"] for e in edits),
-        "cells_alloc": edits[0]["cells"],
-        "edit_units": sum(e["rotated"] for e in edits),
-    }
-
-
-def edit_effective(case: Case) -> tuple[dict, int | None]:
-    """An edited case's n_keep in effect (a null one: the instruction's tokens) and the
-    positions its cache holds at most (the context's cells); ({}, None) without an edit."""
-    edit = model_edit.edit_of(case)
-    if edit is None:
-        return {}, None
-    sch = schedule(case.model, edit)
-    return {"n_keep": sch.n_keep}, min(case.context_len, sch.n_cells)
-
-
-def edit_ubatch(case: Case) -> int:
-    """The row's ubatch: an edit reads passkey.cpp's batches of ga_w in micro-batches of at
-    most UBATCH, so one forward pass takes at most the smaller."""
-    edit = model_edit.edit_of(case)
-    n = common.ubatch_of(case)
-    return n if edit is None else min(n, schedule(case.model, edit).n_batch)
 
 
 def retrieval_state(case: Case, r: Resolved) -> State:
@@ -139,11 +103,11 @@ def retrieval_state(case: Case, r: Resolved) -> State:
         row = common.answer_fields(case.task, got, list(ref), truth)
         row["prompt_tokens"] = max(len(p.tokens) for p in common.prompts_of(*key))
         row |= {"kv_saturated": sum(sat)} if spec.saturates else {}
-        row |= edit_fields(edits)
+        row |= common.edit_fields(edits)
         row |= kept.fields() if case.policy != "none" else {}
-        return {**row, **m.fields(), "ref_wall_s": ref_s, "ubatch": edit_ubatch(case)}
+        return {**row, **m.fields(), "ref_wall_s": ref_s, "ubatch": common.edit_ubatch(case)}
 
-    fields, held = edit_effective(case)  # an edit's cache holds the context's cells at most
+    fields, held = common.edit_effective(case)  # an edit's cache holds the context's cells at most
     kv_bytes, bits = (
         policy_bytes(case, r)
         if case.policy != "none"
