@@ -106,6 +106,8 @@ def test_refusals_name_the_key():
     assert "policy" in refused(policy="window", compression_ratio=0.5)
     assert "plain cache" in refused(kv_dtype="int8", v_dtype="int4")
     assert "phase retrieval or quality" in refused(phase="generate")
+    assert "ga_n: self-extend's; a context shift does not read it" in refused(ga_n=4)
+    assert "div_sign: self-extend's" in refused(div_sign="llama.cpp")
     # retrieval: 216 prompt tokens + 16 answer positions fit n_ctx 252 (cells 256 - n_keep 4)
     rc = dict(phase="retrieval", task="passkey-llamacpp", chunks=1, context_len=216)
     assert "no shift happens" in refused(**rc)

@@ -166,6 +166,10 @@ def check(path: str, case: Case, shape, sizes: list[int], n_keep: int,
         raise SuiteError(path, "kernel", f"{why} cache under quality")
     if case.policy != "none":
         raise SuiteError(path, "policy", "a cache policy beside a kv_edit is not built")
+    if case.kv_edit == "shift":  # schedule_of runs a shift with ga_n 1 and no division
+        for axis, default in (("ga_n", 1), ("div_sign", "exact")):
+            if getattr(case, axis) != default:
+                raise SuiteError(path, axis, "self-extend's; a context shift does not read it")
     if case.v_dtype not in (None, case.kv_dtype) or case.k_axis != "token" or case.sink_tokens \
             or case.recent_tokens or case.window is not None:  # fmt: skip
         raise SuiteError(path, "kv_edit", "edits one plain cache: one format for K and V, "
@@ -192,7 +196,7 @@ def _check_context(path: str, case: Case, shape, sizes: list[int], n_keep: int) 
         raise SuiteError(path, "context_limit", f"{limit} is past {case.model}'s trained "
                          f"length {trained}")  # fmt: skip
     if case.kv_edit == "shift":
-        _check_shifts(path, case, sch, max(sizes))
+        _check_shifts(path, case, sch, min(sizes))  # every trial shifts, not only the longest
     elif max(sizes) <= limit:
         raise SuiteError(path, "context_len", f"{max(sizes)} prompt tokens stay inside the "
                          f"trained length {limit}: nothing to extend (context_limit: N sizes "
