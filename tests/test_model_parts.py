@@ -110,6 +110,18 @@ def test_ubatch_is_refused_where_it_means_nothing(tmp_path):
         profile(str(suite), "", ubatch=8)
 
 
+def test_ubatch_is_refused_under_a_cache_policy(tmp_path):
+    """The budget of a policy case is checked for one decode step after context_len - 1
+    tokens; a micro-batch would compress a context the suite never checked."""
+    gguf = write_gguf(tmp_path / "t.gguf", weights(seed=3))
+    suite = tmp_path / "s.yaml"
+    suite.write_text(f"name: s\nfixed: {{model: {gguf}, phase: model_decode, kernel: sdpa, "
+                     "policy: knorm, compression_ratio: 0.5}\n"
+                     "sweep:\n  context_len: [32]\n")  # fmt: skip
+    with pytest.raises(UserError, match="--ubatch 8: a case under policy knorm"):
+        profile(str(suite), "", ubatch=8)
+
+
 def test_profile_of_a_model_decode_case_goes_part_by_part(tmp_path, monkeypatch):
     """`kvbench profile` hands a model_decode case (a GGUF model) to the model profile, with
     the suite's settings and --ubatch."""

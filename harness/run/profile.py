@@ -114,6 +114,9 @@ def profile(
         problem = capture_problem(metal_capture, backend)
         if problem:
             raise UserError(f"--metal-capture: {problem}")
+    if ubatch not in (None, 1) and case.policy != "none":  # its budget was checked for one
+        raise UserError(f"{suite_path}: --ubatch {ubatch}: a case under policy {case.policy} "
+                        "compresses the context before a decode step; no micro-batch")  # fmt: skip
     if ubatch is not None and not 1 <= ubatch < case.context_len:
         raise UserError(f"{suite_path}: --ubatch {ubatch}: must be from 1 to context_len - 1 "
                         f"({case.context_len - 1}) of case {case.case_id}")  # fmt: skip
