@@ -41,7 +41,6 @@ from kvbench.kernels.model.retrieval import (
     tokenizer_of,
 )
 from kvbench.kernels.model.spec import CacheSpec
-from kvbench.kernels.model.tokenizer import eog_ids
 from kvbench.peers import kvpress as K
 
 POLICIES = tuple(K.PRESSES)  # snapkv, window, knorm, tova, expected_attention
@@ -127,8 +126,8 @@ def answer_with(base, pol, model, question: list[int], gen: int, eog, kept=None,
     for _ in range(gen):
         token = int(mx.argmax(R.decode(model, c, token)).item())
         out.append(token)
-        if token in eog:  # kvpress's generate_answer keeps its eos id and stops
-            break
+        if len(out) > 1 and token in eog:  # as kvpress's generate_answer: it keeps the eos
+            break  # id and stops, testing every token but the first (pipeline.py)
     return out
 
 
@@ -220,7 +219,8 @@ def main() -> int:
     side_s = time.perf_counter() - start
     model = load_model(gguf)
     start = time.perf_counter()
-    mine = kvbench_side(model, ctx, question, trial.gen_tokens, args.answer_ratios, eog_ids(tok),
+    eos = frozenset({tok.eos_id})  # kvpress stops at generation_config.eos_token_id (the GGUF's)
+    mine = kvbench_side(model, ctx, question, trial.gen_tokens, args.answer_ratios, eos,
                         args.evict == "once")  # fmt: skip
     ours_s = time.perf_counter() - start
     full_kvpress, full_ids = K.full_answer(answer)
