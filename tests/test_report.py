@@ -119,6 +119,18 @@ def test_memory_split_is_exact():
     assert list(s["scales_bytes"]) == [0, 128, 33] and list(s["split_known"]) == [1, 1, 1]
 
 
+def test_memory_split_of_a_policy_row_uses_its_cells_bits():
+    """A q4_0 row under snapkv 0.5: bits_per_elem 2.25 is per context element (half the
+    cells kept), which would clip the scales' share to 0; its kept cells hold 4.5 bits each,
+    0.5 of them the fp16 block scale: 1/9 of the bytes are scales."""
+    kept_cells, head_dim = 2 * 3 * 100, 64  # layers x KV heads x cells kept each
+    kept = 2 * kept_cells * head_dim * 4.5 / 8  # K and V at q4_0's 4.5 bits
+    d = pd.DataFrame({"kv_dtype": ["q4_0"], "kv_bytes": [kept], "bits_per_elem": [2.25],
+                      "data_bits": [4], "kept_bytes": [kept], "kept_cells": [kept_cells],
+                      "head_dim": [head_dim]})  # fmt: skip
+    assert split_memory(d)["scales_bytes"].iloc[0] == round(kept / 9)
+
+
 def test_frontier_keeps_pareto_points():
     p = pd.DataFrame(
         {"bits_per_elem": [4.5, 4.5, 8.0, 16.0, 32.0], "rel_err": [0.1, 0.2, 0.3, 1e-3, 0]}

@@ -114,6 +114,10 @@ def split_memory(d: pd.DataFrame) -> pd.DataFrame:
     d = with_v1_facts(d)
     data_bits = d["data_bits"].astype(float)
     bpe = d["bits_per_elem"].astype(float)
+    if {"kept_bytes", "kept_cells", "head_dim"} <= set(d):  # a policy row: bits per context
+        # element, not per stored one; the split needs the format's own (its kept cells' bits)
+        per_cell = 8 * d["kept_bytes"] / (2 * d["kept_cells"] * d["head_dim"])
+        bpe = per_cell.where(d["kept_cells"].fillna(0) > 0, bpe).astype(float)
     share = (1 - data_bits / bpe).where(bpe.notna() & data_bits.notna(), 0.0).clip(lower=0)
     d["scales_bytes"] = (d["kv_bytes"].astype(float) * share).round()
     d["k_bytes"] = (d["kv_bytes"] - d["scales_bytes"]) / 2
