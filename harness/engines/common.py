@@ -32,7 +32,7 @@ from kvbench.kernels.attention.registry import (
 from kvbench.kernels.data import make_qkv
 from kvbench.kernels.formats.registry import get_format
 from kvbench.kernels.model import cache as kv_store
-from kvbench.kernels.model import passkey, policies, quality, retrieval, shift
+from kvbench.kernels.model import passkey, policies, quality, retrieval
 from kvbench.kernels.model import spec as kv_spec
 from kvbench.kernels.model.load import load_model
 from kvbench.kernels.model.source import model_file
@@ -41,8 +41,8 @@ from kvbench.kernels.model.tokenizer import load_tokenizer
 from kvbench.kernels.stores.layouts import cells_from_tokens
 from kvbench.kernels.stores.workloads import Replay, Workload
 from kvbench.stats import wilson
-from kvbench.suite import model_edit, resolved
 from kvbench.suite import policy as suite_policy
+from kvbench.suite import resolved
 from kvbench.suite.cache_spec import rotation_blocks
 from kvbench.suite.model_plan import PREFILL_UBATCH
 from kvbench.suite.resolved import Resolved
@@ -385,42 +385,3 @@ def policy_kv_bytes(case: Case, r: Resolved, n: int | None = None) -> int:
     fixed = (kf.tensor_bytes(c.n_kv_heads) + vf.tensor_bytes(c.n_kv_heads)) * c.n_layers
     state = 4 * scored if case.policy == "h2o" else 0
     return kf.nbytes(cells, c.head_dim) + vf.nbytes(cells, c.head_dim) + fixed + state
-
-
-# ---- a context shift or self-extend on a model (engines/model.py, model_tasks.py) ----
-
-
-def schedule(name: str, edit: tuple) -> shift.Schedule:
-    """The Schedule of an edit (model_edit.edit_of) on model `name`."""
-    return model_edit.schedule_for(edit, name, *model_of(name))
-
-
-def edit_fields(edits: list[dict]) -> dict:
-    """A row's evidence of the edit: context shifts made (all trials), the largest position
-    RoPE gave an answer token (n_past), the context's cells, keys re-rotated (all trials)."""
-    if not edits:
-        return {}
-    return {
-        "kv_shifts": sum(e["context_shifts"] for e in edits),
-        "n_past": max(e["n_past"] for e in edits),
-        "cells_alloc": edits[0]["cells"],
-        "edit_units": sum(e["rotated"] for e in edits),
-    }
-
-
-def edit_effective(case: Case) -> tuple[dict, int | None]:
-    """An edited case's n_keep in effect (a null one: the instruction's tokens) and the
-    positions its cache holds at most (the context's cells); ({}, None) without an edit."""
-    edit = model_edit.edit_of(case)
-    if edit is None:
-        return {}, None
-    sch = schedule(case.model, edit)
-    return {"n_keep": sch.n_keep}, min(case.context_len, sch.n_cells)
-
-
-def edit_ubatch(case: Case) -> int:
-    """The row's ubatch: an edit reads passkey.cpp's batches of ga_w in micro-batches of at
-    most UBATCH, so one forward pass takes at most the smaller."""
-    edit = model_edit.edit_of(case)
-    n = ubatch_of(case)
-    return n if edit is None else min(n, schedule(case.model, edit).n_batch)

@@ -42,7 +42,7 @@ from functools import lru_cache
 import mlx.core as mx
 
 from kvbench.case import Case
-from kvbench.engines import common
+from kvbench.engines import common, edit_rows
 from kvbench.engines.contract import TOKENS, State, memory_baseline
 from kvbench.engines.model_step import ModelStep
 from kvbench.kernels.model import cache as kv_store
@@ -171,7 +171,7 @@ def shift_reference_of(name: str, text: str, context_len: int, n_chunks: int, ed
     the wall seconds both references took (once per process)."""
     model, _ = common.model_of(name)
     chunks = common.chunks_of(name, text, context_len, n_chunks)
-    sch = common.schedule(name, edit)
+    sch = edit_rows.schedule(name, edit)
     with meter.metered() as m:
         ref = shift_quality.reference_pieces(model, chunks, sch, common.UBATCH)
         whole = shift_quality.reference_pieces(model, chunks, sch, common.UBATCH, shifted=False)
@@ -181,7 +181,7 @@ def shift_reference_of(name: str, text: str, context_len: int, n_chunks: int, ed
 def shift_quality_state(case: Case, r: Resolved, edit: tuple) -> State:
     """phase quality through a context shift (module docstring)."""
     model = common.model_of(case.model)[0]
-    sch = common.schedule(case.model, edit)
+    sch = edit_rows.schedule(case.model, edit)
 
     def check() -> dict:
         chunks, ref, cost, ref_s = shift_reference_of(case.model, case.text, case.context_len,
@@ -194,10 +194,10 @@ def shift_quality_state(case: Case, r: Resolved, edit: tuple) -> State:
         per_token = row.pop("per_token")
         return {**row, **cost, **m.fields(), "ref_wall_s": ref_s, TOKENS: per_token,
                 "chunk_bos": common.chunk_bos(case.model) is not None,
-                "ubatch": common.edit_ubatch(case),
-                **common.edit_fields(edits)}  # fmt: skip
+                "ubatch": edit_rows.edit_ubatch(case),
+                **edit_rows.edit_fields(edits)}  # fmt: skip
 
-    fields, held = common.edit_effective(case)  # the context's cells at most
+    fields, held = edit_rows.edit_effective(case)  # the context's cells at most
     return State({}, check, traffic=(0, 0), kv_bytes=common.model_kv_bytes(case, r.spec, held),
                  bits_per_elem=common.model_bits_per_elem(case, r.spec),
                  effective={**common.model_effective(case), **fields})  # fmt: skip

@@ -21,7 +21,7 @@ from __future__ import annotations
 from functools import lru_cache
 
 from kvbench.case import Case
-from kvbench.engines import common
+from kvbench.engines import common, edit_rows
 from kvbench.engines.contract import State
 from kvbench.kernels.model import compress, generate, meter, quality, retrieval, shift
 from kvbench.kernels.model.cache import make_cache
@@ -73,7 +73,7 @@ def answers(key: tuple, spec, kernel: str, tile_kv, case=None, saturated=None, e
 def edited_answer(model, tokenizer, p, key, spec, kernel, tile_kv, edit, edits) -> str:
     """One trial through the edit: a cache of the schedule's cells (an overrun fails as
     llama_decode would), the prompt and answer as passkey.cpp reads them."""
-    sch = common.schedule(key[0], edit)
+    sch = edit_rows.schedule(key[0], edit)
     inner = make_cache(spec, model.config, sch.n_cells, kernel, tile_kv)
     cache = shift.ShiftCache(inner, shift.rope_params(model.net), sch.div_sign)
     text = shift.greedy_answer(model, cache, tokenizer, p, key[1], sch, UBATCH)
@@ -103,11 +103,13 @@ def retrieval_state(case: Case, r: Resolved) -> State:
         row = common.answer_fields(case.task, got, list(ref), truth)
         row["prompt_tokens"] = max(len(p.tokens) for p in common.prompts_of(*key))
         row |= {"kv_saturated": sum(sat)} if spec.saturates else {}
-        row |= common.edit_fields(edits)
+        row |= edit_rows.edit_fields(edits)
         row |= kept.fields() if case.policy != "none" else {}
-        return {**row, **m.fields(), "ref_wall_s": ref_s, "ubatch": common.edit_ubatch(case)}
+        return {**row, **m.fields(), "ref_wall_s": ref_s, "ubatch": edit_rows.edit_ubatch(case)}
 
-    fields, held = common.edit_effective(case)  # an edit's cache holds the context's cells at most
+    fields, held = edit_rows.edit_effective(
+        case
+    )  # an edit's cache holds the context's cells at most
     kv_bytes, bits = (
         policy_bytes(case, r)
         if case.policy != "none"
