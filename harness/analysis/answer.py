@@ -63,8 +63,9 @@ def fp16_bytes(g: pd.DataFrame) -> tuple[float, str]:
 
 def context_bytes(g: pd.DataFrame) -> pd.Series:
     """Each row's cache bytes for its whole context_len: kv_bytes, except a cache policy's row,
-    whose kv_bytes hold only the context it compressed (half a quality chunk): its
-    kept_bytes_per_token x context_len, so its share of fp16's is per context token."""
+    whose kv_bytes hold only the context it compressed (half a quality chunk; a retrieval
+    prompt's haystack; a model_decode step's kept cells): its kept_bytes_per_token x
+    context_len, so its share of fp16's is per context token."""
     from kvbench.analysis.findings.budget import bytes_per_token  # the one definition
 
     if "context_len" not in g:

@@ -8,6 +8,8 @@ the engine's ubatch is 512, as llama-perplexity's: it decodes a chunk in batches
 2048 tokens that llama_decode splits into ubatches of n_ubatch 512, common/common.h b11434),
 and only the second half of each chunk is scored (logits at positions context_len/2 ..
 context_len-2 predict the next token), so every scored token sees at least half a context.
+(A chunk read through a context shift, kernels/model/shift_quality.py, is scored from the
+first token read after the shift instead.)
 The float32 cache of the same model is the reference: per scored token, the KL divergence
 KL(p_ref || p) of the next-token distributions, whether the top-1 tokens agree, and the
 negative log-likelihood of the true next token. ppl = exp(mean nll). `quality` hands back each
