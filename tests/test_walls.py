@@ -391,7 +391,8 @@ def test_the_rooms_exist_with_a_docstring():
 
 # Inside engines/, no engine imports another (#41): what two engines share stands on a lower
 # floor (contract, metrics, parity, model_step; then common, residency; then edit_rows), the
-# engines above it, the registry on top. The same rule as the model room: a module imports only lower floors.
+# engines above it, the registry on top. The same rule as the model room: a module imports
+# only lower floors.
 ENGINE_FLOORS = {
     "contract": 0, "metrics": 0, "parity": 0, "model_step": 0,
     "common": 1, "residency": 1,
