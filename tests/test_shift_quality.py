@@ -118,3 +118,13 @@ def test_quality_keeps_passkey_cpps_n_keep_by_default(tiny):
     state = carrying(engine.build)(c)
     assert state.effective["n_keep"] == 32
     assert model_edit.edit_of(c)[-1] == "quality"
+
+
+def test_the_engine_checks_a_model_fetched_after_the_suite(tiny):
+    """A registered model fetched after its suite was checked (context=False there) is
+    checked when its engine builds: a chunk too short to score after a shift is one clear
+    error, not an IndexError inside the scoring."""
+    if not model_edit.fetched("smollm2-135m"):
+        pytest.skip("SmolLM2 not fetched: its shape is what the engine checks")
+    with pytest.raises(ValueError, match="context_len: chunks of 200 tokens"):
+        carrying(engine.build)(case(context_len=200))

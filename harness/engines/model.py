@@ -45,6 +45,7 @@ from kvbench.case import Case
 from kvbench.engines import common, edit_rows
 from kvbench.engines.contract import TOKENS, State, memory_baseline
 from kvbench.engines.model_step import ModelStep
+from kvbench.errors import SuiteError
 from kvbench.kernels.model import cache as kv_store
 from kvbench.kernels.model import compress, matvec, meter, quality, rope, shift_quality
 from kvbench.kernels.model.evicting import make_policy_cache
@@ -180,6 +181,10 @@ def shift_reference_of(name: str, text: str, context_len: int, n_chunks: int, ed
 
 def shift_quality_state(case: Case, r: Resolved, edit: tuple) -> State:
     """phase quality through a context shift (module docstring)."""
+    try:  # a model fetched after the suite was checked: its shape is known only now
+        model_edit.check_case("the suite", case, None)
+    except SuiteError as e:
+        raise ValueError(str(e)) from None
     model = common.model_of(case.model)[0]
     sch = edit_rows.schedule(case.model, edit)
 
