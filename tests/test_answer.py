@@ -39,10 +39,10 @@ def test_fp16_bytes_from_its_row_or_the_formula():
 def test_pick_is_the_smallest_cache_within_the_tolerance_at_95pct():
     text = answer(ROWS)  # 1% of ppl 10 = 0.1: q8_0's upper bound 0.05 + 1.96 x 0.02 = 0.089 fits
     pick = next(line for line in text.splitlines() if line.startswith("pick"))
-    assert ": q8_0 rotK:hadamard rotV:hadamard," in pick and "53.1% of fp16's" in pick
+    assert ": q8_0 rot:hadamard," in pick and "53.1% of fp16's" in pick
     assert f"saves {(FP16 - FP16 * 17 // 32) / 2**20:,.1f} MiB" in pick
     # a tolerance of 0.5%: 0.05; q8_0's bounds are 0.089 and 0.029: hadamard only
-    assert "q8_0 rotK:hadamard" in answer(ROWS, tolerance_pct=0.5).split("pick")[1]
+    assert "q8_0 rot:hadamard" in answer(ROWS, tolerance_pct=0.5).split("pick")[1]
     tight = answer(ROWS, tolerance_pct=0.01)  # 0.001: nothing's upper bound is under it
     assert "none of these" in tight
 
@@ -50,7 +50,7 @@ def test_pick_is_the_smallest_cache_within_the_tolerance_at_95pct():
 def test_baseline_and_rows_carry_their_errors():
     text = answer(ROWS)
     assert "ppl 10.000 ± 0.500" in text and "1,000 tokens scored" in text
-    line = next(x for x in text.splitlines() if x.startswith("q4_0 rotK"))
+    line = next(x for x in text.splitlines() if x.startswith("q4_0 rot:"))
     assert "+1.000 ± 0.100" in line and "5.40e-02 ± 2.30e-03" in line and "28.1%" in line
 
 

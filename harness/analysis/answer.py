@@ -20,6 +20,7 @@ from kvbench.axes import TABLE, with_role
 
 Z = 1.96  # two-sided 95% normal quantile
 TOLERANCE_PCT = 1.0  # default: Δppl within 1% of the baseline's perplexity
+MAX_WARNINGS = 3  # overlap warnings an answer block lists by name
 LABELLED = [a for a in TABLE if a.role in ("choice", "detail") and a.label]
 GROUP = [a for a in with_role("workload") if a not in ("phase", "task", "depth", "trials")]
 
@@ -92,11 +93,37 @@ def _retrieval(df: pd.DataFrame, row: pd.Series) -> str:
     return f"{int(r['n_correct'].sum())}/{int(r['n_trials'].sum())}"
 
 
-def _rows(g: pd.DataFrame, df: pd.DataFrame, base_bytes: float) -> pd.DataFrame:
+def _varying(g: pd.DataFrame) -> set[str]:
+    """The labelled axes whose values differ in the group; a rotation block only where the
+    rotated rows differ in it (an unrotated row's empty block is no choice)."""
     cols = [a.name for a in LABELLED if a.name in g]
     varying = {c for c in cols if g[c].map(str).nunique() > 1}
+    for side in ("k", "v"):
+        rot, block = f"rotate_{side}", f"rot_block_{side}"
+        if rot in g and block in varying:
+            turned = g[g[rot].map(str) != "none"]
+            if turned[block].map(str).nunique() <= 1:
+                varying.discard(block)
+    return varying
+
+
+def short_label(label: str) -> str:
+    """'rotK:hadamard rotV:hadamard' said once as 'rot:hadamard' (K and V alike), and so a
+    pair of rotation blocks."""
+    parts = label.split(" ")
+    for k, v, both in (("rotK:", "rotV:", "rot:"), ("rotKb", "rotVb", "rotb")):
+        ks = [p for p in parts if p.startswith(k)]
+        vs = [p for p in parts if p.startswith(v)]
+        if len(ks) == len(vs) == 1 and ks[0][len(k) :] == vs[0][len(v) :]:
+            parts[parts.index(ks[0])] = both + ks[0][len(k) :]
+            parts.remove(vs[0])
+    return " ".join(parts)
+
+
+def _rows(g: pd.DataFrame, df: pd.DataFrame, base_bytes: float) -> pd.DataFrame:
+    varying = _varying(g)
     out = pd.DataFrame({
-        "configuration": [config_label(r, varying) for _, r in g.iterrows()],
+        "configuration": [short_label(config_label(r, varying)) for _, r in g.iterrows()],
         "dppl": g["delta_ppl"].values,
         "dppl_err": g.get("delta_ppl_err", pd.Series([None] * len(g))).values,
         "kl": g["kl_mean"].values,
@@ -216,5 +243,10 @@ def _block(g: pd.DataFrame, df: pd.DataFrame, tol_pct: float) -> str:
     lines.append("frontier (no other is both smaller and lower in KL): " + ", ".join(frontier(t)))
     if t["dppl_err"].isna().all():
         lines.append("note: these rows carry no paired Δppl error (older rows): Δppl alone")
-    lines += overlap_warnings(t, chunks)
+    warns = overlap_warnings(t, chunks)
+    lines += warns[:MAX_WARNINGS]
+    if len(warns) > MAX_WARNINGS:  # a grid of many rows: the answer stays readable
+        more = len(warns) - MAX_WARNINGS
+        lines.append(f"warning: {more} more neighbouring pairs cannot be told apart at "
+                     f"{chunks} chunk(s) (each error bar is in the rows above)")  # fmt: skip
     return "\n".join(lines)
