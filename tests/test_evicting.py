@@ -4,6 +4,7 @@ the kept positions after a compress, exact kept bytes by hand, mark / rewind."""
 
 import mlx.core as mx
 import numpy as np
+import pandas as pd
 import pytest
 from tiny_model import TINY, weights, write_gguf
 
@@ -131,6 +132,29 @@ def test_a_windowed_model_keeps_its_rings_and_the_policy_selects_the_global_laye
     half.compress()
     assert half.kept_cells() == [[8] * h] * 3 + [[5] * h]  # rings: window 8, no sinks
     assert half.read_cells() == [8, 8, 8, 5]  # what a step reads per KV head, layer by layer
+
+
+def test_a_windowed_models_ring_bytes_are_fixed_not_per_context_token(tiny_gemma):
+    """16 context tokens, kv_budget 5 on the global layer: the three rings hold 8 cells a KV
+    head whatever the context, so they are kept_ring_bytes and only the global layer's 5 cells
+    scale with the context (kept_bytes_per_token). Stating the rings per context token too made
+    Gemma-3's policy rows at 2K 133% of its full cache."""
+    from kvbench.analysis.findings.budget import bytes_per_token
+    from kvbench.kernels.model.compress import Kept
+
+    h, d = tiny_gemma.config.n_kv_heads, tiny_gemma.config.head_dim
+    cache = make_policy_cache(CacheSpec("fp16"), tiny_gemma, 24, "reference",
+                              P.make("knorm", P.Budget(kv_budget=5)), max_step=8)  # fmt: skip
+    prefill(tiny_gemma, cache, TOKS[:16], 8)
+    cache.compress()
+    kept = Kept()
+    kept.note(cache, 16)
+    row = kept.fields()
+    cell = 2 * d * 2  # K and V of one cell, fp16
+    assert row["kept_ring_bytes"] == 3 * 8 * h * cell
+    assert row["kept_bytes_per_token"] == 5 * h * cell / 16
+    at_64 = bytes_per_token(pd.DataFrame([{**row, "context_len": 64, "kv_bytes": 0}]))[0] * 64
+    assert at_64 == 3 * 8 * h * cell + 64 * 5 * h * cell / 16  # rings as they are, global x 4
 
 
 def _compressed(tiny, pol):

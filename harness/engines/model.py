@@ -138,7 +138,8 @@ def policy_decode(case: Case, r: Resolved, model, context: list[int]):
                               common.policy_of(case), case.tile_kv, common.UBATCH)  # fmt: skip
     prefill(model, cache, context, common.UBATCH)
     cache.compress()
-    kept = compress.Kept(len(context), cache.kept_cells(), cache.kept_bytes(), cache.policy_s)
+    kept = compress.Kept(policy_s=cache.policy_s)
+    kept.note(cache, len(context))
     new = common.model_kv_bytes(case, r.spec) - common.model_kv_bytes(case, r.spec, len(context))
     kv_bytes = common.policy_kv_bytes(case, r, len(context)) + new
     c = model.config

@@ -258,7 +258,8 @@ class _Measured:
     kept_layers: str | None = None  # each layer's cells (KV heads summed), "/"-joined
     kept_heads: str | None = None  # each head's cells, per layer, where a layer's heads differ
     kept_bytes: int | None = None  # format bytes of the kept cells (K, V) + the policy's state
-    kept_bytes_per_token: float | None = None  # kept_bytes / context_tokens
+    kept_bytes_per_token: float | None = None  # (kept_bytes - kept_ring_bytes) / context_tokens
+    kept_ring_bytes: int | None = None  # of kept_bytes, the sliding-window layers' rings: fixed
     policy_s: float | None = None  # the policy's own cost: selection and gather, wall seconds
     # context
     commit: str | None = None

@@ -44,6 +44,20 @@ class Kept:
     cells: list = field(default_factory=list)  # per layer, per KV head
     kept_bytes: int = 0
     policy_s: float = 0.0
+    ring_cells: int = 0  # of cells, the sliding-window layers' (fixed: not the policy's)
+
+    def note(self, cache, context_tokens: int) -> None:
+        """What `cache` (just compressed) keeps of a context of context_tokens."""
+        self.context_tokens, self.cells = context_tokens, cache.kept_cells()
+        self.kept_bytes = cache.kept_bytes()
+        rings = getattr(cache, "rings", {})  # WindowedEvictingCache: the model's own windows
+        self.ring_cells = sum(sum(self.cells[i]) for i in rings)
+
+    def ring_bytes(self) -> int:
+        """kept_bytes' share of the ring layers' cells (one format a cell: their share of the
+        cells; the per-tensor scales and the policy's state go with the policy's layers)."""
+        total = sum(sum(h) for h in self.cells)
+        return round(self.kept_bytes * self.ring_cells / total) if total else 0
 
     def fields(self) -> dict:
         layers = [sum(h) for h in self.cells]
@@ -56,7 +70,8 @@ class Kept:
             if heads_differ
             else None,
             "kept_bytes": self.kept_bytes,
-            "kept_bytes_per_token": self.kept_bytes / self.context_tokens,
+            "kept_bytes_per_token": (self.kept_bytes - self.ring_bytes()) / self.context_tokens,
+            "kept_ring_bytes": self.ring_bytes(),
             "policy_s": self.policy_s,
         }
 
@@ -77,8 +92,7 @@ def compressed(
     prefill(model, cache, context, ubatch)
     cache.compress()
     if not kept.context_tokens:  # the row states the first chunk's or prompt's
-        kept.context_tokens, kept.cells = len(context), cache.kept_cells()
-        kept.kept_bytes = cache.kept_bytes()
+        kept.note(cache, len(context))
     return cache
 
 

@@ -6,7 +6,8 @@ A format stores every token in fewer bits; a policy (snapkv, window, ...) keeps 
 both land on the same axis, bytes per context token.
 
 Bytes per context token: a policy row's `kept_bytes_per_token` (format bytes of the kept cells
-plus what the policy itself stores, over the context's tokens: store/schema.py), else the exact
+plus what the policy itself stores, over the context's tokens: store/schema.py) plus its
+sliding-window rings' bytes (`kept_ring_bytes`, fixed) over its context_len, else the exact
 `kv_bytes` of the full cache over its `context_len`. The frontier is the Pareto frontier of its
 panel (fewer-or-equal bytes and an equal-or-better figure, one strictly). Read along the bytes,
 each frontier point is the configuration closest to the full cache for every budget from its
@@ -31,7 +32,10 @@ def bytes_per_token(d: pd.DataFrame) -> pd.Series:
     """Bytes the cache holds per context token (see module); NaN where a row says neither."""
     per = d["kv_bytes"] / d["context_len"] if "kv_bytes" in d else pd.Series(float("nan"), d.index)
     if "kept_bytes_per_token" in d:
-        per = d["kept_bytes_per_token"].where(d["kept_bytes_per_token"].notna(), per)
+        policy = d["kept_bytes_per_token"]
+        if "kept_ring_bytes" in d:  # a window ring holds its cells whatever the context
+            policy = policy + d["kept_ring_bytes"].fillna(0) / d["context_len"]
+        per = policy.where(d["kept_bytes_per_token"].notna(), per)
     return per.astype(float)
 
 
