@@ -220,7 +220,7 @@ def test_the_add_a_layout_recipe_followed_literally(tmp_path):
         engines.read_text().replace('    "cache": Engine(', line + '    "cache": Engine(')
     )
     walls = root / "tests/test_walls.py"
-    insert_after(walls, '"model_tasks": 2, "llamacpp": 2,', '    "toy": 2,\n')
+    insert_after(walls, '"model_tasks": 3, "llamacpp": 3,', '    "toy": 3,\n')
     resolved_test = root / "tests/test_resolved.py"  # 4. (3: no arguments of its own)
     insert_after(resolved_test, '"window": ({"window": 64', '    "toy": ({}, None),\n')
     (root / "tests/test_toy.py").write_text(TOY_LAYOUT_TEST)
