@@ -54,8 +54,8 @@ class Kept:
         self.ring_cells = sum(sum(self.cells[i]) for i in rings)
 
     def ring_bytes(self) -> int:
-        """kept_bytes' share of the ring layers' cells (one format a cell: their share of the
-        cells; the per-tensor scales and the policy's state go with the policy's layers)."""
+        """kept_bytes' share of the ring layers' cells (one format a cell, so their share of the
+        cells; the per-tensor scales and the policy's small state are split the same way)."""
         total = sum(sum(h) for h in self.cells)
         return round(self.kept_bytes * self.ring_cells / total) if total else 0
 
