@@ -46,7 +46,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 BUDGET_S = 600
 # the most of the budget left when a step starts that the step may take
-STEP_SHARE = {"tests": 0.4, "suite": 0.75, "overhead": 0.3, "copy": 0.5, "report": 1.0}
+# overhead 0.5: on the 2026-11-28 H200 its 0.3 (92 s) stopped it after its JIT compiles; alone it
+# took 42 s on the warm machine (docs/kernels.md, second GPU run)
+STEP_SHARE = {"tests": 0.4, "suite": 0.75, "overhead": 0.5, "copy": 0.5, "report": 1.0}
 MLX_BOUND = ">=0.32,<0.33"  # pyproject.toml's bound, the versions the compile gates check
 
 
