@@ -36,7 +36,7 @@ def cell(depth: float, plain=True, named=True, peer=True, f32=True, ref=1.0, **k
 
 def texts(rows) -> dict:
     got = attribution.find(pd.DataFrame(rows, columns=COLUMNS))
-    return {f.text.split(" shift depth ")[1].split(" ")[0]: f.text for f in got}
+    return {f.text.split(" shift depth ")[1].split(" ")[0]: f.text for f in got[1:]}
 
 
 def test_each_part_that_lost_the_answer_is_named():
@@ -59,8 +59,23 @@ def test_each_part_that_lost_the_answer_is_named():
 def test_wilson_intervals_past_one_trial_and_the_registry():
     rows = [{**r, "n_trials": 4, "n_correct": 4 if r["kernel"] == "reference" else 2,
              "answer_texts": json.dumps([f" {KEY}."] * 4)} for r in cell(0.5)]  # fmt: skip
-    [f] = attribution.find(pd.DataFrame(rows, columns=COLUMNS))
+    [_, f] = attribution.find(pd.DataFrame(rows, columns=COLUMNS))
     assert "llama-passkey 2/4 (0.15-0.85)" in f.text and "kvbench 4/4 (0.51-1.00)" in f.text
     assert fd.TOPICS[attribution.TOPIC] is attribution.find
     # no llama.cpp row: nothing to attribute
     assert attribution.find(pd.DataFrame(cell(0.5)[:2], columns=COLUMNS)) == []
+
+
+def test_the_cells_agreement_is_counted_by_verdict_and_by_number():
+    # 0.1: both miss with one number (12345); 0.3: all find; 0.9: kvbench finds, the GGUF's
+    # llama-passkey misses, its float32 copy finds; 0.2: both miss, numbers differ; 0.4: fp16
+    # (no row in llama.cpp's arithmetic: kvbench's plain row stands for it), only the GGUF peer
+    rows = cell(0.1, named=False, peer=False, f32=False) + cell(0.3) + cell(0.9, peer=False)
+    differ = cell(0.2, named=False, peer=False, f32=False)
+    differ[1]["answer_texts"] = json.dumps([" 11111."])
+    fp16 = [r for r in cell(0.4, kv_dtype="fp16") if r["q_quant"] == "none"]
+    got = attribution.find(pd.DataFrame(rows + differ + fp16[:2], columns=COLUMNS))
+    assert got[0].text == (
+        "5 cells: in llama.cpp's arithmetic kvbench against llama-passkey on the GGUF: the same "
+        "verdict in 4 of 5 cells, the same number in 3 of 5; against llama-passkey on its "
+        "float32 copy: the same verdict in 4 of 4 cells, the same number in 3 of 4")

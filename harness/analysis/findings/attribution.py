@@ -51,9 +51,14 @@ def count(k: int, n: int) -> str:
     return f"{k}/{n} ({lo:.2f}-{hi:.2f})"
 
 
+def found(r: dict) -> bool:
+    """The key found in every trial."""
+    return int(r["n_correct"]) == int(r["n_trials"])
+
+
 def verdict(by: dict, ref_ok: bool) -> str:
     """Which part lost the answer (module docstring), from each side's all-correct flag."""
-    ok = {s: int(r["n_correct"]) == int(r["n_trials"]) for s, r in by.items()}
+    ok = {s: found(r) for s, r in by.items()}
     if not ref_ok:
         return "the context lost it (the float32 cache misses too)"
     if not ok.get(SIDES[0], True):
@@ -66,9 +71,34 @@ def verdict(by: dict, ref_ok: bool) -> str:
     return "none lost it" if all(ok.values()) else "llama.cpp lost it on the float32 copy"
 
 
-def line(part: pd.DataFrame) -> tuple[str, bool] | None:
+def sides(part: pd.DataFrame) -> dict | None:
+    """A cell's rows by side, or None where it is not held against llama.cpp."""
     by = {side(r): r for r in part.to_dict("records")}
     if SIDES[2] not in by and SIDES[3] not in by or not ({SIDES[0], SIDES[1]} & set(by)):
+        return None
+    return by
+
+
+def agreement(cells: list[dict]) -> str | None:
+    """The done-when figure over every cell: kvbench in llama.cpp's arithmetic (its plain row
+    where no query is rounded: an fp16 K) against llama-passkey on each weights, by verdict (key
+    found in every trial or not) and by the number each answer starts with."""
+    said = []
+    for peer_side, weights in ((SIDES[2], "the GGUF"), (SIDES[3], "its float32 copy")):
+        pairs = [(by.get(SIDES[1], by.get(SIDES[0])), by[peer_side]) for by in cells
+                 if peer_side in by]  # fmt: skip
+        if not pairs:
+            continue
+        verdicts = sum(found(own) == found(peer) for own, peer in pairs)
+        numbers = sum(answers(own) == answers(peer) for own, peer in pairs)
+        said.append(f"llama-passkey on {weights}: the same verdict in {verdicts} of {len(pairs)}"
+                    f" cells, the same number in {numbers} of {len(pairs)}")  # fmt: skip
+    return "in llama.cpp's arithmetic kvbench against " + "; against ".join(said) if said else None
+
+
+def line(part: pd.DataFrame) -> tuple[str, bool] | None:
+    by = sides(part)
+    if by is None:
         return None  # not a cell held against llama.cpp
     own = by.get(SIDES[0], by.get(SIDES[1]))
     n = int(own["n_trials"])
@@ -89,13 +119,15 @@ def find(cur: pd.DataFrame) -> list[Finding]:
     if d.empty or "task" not in d or not d["kernel"].eq("llama.cpp").any():
         return []
     d = d[d["task"].eq(TASK)]
-    out = []
+    out, cells = [], []
     for values, part in groups(d, group_axes(d)):
         got = line(part)
         if got is None:
             continue
+        cells.append(sides(part))
         first = part.iloc[0]
         edit = "" if first.get("kv_edit") in (None, "none") else f" {first['kv_edit']}"
         where = f"{TASK}{edit} depth {first['depth']:g}{apart_text(values, d)}"
         out.append(Finding(TOPIC, f"{where} {first['config']}: {got[0]}", "retrieval", got[1]))
-    return out
+    total = agreement(cells)
+    return ([Finding(TOPIC, f"{len(cells)} cells: {total}", "retrieval", True)] if total else []) + out
