@@ -130,4 +130,6 @@ def find(cur: pd.DataFrame) -> list[Finding]:
         where = f"{TASK}{edit} depth {first['depth']:g}{apart_text(values, d)}"
         out.append(Finding(TOPIC, f"{where} {first['config']}: {got[0]}", "retrieval", got[1]))
     total = agreement(cells)
-    return ([Finding(TOPIC, f"{len(cells)} cells: {total}", "retrieval", True)] if total else []) + out
+    if total:
+        out.insert(0, Finding(TOPIC, f"{len(cells)} cells: {total}", "retrieval", True))
+    return out
