@@ -39,7 +39,9 @@ def test_refusals_name_the_key():
     assert "overrun" in refused(kv_edit="shift", context_limit=16, ga_w=64)
     assert "ga_n must be >= 2" in refused(kv_edit="self-extend")
     windowed = SimpleNamespace(trained_context=256, windows=((8, 0), None))
-    assert "sliding-window" in refused(kv_edit="shift", shape=windowed)
+    assert "self-extend of their rings is not built" in refused(
+        kv_edit="self-extend", ga_n=2, shape=windowed
+    )
     assert "plain cache" in refused(kv_edit="shift", kv_dtype="int8", v_dtype="int4")
     assert "phase retrieval or quality" in refused(kv_edit="shift", phase="generate", task="none")
     assert "policy" in refused(kv_edit="shift", policy="window", compression_ratio=0.5)

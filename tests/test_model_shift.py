@@ -152,3 +152,58 @@ def test_only_a_plain_cache_is_edited(tiny):
     mixed = make_cache(CacheSpec("int8", "int4"), tiny.config, 64, "reference")
     with pytest.raises(ValueError, match="one plain cache"):
         shift.ShiftCache(mixed, shift.rope_params(tiny.net))
+
+
+def ring_run(tiny, window: int, tokens: list[int]):
+    """The context-shift schedule above with layer 0 a sliding-window ring (Gemma 3's layers):
+    ring cells in write order, their positions llama's."""
+    from dataclasses import replace
+
+    cfg = replace(tiny.config, windows=((window, 0),) + (None,) * (tiny.config.n_layers - 1))
+    sch = shift.Schedule(16, 4, 42)
+    inner = make_cache(FP32, cfg, sch.n_cells, "reference", max_step=64)
+    cache = shift.ShiftCache(inner, shift.rope_params(tiny.net), sch.div_sign)
+    shift.read_prompt(tiny, cache, tokens, sch, ubatch=64)
+    cache.kshift()
+    return cache, inner.stores[0]
+
+
+@pytest.mark.parametrize("window", [32, 200])
+def test_a_ring_takes_the_shift_by_position(tiny, window):
+    # The schedule of the first test (tokens 4..87 dropped, the rest at t - 84). The ring has
+    # window + 63 cells, token t in cell t % size: at window 32 (95 cells) it holds tokens
+    # 205..299, all moved; at 200 (263 cells) tokens 37..299, those of 37..87 emptied by the
+    # two seq_rm. Every held cell's key is the token's key at its new position, and the next
+    # query sees the last `window` positions before n_past 216.
+    cache, ring = ring_run(tiny, window, TOKENS)
+    size = window + 63
+    last = {c: max(t for t in range(300) if t % size == c) for c in range(size)}
+    want = {c: -1 if 4 <= t < 88 else t - 84 for c, t in last.items()}
+    assert ring.ring.pos.tolist() == [want[c] for c in range(size)]
+    held = [c for c in range(size) if want[c] >= 0]
+    k = ring.fmt.decode({n: a[:, :, held] for n, a in ring.kv.keys[0].items()}, mx.float32)
+    np.testing.assert_allclose(np.array(k[0], np.float64),
+                               layer0_keys([TOKENS[last[c]] for c in held],
+                                           [want[c] for c in held]), atol=2e-4)  # fmt: skip
+    from kvbench.kernels.model.policies.window import sees
+
+    seen = np.array(ring.ring.pos)[sees(ring.ring.pos, [cache.offset], 0, window)[0]]
+    assert sorted(seen.tolist()) == list(range(217 - window, 216))  # p > 216 - window, held
+
+
+def test_a_ring_layers_next_token_sees_the_window_by_llama_position(tiny):
+    # One more token through layer 0 after the shifts (window 32, n_past 216): it sees itself
+    # and the 31 positions before it, 185..215, whatever order the ring wrote them in.
+    cache, ring = ring_run(tiny, 32, TOKENS)
+    h, d = tiny.config.n_kv_heads, tiny.config.head_dim
+    q, k, v = (mx.random.normal((1, h, 1, d), key=mx.random.key(i)) for i in range(3))
+    out = np.array(cache.attend(0, q, k, v, d**-0.5)[0, :, 0], np.float64)
+    pos = np.array(ring.ring.pos)
+    cells = np.flatnonzero((pos > 216 - 32) & (pos <= 216)).tolist()
+    assert sorted(pos[cells].tolist()) == list(range(185, 217))
+    kk, vv = (np.array(ring.fmt.decode({n: a[:, :, cells] for n, a in s[0].items()}, mx.float32)[0],
+                       np.float64) for s in (ring.kv.keys, ring.kv.values))  # fmt: skip
+    w = np.einsum("hd,hnd->hn", np.array(q[0, :, 0], np.float64), kk) * d**-0.5
+    w = np.exp(w - w.max(-1, keepdims=True))
+    want = np.einsum("hn,hnd->hd", w / w.sum(-1, keepdims=True), vv)
+    np.testing.assert_allclose(out, want, atol=1e-4)

@@ -157,20 +157,118 @@ def rope_by(x: mx.array, delta: np.ndarray, dims: int, base: float, scale: float
     return mx.concatenate([turned, x[..., dims:]], axis=-1) if dims < x.shape[-1] else turned
 
 
+def turn_keys(store, layers, idx: np.ndarray, delta: np.ndarray, ropes, interleaved: bool) -> None:
+    """Rotate the keys of `store` (a PlainCache or WindowCache: .kv, .fmt, .rot) at cells `idx`
+    by delta[i] positions (build_rope_shift, module docstring): decode, rotate back, RoPE,
+    rotate, encode. `layers`: (the store's layer, the model's layer) pairs."""
+    rk, _, bk, _ = store.rot
+    fmt, kv, at = store.fmt, store.kv, mx.array(idx)
+    for mine, model_layer in layers:
+        parts = {n: mx.take(a, at, axis=2) for n, a in kv.keys[mine].items()}
+        k = rotate(fmt.decode(parts, mx.float32), rk, bk)
+        k = rope_by(k, delta, *ropes[model_layer], interleaved=interleaved)
+        for name, part in fmt.encode(rotate(k, rk, bk)).items():
+            kv.keys[mine][name][:, :, at] = part
+        mx.eval(kv.layer_arrays(mine))
+
+
+class Rings:
+    """The sliding-window layers of a LayeredCache (kernels/model/cache.py WindowCache: a ring
+    of cells chosen by write order) under llama.cpp's edits, as its SWA cache takes them
+    (llama_kv_cache_iswa: seq_rm and seq_add on both caches, the SWA mask by position,
+    p_q - p_k < n_swa): each ring's `pos` holds llama positions (-1: empty), an edit moves or
+    empties cells and records their shift, and the ring's next write stays the next cell in
+    write order. Every ring sees the same tokens, so one position array serves them all."""
+
+    def __init__(self, stores: list[tuple[int, object]]):
+        self.stores = stores  # (model layer, WindowCache)
+        self.layers = {layer for layer, _ in stores}
+        ring = stores[0][1].ring
+        if any(w.ring.window != ring.window or w.ring.sinks for _, w in stores):
+            raise ValueError("a shift of rings with sinks or unequal windows is not built")
+        self.shift = np.zeros(ring.size, dtype=np.int64)
+
+    @property
+    def pos(self) -> np.ndarray:
+        return self.stores[0][1].ring.pos
+
+    def _set(self, pos: np.ndarray) -> None:
+        for _, w in self.stores:
+            w.ring.pos = pos.copy()
+
+    def written(self, first: int, n: int) -> None:
+        """The n cells just written hold positions first.. (llama's, not the write count)."""
+        ring = self.stores[0][1].ring
+        cells = [ring.cell_of(p) for p in range(ring.next - n, ring.next)]
+        pos = self.pos.copy()
+        pos[cells] = np.arange(first, first + n)
+        self.shift[cells] = 0
+        self._set(pos)
+
+    def rm(self, p0: int, p1: int) -> None:
+        pos = self.pos.copy()
+        gone = (pos >= p0) & (pos < p1)
+        pos[gone], self.shift[gone] = -1, 0
+        self._set(pos)
+
+    def add(self, p0: int, p1: int, d: int) -> None:
+        pos = self.pos.copy()
+        sel = (pos >= p0) & (pos < p1)
+        pos[sel] += d
+        self.shift[sel] += d
+        below = sel & (pos < 0)  # moved below 0: removed, as pos_add does
+        pos[below], self.shift[below] = -1, 0
+        self._set(pos)
+
+    def kshift(self, ropes, interleaved: bool) -> int:
+        sel = np.flatnonzero(self.shift)
+        for layer, w in self.stores:
+            if len(sel):
+                turn_keys(w, [(0, layer)], sel, self.shift[sel], ropes, interleaved)
+        self.shift[:] = 0
+        return len(sel) * len(self.stores)
+
+
+def parts_of(inner) -> tuple[list, list]:
+    """(plain stores as (store, [(its layer, the model's layer)]), ring stores as (model layer,
+    WindowCache)) of a PlainCache or a LayeredCache of PlainCache and WindowCache layers."""
+    from kvbench.kernels.model.cache import LayeredCache, PlainCache, WindowCache
+
+    why = ("a context shift or self-extend edits one plain cache: one format for K and V, "
+           "per-token, no sinks or residual")  # fmt: skip
+    if isinstance(inner, PlainCache):
+        return [(inner, [(i, i) for i in range(inner.kv.n_layers)])], []
+    if not isinstance(inner, LayeredCache):
+        raise ValueError(why)
+    plain, rings = [], []
+    for i, s in enumerate(inner.stores):
+        if isinstance(s, PlainCache):
+            plain.append((s, [(0, i)]))
+        elif isinstance(s, WindowCache):
+            rings.append((i, s))
+        else:
+            raise ValueError(why)
+    if not plain:
+        raise ValueError("a cache of sliding-window layers only: nothing holds the context")
+    return plain, rings
+
+
 class ShiftCache:
-    """A PlainCache (kernels/model/cache.py) whose cells carry llama.cpp positions: writes land
-    after the held cells, `offset` (RoPE's position of the next token) is n_past, and seq_rm /
-    seq_add / seq_div edit the cells as llama.cpp does; `kshift` re-rotates the keys whose
-    position moved (a StoredCache, kernels/model/protocol.py)."""
+    """A PlainCache (kernels/model/cache.py), or a LayeredCache of plain and sliding-window
+    layers (Gemma 3), whose cells carry llama.cpp positions: writes land after the held cells,
+    `offset` (RoPE's position of the next token) is n_past, and seq_rm / seq_add / seq_div edit
+    the cells as llama.cpp does; `kshift` re-rotates the keys whose position moved (a
+    StoredCache, kernels/model/protocol.py). The rings (class Rings) take seq_rm and seq_add;
+    seq_div on them (self-extend) is refused."""
 
     def __init__(self, inner, ropes: list[tuple[int, float, float]], div_sign: str = "llama.cpp"):
-        if not hasattr(inner, "kv"):
-            raise ValueError("a context shift or self-extend edits one plain cache: one format "
-                             "for K and V, per-token, no sinks, window or residual")  # fmt: skip
+        self.plain, ring_stores = parts_of(inner)
+        self.rings = Rings(ring_stores) if ring_stores else None
         self.inner, self.cells, self.ropes, self.div_sign = inner, Cells(), ropes, div_sign
-        self.interleaved = inner.spec.k_order == "gguf"
-        head = {n: a[:, :, :1] for n, a in inner.kv.keys[0].items()}  # one cell: its width
-        head_dim = inner.fmt.decode(head, mx.float32).shape[-1]  # (packed formats: not data's)
+        first = self.plain[0][0]
+        self.interleaved = first.spec.k_order == "gguf"
+        head = {n: a[:, :, :1] for n, a in first.kv.keys[0].items()}  # one cell: its width
+        head_dim = first.fmt.decode(head, mx.float32).shape[-1]  # (packed formats: not data's)
         if self.interleaved and any(d != head_dim for d, _, _ in ropes):
             raise ValueError("k_order gguf with a partial RoPE: not built")
         # cells removed, keys re-rotated (x layers), K-shifts applied, context shifts made
@@ -181,12 +279,23 @@ class ShiftCache:
         return self.cells.n_past()
 
     def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
-        return self.inner.attend(layer, q, k, v, scale)
+        if self.rings is None or layer not in self.rings.layers:
+            return self.inner.attend(layer, q, k, v, scale)
+        # a ring layer: the new cells hold llama's positions before the mask reads them, and the
+        # mask's queries start at n_past (the ring itself counts writes)
+        w, n_past, n = self.inner.stores[layer], self.offset, k.shape[2]
+        cells = [w.ring.cell_of(p) for p in range(w.ring.next, w.ring.next + n)]
+        w.write(0, k, v)
+        w.ring.pos[cells] = np.arange(n_past, n_past + n)
+        w.offset = n_past
+        return w.read(0, q, scale)
 
     def advance(self, n: int) -> None:
         first = self.cells.n_past()
         self.inner.advance(n)
         self.cells.append(first, n)
+        if self.rings is not None:
+            self.rings.written(first, n)
 
     def arrays(self) -> list[mx.array]:
         return self.inner.arrays()
@@ -198,50 +307,52 @@ class ShiftCache:
 
     def seq_rm(self, p0: int, p1: int) -> None:
         self._compact(self.cells.rm(p0, p1))
+        if self.rings is not None:
+            self.rings.rm(p0, p1)
 
     def seq_add(self, p0: int, p1: int, d: int) -> None:
         if d:
             self._compact(self.cells.add(p0, p1, d))
+            if self.rings is not None:
+                self.rings.add(p0, p1, d)
 
     def seq_div(self, p0: int, p1: int, g: int) -> None:
+        if g != 1 and self.rings is not None:
+            raise ValueError("self-extend on sliding-window layers is not built")
         if g != 1:
             self.cells.div(p0, p1, g, self.div_sign)
 
     def _compact(self, keep: np.ndarray) -> None:
         """The surviving cells moved to the front, in their order (llama.cpp leaves holes that
         later writes fill: the same cells at the same positions, another storage order)."""
-        n_old = self.inner.offset
-        if len(keep) == n_old:
-            return
-        idx, n = mx.array(keep), len(keep)
-        kv = self.inner.kv
-        for layer in range(kv.n_layers):
-            for stored in (kv.keys[layer], kv.values[layer]):
-                for name, a in stored.items():
-                    stored[name][:, :, :n] = mx.take(a[:, :, :n_old], idx, axis=2)
-        mx.eval(kv.arrays())
-        self.inner.offset = kv.offset = n
-        self.counts["removed"] += n_old - n
+        self.counts["removed"] += self.plain[0][0].offset - len(keep)
+        for store, layers in self.plain:
+            n_old = store.offset
+            if len(keep) == n_old:
+                continue
+            idx, n, kv = mx.array(keep), len(keep), store.kv
+            for mine, _ in layers:
+                for stored in (kv.keys[mine], kv.values[mine]):
+                    for name, a in stored.items():
+                        stored[name][:, :, :n] = mx.take(a[:, :, :n_old], idx, axis=2)
+            mx.eval(kv.arrays())
+            store.offset = kv.offset = n
 
     def kshift(self) -> None:
-        """Rotate every key with a pending shift by it (build_rope_shift, module docstring):
-        decode, rotate back, RoPE by the shift, rotate, encode; the shifts then reset."""
+        """Rotate every key with a pending shift by it (build_rope_shift, module docstring);
+        the shifts then reset."""
         sel = np.flatnonzero(self.cells.shift)
-        if not len(sel):
-            return
-        delta, idx = self.cells.shift[sel], mx.array(sel)
-        rk, _, bk, _ = self.inner.rot
-        fmt, kv = self.inner.fmt, self.inner.kv
-        for layer in range(kv.n_layers):
-            parts = {n: mx.take(a, idx, axis=2) for n, a in kv.keys[layer].items()}
-            k = rotate(fmt.decode(parts, mx.float32), rk, bk)
-            k = rope_by(k, delta, *self.ropes[layer], interleaved=self.interleaved)
-            for name, part in fmt.encode(rotate(k, rk, bk)).items():
-                kv.keys[layer][name][:, :, idx] = part
-            mx.eval(kv.layer_arrays(layer))
-        self.cells.shift[:] = 0
-        self.counts["rotated"] += len(sel) * kv.n_layers
-        self.counts["kshifts"] += 1
+        rotated = 0
+        if len(sel):
+            for store, layers in self.plain:
+                turn_keys(store, layers, sel, self.cells.shift[sel], self.ropes, self.interleaved)
+                rotated += len(sel) * len(layers)
+            self.cells.shift[:] = 0
+        if self.rings is not None:
+            rotated += self.rings.kshift(self.ropes, self.interleaved)
+        if rotated:
+            self.counts["rotated"] += rotated
+            self.counts["kshifts"] += 1
 
 
 # ---- passkey.cpp's loops -------------------------------------------------------------------
