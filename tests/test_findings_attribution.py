@@ -77,6 +77,6 @@ def test_the_cells_agreement_is_counted_by_verdict_and_by_number():
     got = attribution.find(pd.DataFrame(rows + differ + fp16[:2], columns=COLUMNS))
     assert got[0].text == (
         "5 cells: in llama.cpp's arithmetic kvbench against llama-passkey on the GGUF: the same "
-        "verdict in 4 of 5 cells, the same number in 3 of 5; against llama-passkey on its "
-        "float32 copy: the same verdict in 4 of 4 cells, the same number in 3 of 4"
+        "verdict in 4 of 5, the same number in 3 of 5; against llama-passkey on its "
+        "float32 copy: the same verdict in 4 of 4, the same number in 3 of 4"
     )

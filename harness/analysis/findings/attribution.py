@@ -91,8 +91,8 @@ def agreement(cells: list[dict]) -> str | None:
             continue
         verdicts = sum(found(own) == found(peer) for own, peer in pairs)
         numbers = sum(answers(own) == answers(peer) for own, peer in pairs)
-        said.append(f"llama-passkey on {weights}: the same verdict in {verdicts} of {len(pairs)}"
-                    f" cells, the same number in {numbers} of {len(pairs)}")  # fmt: skip
+        said.append(f"llama-passkey on {weights}: the same verdict in {verdicts} of {len(pairs)},"
+                    f" the same number in {numbers} of {len(pairs)}")  # fmt: skip
     return "in llama.cpp's arithmetic kvbench against " + "; against ".join(said) if said else None
 
 
@@ -131,5 +131,6 @@ def find(cur: pd.DataFrame) -> list[Finding]:
         out.append(Finding(TOPIC, f"{where} {first['config']}: {got[0]}", "retrieval", got[1]))
     total = agreement(cells)
     if total:
-        out.insert(0, Finding(TOPIC, f"{len(cells)} cells: {total}", "retrieval", True))
+        cells_text = f"{len(cells)} cell{'s' if len(cells) != 1 else ''}"
+        out.insert(0, Finding(TOPIC, f"{cells_text}: {total}", "retrieval", True))
     return out
