@@ -10,8 +10,7 @@ self-extend has nothing to extend), ga_w not a multiple of ga_n, a context whose
 overrun it (kernels/model/shift.py Schedule.overrun), a cache the edit cannot move (one plain
 format for K and V), a cache policy beside it, a phase other than retrieval or quality
 (self-extend: retrieval only), llama-perplexity as the kernel, or a model with sliding-window
-layers under self-extend or the quality phase (their rings take a retrieval shift: class Rings
-in kernels/model/shift.py).
+layers under self-extend (their rings take a shift: class Rings in kernels/model/shift.py).
 """
 
 from __future__ import annotations
@@ -177,10 +176,9 @@ def check(path: str, case: Case, shape, sizes: list[int], n_keep: int,
                          "per-token, no sinks, window or residual")  # fmt: skip
     if not context:
         return
-    if any(shape.windows) and (case.kv_edit != "shift" or case.phase != "retrieval"):
-        what = "self-extend" if case.kv_edit != "shift" else "a shift under quality"
-        raise SuiteError(path, "kv_edit", f"{case.model} has sliding-window layers: {what} "
-                         "of their rings is not built (a retrieval shift is)")  # fmt: skip
+    if any(shape.windows) and case.kv_edit != "shift":
+        raise SuiteError(path, "kv_edit", f"{case.model} has sliding-window layers: self-extend "
+                         "of their rings is not built (a shift is)")  # fmt: skip
     _check_context(path, case, shape, sizes, n_keep)
 
 
