@@ -164,8 +164,16 @@ def plan(
     ]
 
 
+def _sigint_default() -> None:
+    """In the step's process: SIGINT back to its default, so Python turns it into
+    KeyboardInterrupt even when this script runs with SIGINT ignored (a background job of a
+    non-interactive shell, nohup: the step would then run on past its budget until killed)."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+
+
 def run_step(argv: list[str], env: dict, log, timeout_s: float) -> int:
-    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT)
+    proc = subprocess.Popen(argv, cwd=ROOT, env=env, stdout=log, stderr=subprocess.STDOUT,
+                            preexec_fn=_sigint_default)  # fmt: skip
     try:
         return proc.wait(timeout=max(timeout_s, 1))
     except subprocess.TimeoutExpired:

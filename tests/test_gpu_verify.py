@@ -4,6 +4,7 @@ be tested here."""
 
 from __future__ import annotations
 
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -109,7 +110,12 @@ def test_execute_records_each_step_and_stops_after_a_failed_backend(tmp_path):
 def test_execute_interrupts_a_step_past_the_budget(tmp_path, monkeypatch):
     monkeypatch.setattr(gpu_verify, "BUDGET_S", 2)
     code = "import time, sys\ntry:\n    time.sleep(60)\nexcept KeyboardInterrupt:\n    sys.exit(7)"
-    summary = gpu_verify.execute(
-        [("suite", ["PY", "-c", code], {})], fake_venv(tmp_path), tmp_path, "t"
-    )
+    # run as a background job of a shell would run it: SIGINT ignored, which its steps inherit
+    before = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        summary = gpu_verify.execute(
+            [("suite", ["PY", "-c", code], {})], fake_venv(tmp_path), tmp_path, "t"
+        )
+    finally:
+        signal.signal(signal.SIGINT, before)
     assert summary["steps"][0]["rc"] == 7 and summary["steps"][0]["s"] < 30  # SIGINT, not kill
