@@ -176,9 +176,9 @@ class Rings:
     """The sliding-window layers of a LayeredCache (kernels/model/cache.py WindowCache: a ring
     of cells chosen by write order) under llama.cpp's edits, as its SWA cache takes them
     (llama_kv_cache_iswa: seq_rm and seq_add on both caches, the SWA mask by position,
-    p_q - p_k < n_swa): each ring's `pos` holds llama positions (-1: empty), an edit moves or
-    empties cells and records their shift, and the ring's next write stays the next cell in
-    write order. Every ring sees the same tokens, so one position array serves them all."""
+    p_q - p_k < n_swa): the rings' `pos` holds llama positions (-1: empty), an edit moves or
+    empties cells and records their shift, and a ring's next write stays the next cell in write
+    order. Every ring sees the same tokens, so the rings share one position array."""
 
     def __init__(self, stores: list[tuple[int, object]]):
         self.stores = stores  # (model layer, WindowCache)
@@ -186,44 +186,35 @@ class Rings:
         ring = stores[0][1].ring
         if any(w.ring.window != ring.window or w.ring.sinks for _, w in stores):
             raise ValueError("a shift of rings with sinks or unequal windows is not built")
+        self.pos = ring.pos
+        for _, w in stores:
+            w.ring.pos = self.pos  # one array: an edit of it is every ring's
         self.shift = np.zeros(ring.size, dtype=np.int64)
 
-    @property
-    def pos(self) -> np.ndarray:
-        return self.stores[0][1].ring.pos
-
-    def _set(self, pos: np.ndarray) -> None:
-        for _, w in self.stores:
-            w.ring.pos = pos.copy()
-
-    def written(self, first: int, n: int) -> None:
-        """The n cells just written hold positions first.. (llama's, not the write count)."""
-        ring = self.stores[0][1].ring
-        cells = [ring.cell_of(p) for p in range(ring.next - n, ring.next)]
-        pos = self.pos.copy()
-        pos[cells] = np.arange(first, first + n)
+    def write(self, w, k, v, n_past: int) -> None:
+        """Store k, v in ring `w`'s next cells, which then hold positions n_past.. (llama's,
+        not the ring's write count) and no pending shift."""
+        n = k.shape[2]
+        cells = [w.ring.cell_of(p) for p in range(w.ring.next, w.ring.next + n)]
+        w.write(0, k, v)
+        self.pos[cells] = np.arange(n_past, n_past + n)
         self.shift[cells] = 0
-        self._set(pos)
 
     def rm(self, p0: int, p1: int) -> None:
-        pos = self.pos.copy()
-        gone = (pos >= p0) & (pos < p1)
-        pos[gone], self.shift[gone] = -1, 0
-        self._set(pos)
+        gone = (self.pos >= p0) & (self.pos < p1)
+        self.pos[gone], self.shift[gone] = -1, 0
 
     def add(self, p0: int, p1: int, d: int) -> None:
-        pos = self.pos.copy()
-        sel = (pos >= p0) & (pos < p1)
-        pos[sel] += d
+        sel = (self.pos >= p0) & (self.pos < p1)
+        self.pos[sel] += d
         self.shift[sel] += d
-        below = sel & (pos < 0)  # moved below 0: removed, as pos_add does
-        pos[below], self.shift[below] = -1, 0
-        self._set(pos)
+        below = sel & (self.pos < 0)  # moved below 0: removed, as pos_add does
+        self.pos[below], self.shift[below] = -1, 0
 
     def kshift(self, ropes, interleaved: bool) -> int:
         sel = np.flatnonzero(self.shift)
-        for layer, w in self.stores:
-            if len(sel):
+        if len(sel):
+            for layer, w in self.stores:
                 turn_keys(w, [(0, layer)], sel, self.shift[sel], ropes, interleaved)
         self.shift[:] = 0
         return len(sel) * len(self.stores)
@@ -283,19 +274,15 @@ class ShiftCache:
             return self.inner.attend(layer, q, k, v, scale)
         # a ring layer: the new cells hold llama's positions before the mask reads them, and the
         # mask's queries start at n_past (the ring itself counts writes)
-        w, n_past, n = self.inner.stores[layer], self.offset, k.shape[2]
-        cells = [w.ring.cell_of(p) for p in range(w.ring.next, w.ring.next + n)]
-        w.write(0, k, v)
-        w.ring.pos[cells] = np.arange(n_past, n_past + n)
-        w.offset = n_past
+        w = self.inner.stores[layer]
+        self.rings.write(w, k, v, self.offset)
+        w.offset = self.offset
         return w.read(0, q, scale)
 
     def advance(self, n: int) -> None:
         first = self.cells.n_past()
         self.inner.advance(n)
         self.cells.append(first, n)
-        if self.rings is not None:
-            self.rings.written(first, n)
 
     def arrays(self) -> list[mx.array]:
         return self.inner.arrays()
