@@ -184,6 +184,26 @@ def test_window_rows_are_their_own_configuration():
     assert config_label(row(kv_dtype="int4", quantized_kv_start=512)) == "int4, fp16 until 512"
 
 
+def test_engines_and_arithmetic_are_never_pooled():
+    """The same q4_0 cache through kvbench, kvbench in llama.cpp's arithmetic and llama-passkey
+    at one depth: three counts of 1 trial, not one of 3 (the report pooled them before)."""
+    base = dict(phase="retrieval", task="passkey-llamacpp", context_len=8192, kv_dtype="q4_0",
+                depth=0.1, trials=1, n_trials=1, ref_accuracy=1.0, bits_per_elem=4.5)  # fmt: skip
+    rows = [
+        row(**base, n_correct=1, n_ref_agree=1),
+        row(**base, n_correct=0, n_ref_agree=0, q_quant="q8_0", k_order="gguf"),
+        row(**base, n_correct=0, n_ref_agree=0, kernel="llama.cpp"),
+    ]
+    lines = [f.text for f in retrieval.find(pd.DataFrame(rows))]
+    assert len(lines) == 3 and not any("in 1/3" in t for t in lines)
+    assert "(smollm2-135m, reference): finds the needle: q4_0 in 1/1" in lines[0]
+    assert "(smollm2-135m, reference, k:gguf, q:q8_0): finds the needle: q4_0 in 0/1" in lines[1]
+    assert "(smollm2-135m, llama.cpp): finds the needle: q4_0 in 0/1" in lines[2]
+    # one engine throughout: the label is the cache alone, as before
+    alone = retrieval.find(pd.DataFrame(rows[:1]))[0].text
+    assert "(smollm2-135m): finds the needle: q4_0 in 1/1" in alone
+
+
 def test_heatmap_cells_and_pareto_panels():
     df = pd.DataFrame(retrieval_rows() + quality_rows() + generate_rows())
     fig = tasks.retrieval(df)

@@ -1,7 +1,7 @@
 """Topic "retrieval": per (model, task, context), each cache configuration's answers found
 over every depth of that context, "int4 finds the needle in 12/20 trials at ctx 8192, fp16 in
 20/20", with each count's 95% Wilson interval (stats.wilson), and its answers equal to the
-float32 cache's. Two configurations are called different only when their intervals do not
+float32 cache's; one line per engine and arithmetic where they vary (findings/tasks.py). Two configurations are called different only when their intervals do not
 overlap; otherwise the line says they are not separated [retrieval]."""
 
 from __future__ import annotations
@@ -32,7 +32,8 @@ def retrieval_counts(cur: pd.DataFrame) -> pd.DataFrame:
     # the task) pooled, each configuration its own count
     pooled = [a for a in WORKLOAD_AXES if a not in (*KEPT_APART, "task")]
     apart = group_axes(d, compared=with_role("choice"), pooled=pooled)
-    keys = list(dict.fromkeys(["model", "task", "context_len", *apart, "config"]))
+    keys = list(dict.fromkeys(["model", "task", "context_len", "engine", *apart, "config"]))
+    keys.append("cache")  # config's first part: the same groups
     cols = ["n_correct", "n_trials", "ref_correct", "n_ref_agree"]
     g = d.groupby(keys, sort=False)[cols].sum().reset_index()
     ci = [wilson(int(k), int(n)) for k, n in zip(g["n_correct"], g["n_trials"])]
@@ -48,10 +49,11 @@ def retrieval_counts(cur: pd.DataFrame) -> pd.DataFrame:
 def find(cur: pd.DataFrame) -> list[Finding]:
     g = retrieval_counts(cur)
     out = []
-    for (model, task, ctx), part in g.groupby(["model", "task", "context_len"], sort=False):
+    by = ["model", "task", "context_len", "engine"]
+    for (model, task, ctx, engine), part in g.groupby(by, sort=False):
         part = part.sort_values("n_correct", ascending=True)
         counts = [
-            f"{r.config} in {int(r.n_correct)}/{int(r.n_trials)} ({r.lo:.2f}-{r.hi:.2f})"
+            f"{r.cache} in {int(r.n_correct)}/{int(r.n_trials)} ({r.lo:.2f}-{r.hi:.2f})"
             for r in part.itertuples()
         ]
         worst, best = part.iloc[0], part.iloc[-1]
@@ -61,7 +63,7 @@ def find(cur: pd.DataFrame) -> list[Finding]:
         same = part.sort_values("n_ref_agree")
         low, high = same.iloc[0], same.iloc[-1]
         agree = ", ".join(
-            f"{r.config} {int(r.n_ref_agree)}/{int(r.n_trials)}" for r in same.itertuples()
+            f"{r.cache} {int(r.n_ref_agree)}/{int(r.n_trials)}" for r in same.itertuples()
         )
         apart = low.agree_hi < high.agree_lo
         verdict += f"; answers equal to the float32 cache's: {agree}"
@@ -70,6 +72,8 @@ def find(cur: pd.DataFrame) -> list[Finding]:
         what = "finds the key" if task == "passkey" else "finds the needle"
         if task == "vartrack":
             what = "names every variable"
-        text = f"{task} at {ctx_text(ctx)} ({model}): {what}: " + ", ".join(counts) + ref + verdict
+        who = f", {engine}" if engine else ""  # the engine and arithmetic, where they vary
+        text = f"{task} at {ctx_text(ctx)} ({model}{who}): {what}: " + ", ".join(counts)
+        text += ref + verdict
         out.append(Finding(TOPIC, text, "retrieval", separated))
     return out
