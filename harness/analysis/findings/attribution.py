@@ -5,7 +5,8 @@ q8_0 against a quantized K, k_order gguf, div_sign llama.cpp), of llama-passkey 
 stored and on its float32 copy (peer_weights f32, the weights kvbench runs) and of the float32
 cache, and which part lost the answer: the context (the float32 cache misses too: a shift
 discarded the key, or the model cannot read that far), the cache (kvbench's format misses where
-the float32 cache finds it), the arithmetic (kvbench finds it and misses in llama.cpp's
+the float32 cache finds it; the line says so where the same cache finds it in llama.cpp's
+arithmetic), the arithmetic (kvbench finds it and misses in llama.cpp's
 arithmetic), the peer's weights (llama-passkey misses on the GGUF and finds it on the float32
 copy) or llama.cpp (it misses on the weights and arithmetic kvbench finds it with). Each line
 also says whether kvbench in llama.cpp's arithmetic gave llama-passkey's answer in every trial
@@ -62,6 +63,9 @@ def verdict(by: dict, ref_ok: bool) -> str:
     if not ref_ok:
         return "the context lost it (the float32 cache misses too)"
     if not ok.get(SIDES[0], True):
+        if ok.get(SIDES[1]):  # the same cache, queries rounded to q8_0: the rounding kept it
+            return ("the cache lost it under float32 queries (the float32 cache finds it; "
+                    "in llama.cpp's arithmetic the same cache finds it)")  # fmt: skip
         return "the cache lost it (the float32 cache finds it)"
     if not ok.get(SIDES[1], True):
         return "the arithmetic lost it (kvbench finds it, in llama.cpp's arithmetic it misses)"
