@@ -121,6 +121,7 @@ class Case:
     ga_w: int = 2048
     n_keep: int | None = None
     div_sign: str = "exact"
+    swa_cache: str = "ring"
     policy: str = "none"
     compression_ratio: float = 0.0
     kv_budget: int | None = None

@@ -39,9 +39,13 @@ def test_refusals_name_the_key():
     assert "overrun" in refused(kv_edit="shift", context_limit=16, ga_w=64)
     assert "ga_n must be >= 2" in refused(kv_edit="self-extend")
     windowed = SimpleNamespace(trained_context=256, windows=((8, 0), None))
-    assert "self-extend of their rings is not built" in refused(
-        kv_edit="self-extend", ga_n=2, shape=windowed
-    )
+    ring = refused(kv_edit="self-extend", ga_n=2, shape=windowed)
+    assert "swa_cache" in ring and "failed to find a memory slot" in ring
+    model_edit.check("s.yaml", case(**EDIT, kv_edit="self-extend", ga_n=2, swa_cache="full"),
+                     windowed, [400], 25)  # fmt: skip
+    assert "no sliding-window layers" in refused(kv_edit="self-extend", ga_n=2, swa_cache="full")
+    assert "self-extend's" in refused(kv_edit="shift", swa_cache="full", shape=windowed)
+    assert "needs kv_edit" in refused(swa_cache="full")
     assert "plain cache" in refused(kv_edit="shift", kv_dtype="int8", v_dtype="int4")
     assert "phase retrieval or quality" in refused(kv_edit="shift", phase="generate", task="none")
     assert "policy" in refused(kv_edit="shift", policy="window", compression_ratio=0.5)
@@ -111,3 +115,22 @@ def test_llama_passkey_gets_the_schedule_and_must_report_it(tiny):  # noqa: F811
     llama_engine.check_context(ok, sch)
     with pytest.raises(ValueError, match="llama-passkey's context"):
         llama_engine.check_context({**ok, "n_kv_req": 768}, sch)
+    # swa_cache full: --swa-full asked, and a run whose log lacks its warning is refused
+    full = case(**EDIT, kv_edit="self-extend", context_limit=128, ga_n=2, ga_w=64, n_keep=20,
+                swa_cache="full")  # fmt: skip
+    args, sch = llama_engine.edit_args(full, model, common.model_of("x")[1])
+    assert dict(args)["swa_full"] is True and sch.swa_full
+    llama_engine.check_context({**ok, "swa_full": True}, sch)
+    with pytest.raises(ValueError, match="swa_full"):
+        llama_engine.check_context(ok, sch)
+
+
+def test_a_full_swa_cache_allocates_every_cell():
+    """Layer 0 a window of 8 at context 1000: its ring is 8 + 512 - 1 = 519 cells (one prefill
+    ubatch of 512 past the window), with swa_cache full 1000, as the global layer 1."""
+    from kvbench.suite.model_plan import model_cells
+
+    kw = dict(**EDIT, context_len=1000, n_layers=2, kv_edit="self-extend", ga_n=2)
+    windows = ((8, 0), None)
+    assert model_cells(case(**kw), windows) == [519, 1000]
+    assert model_cells(case(**kw, swa_cache="full"), windows) == [1000, 1000]

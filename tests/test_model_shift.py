@@ -207,3 +207,36 @@ def test_a_ring_layers_next_token_sees_the_window_by_llama_position(tiny):
     w = np.exp(w - w.max(-1, keepdims=True))
     want = np.einsum("hn,hnd->hd", w / w.sum(-1, keepdims=True), vv)
     np.testing.assert_allclose(out, want, atol=1e-4)
+
+
+def test_a_full_window_layer_takes_self_extend_by_position(tiny):
+    # llama.cpp's --swa-full: layer 0 a 24-position window that keeps every cell. Self-extend
+    # (ga_n 2, batches of 64, keys turned exactly) packs two tokens a position, so the next
+    # token sees more than 24 cells: every held cell whose position p has n_past - 24 < p,
+    # checked against a numpy softmax over those cells' stored keys and values.
+    from dataclasses import replace
+
+    n = tiny.config.n_layers
+    cfg = replace(tiny.config, windows=((24, 0),) + (None,) * (n - 1))
+    sch = shift.Schedule(16, 4, 64, ga_n=2, div_sign="exact", swa_full=True)
+    config, windows = shift.full_windows(cfg, sch.swa_full)
+    assert windows == {0: 24} and config.windows is None
+    inner = make_cache(FP32, config, sch.n_cells, "reference")
+    cache = shift.ShiftCache(inner, shift.rope_params(tiny.net), sch.div_sign, windows)
+    shift.read_prompt(tiny, cache, TOKENS[:200], sch, ubatch=64)
+    cache.kshift()
+    p, pos = cache.offset, cache.cells.pos.copy()
+    cells = np.flatnonzero(pos > p - 24)
+    assert len(cells) > 24  # grouped positions: the window holds more than 24 tokens
+    np.testing.assert_allclose(stored_layer0(cache, FP32)[:, cells],
+                               layer0_keys([TOKENS[i] for i in cells], pos[cells]), atol=2e-4)
+    h, d = tiny.config.n_kv_heads, tiny.config.head_dim
+    q, k, v = (mx.random.normal((1, h, 1, d), key=mx.random.key(i)) for i in range(3))
+    out = np.array(cache.attend(0, q, k, v, d**-0.5)[0, :, 0], np.float64)
+    sel = [*cells.tolist(), len(pos)]  # the held cells in the window, then the new one
+    kk, vv = (np.array(inner.fmt.decode({a: x[:, :, sel] for a, x in s[0].items()}, mx.float32)[0],
+                       np.float64) for s in (inner.kv.keys, inner.kv.values))  # fmt: skip
+    w = np.einsum("hd,hnd->hn", np.array(q[0, :, 0], np.float64), kk) * d**-0.5
+    w = np.exp(w - w.max(-1, keepdims=True))
+    want = np.einsum("hn,hnd->hd", w / w.sum(-1, keepdims=True), vv)
+    np.testing.assert_allclose(out, want, atol=1e-4)

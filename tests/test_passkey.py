@@ -103,7 +103,7 @@ def test_parse_and_command():
     assert got == {"answer_text": " 39384. The grass is green. The sky is blue", "key": "39384",
                    "i_pos": 8, "n_junk": 80, "prompt_tokens": 1984, "decode_tokens": None,
                    "decode_s": None, "n_ctx": 8416, "n_kv_req": 8448, "n_grp": 1,
-                   "n_batch": 2048, "shifts": []}  # fmt: skip
+                   "n_batch": 2048, "shifts": [], "swa_full": False}  # fmt: skip
     # its own clock of the answer (examples/passkey/passkey.cpp's closing line)
     timed = parse_passkey("", STDERR + "main: decoded 15 tokens in 0.60 s, speed: 25.00 t/s\n")
     assert (timed["decode_tokens"], timed["decode_s"]) == (15, 0.6)
@@ -115,6 +115,11 @@ def test_parse_and_command():
                           grp_attn_n=2, ctx_train=("llama", 256))  # fmt: skip
     assert cmd[-8:] == ["--keep", "29", "-b", "240", "--grp-attn-n", "2", "--override-kv",
                         "llama.context_length=int:256"]  # fmt: skip
+    # sliding-window layers that keep every cell: --swa-full, and its warning read back
+    cmd = passkey_command("lp", "m.gguf", n_junk=30, i_pos=3, grp_attn_n=2, swa_full=True)
+    assert cmd[-3:] == ["--grp-attn-n", "2", "--swa-full"]
+    warned = "llama_kv_cache_iswa: using full-size SWA cache (ref: https://github.com/...)\n"
+    assert parse_passkey("", warned + STDERR)["swa_full"] is True
 
 
 # llama-passkey's log of a run with its context shift (b11434 on SmolLM2, --override-kv

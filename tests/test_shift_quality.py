@@ -113,12 +113,12 @@ def test_refusals_name_the_key():
     assert "no shift happens" in refused(**rc)
 
 
-def test_sliding_window_layers_take_a_shift_not_self_extend():
+def test_sliding_window_layers_take_a_shift_and_self_extend_only_with_every_cell():
     windowed = SimpleNamespace(trained_context=256, windows=((8, 0), None))
     rc = dict(phase="retrieval", task="passkey-llamacpp", chunks=1, context_len=300)
     for kw in ({}, rc):  # quality and retrieval shifts pass
         model_edit.check("s.yaml", case(**kw), windowed, [300], model_edit.QUALITY_KEEP)
-    with pytest.raises(SuiteError, match="self-extend of their rings is not built"):
+    with pytest.raises(SuiteError, match="swa_cache: .*set swa_cache: full"):
         model_edit.check("s.yaml", case(**rc, kv_edit="self-extend", ga_n=2), windowed, [300],
                          model_edit.QUALITY_KEEP)  # fmt: skip
 

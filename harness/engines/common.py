@@ -277,11 +277,13 @@ def model_effective(case: Case) -> dict:
 def model_kv_bytes(case: Case, spec, n_tokens: int | None = None) -> int:
     """Exact bytes the case's cache holds after n_tokens (default context_len), each layer at
     its own positions: a sliding-window layer (the model's, or every layer with `window`)
-    holds min(n_tokens, window + sinks)."""
+    holds min(n_tokens, window + sinks); with swa_cache full, every cell (kernels/model/shift.py
+    full_windows)."""
     c = windowed(model_of(case.model)[0], case).config
     n = case.context_len if n_tokens is None else n_tokens
+    windows = () if case.swa_cache == "full" else c.windows
     return kv_spec.kv_bytes(spec, n, c.n_layers, c.n_kv_heads, c.head_dim,
-                            windows=c.windows)  # fmt: skip
+                            windows=windows)  # fmt: skip
 
 
 def model_bits_per_elem(case: Case, spec) -> float:

@@ -319,13 +319,14 @@ def passkey_answer(gguf: Path, n_junk: int, i_pos: int, type_k: str, type_v: str
 
 def edit_args(case: Case, model, tokenizer) -> tuple[tuple, object]:
     """llama-passkey's arguments for the case's kv_edit (suite/model_edit.py) as pairs, and the
-    Schedule kvbench replays: --keep, -b, --grp-attn-n and, for context_limit N, the GGUF's
-    context_length overridden to N; ((), None) without an edit."""
+    Schedule kvbench replays: --keep, -b, --grp-attn-n, --swa-full for swa_cache full and, for
+    context_limit N, the GGUF's context_length overridden to N; ((), None) without an edit."""
     edit = model_edit.edit_of(case)
     if edit is None:
         return (), None
     sch = model_edit.schedule_for(edit, case.model, model, tokenizer)
     args = {"keep": sch.n_keep, "n_batch": sch.n_batch, "grp_attn_n": sch.ga_n}
+    args |= {"swa_full": True} if sch.swa_full else {}
     if model_edit.numeric_limit(case) is not None:
         args["ctx_train"] = (model.metadata.get("general.architecture", "llama"), sch.n_ctx_train)
     return tuple(sorted(args.items())), sch
@@ -334,11 +335,12 @@ def edit_args(case: Case, model, tokenizer) -> tuple[tuple, object]:
 def check_context(run: dict, sch) -> None:
     """llama-passkey sized the context kvbench replays (its own log line), else ValueError: a
     row never pairs answers read through two different contexts."""
-    got = (run.get("n_ctx"), run.get("n_kv_req"), run.get("n_batch"), run.get("n_grp"))
-    want = (sch.n_ctx, sch.n_cells, sch.n_batch, sch.ga_n)
+    got = (run.get("n_ctx"), run.get("n_kv_req"), run.get("n_batch"), run.get("n_grp"),
+           run.get("swa_full", False))  # fmt: skip
+    want = (sch.n_ctx, sch.n_cells, sch.n_batch, sch.ga_n, sch.swa_full)
     if got != want:
-        raise ValueError(f"llama-passkey's context (n_ctx, cells, n_batch, n_grp) {got}, "
-                         f"kvbench's schedule {want}")  # fmt: skip
+        raise ValueError(f"llama-passkey's context (n_ctx, cells, n_batch, n_grp, swa_full) "
+                         f"{got}, kvbench's schedule {want}")  # fmt: skip
 
 
 def passkey_cost(runs: list[dict]) -> dict:

@@ -74,9 +74,10 @@ def edited_answer(model, tokenizer, p, key, spec, kernel, tile_kv, edit, edits) 
     """One trial through the edit: a cache of the schedule's cells (an overrun fails as
     llama_decode would), the prompt and answer as passkey.cpp reads them."""
     sch = edit_rows.schedule(key[0], edit)
+    config, windows = shift.full_windows(model.config, sch.swa_full)
     # a sliding-window layer's ring: one prefill ubatch past its window (read_prompt's steps)
-    inner = make_cache(spec, model.config, sch.n_cells, kernel, tile_kv, max_step=UBATCH)
-    cache = shift.ShiftCache(inner, shift.rope_params(model.net), sch.div_sign)
+    inner = make_cache(spec, config, sch.n_cells, kernel, tile_kv, max_step=UBATCH)
+    cache = shift.ShiftCache(inner, shift.rope_params(model.net), sch.div_sign, windows)
     text = shift.greedy_answer(model, cache, tokenizer, p, key[1], sch, UBATCH)
     if edits is not None:
         edits.append({**cache.counts, "n_past": cache.offset, "cells": sch.n_cells})

@@ -37,6 +37,8 @@ DECODED_RE = re.compile(r"decoded (\d+) tokens in ([0-9.]+) s")
 # its context as it set it (main's first log line) and each context shift's n_discard
 CTX_RE = re.compile(r"n_ctx = (\d+), n_kv_req = (\d+), n_grp = (\d+), n_batch = (\d+)")
 SHIFT_RE = re.compile(r"shifting KV cache with (\d+)")
+# llama_kv_cache_iswa's warning when --swa-full took effect (its window layers keep every cell)
+SWA_FULL_RE = re.compile(r"using full-size SWA cache")
 
 
 def passkey_command(
@@ -53,9 +55,11 @@ def passkey_command(
     n_batch: int | None = None,
     grp_attn_n: int = 1,
     ctx_train: tuple[str, int] | None = None,
+    swa_full: bool = False,
 ) -> list[str]:
-    """The command; keep, n_batch, grp_attn_n (self-extend) and ctx_train ((GGUF architecture,
-    n_ctx_train): the trained length the tool sizes its context by) only when given."""
+    """The command; keep, n_batch, grp_attn_n (self-extend), ctx_train ((GGUF architecture,
+    n_ctx_train): the trained length the tool sizes its context by) and swa_full (--swa-full:
+    sliding-window layers keep every cell) only when given."""
     cmd = [str(binary), "-m", str(model), "--junk", str(n_junk), "--pos", str(i_pos)]
     cmd += ["-ctk", type_k, "-ctv", type_v, "-fa", fa_flag(flash_attn), "-t", str(threads)]
     cmd += ["--keep", str(keep)] if keep is not None else []
@@ -63,7 +67,7 @@ def passkey_command(
     cmd += ["--grp-attn-n", str(grp_attn_n)] if grp_attn_n != 1 else []
     if ctx_train is not None:
         cmd += ["--override-kv", f"{ctx_train[0]}.context_length=int:{ctx_train[1]}"]
-    return cmd
+    return cmd + (["--swa-full"] if swa_full else [])
 
 
 def parse_passkey(stdout: str, stderr: str) -> dict:
@@ -88,6 +92,7 @@ def parse_passkey(stdout: str, stderr: str) -> dict:
         "n_grp": int(ctx.group(3)) if ctx else None,
         "n_batch": int(ctx.group(4)) if ctx else None,
         "shifts": [int(n) for n in SHIFT_RE.findall(stderr)],
+        "swa_full": SWA_FULL_RE.search(stderr) is not None,
     }
 
 

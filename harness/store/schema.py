@@ -81,6 +81,7 @@ class _CaseColumns:
     ga_w: int | None = None
     n_keep: int | None = None
     div_sign: str | None = None
+    swa_cache: str | None = None
     policy: str | None = None
     compression_ratio: float | None = None
     kv_budget: int | None = None

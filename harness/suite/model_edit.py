@@ -10,7 +10,9 @@ self-extend has nothing to extend), ga_w not a multiple of ga_n, a context whose
 overrun it (kernels/model/shift.py Schedule.overrun), a cache the edit cannot move (one plain
 format for K and V), a cache policy beside it, a phase other than retrieval or quality
 (self-extend: retrieval only), llama-perplexity as the kernel, or a model with sliding-window
-layers under self-extend (their rings take a shift: class Rings in kernels/model/shift.py).
+layers under self-extend in their rings (a shift moves rings: class Rings in
+kernels/model/shift.py; self-extend needs `swa_cache: full`, every cell kept and the window a
+mask by position, as llama.cpp's --swa-full: its own rings fail to find a slot once grouped).
 """
 
 from __future__ import annotations
@@ -22,11 +24,12 @@ from kvbench.errors import SuiteError
 from kvbench.kernels.model.shift import DIV_SIGNS, N_PREDICT, Schedule
 
 MODEL_EDITS = ("shift", "self-extend")
+SWA_CACHES = ("ring", "full")  # a window layer's cells: its ring, or all (llama.cpp --swa-full)
 EDIT_PHASES = ("retrieval", "quality")  # self-extend: retrieval only
 # n_keep of a quality row that leaves it empty: passkey.cpp's --keep default (its schedule is
 # the one replayed; examples/passkey/passkey.cpp: params.n_keep = 32), the text's first tokens
 QUALITY_KEEP = 32
-__all__ = ["DIV_SIGNS", "MODEL_EDITS", "check_case", "schedule_of", "edit_of"]
+__all__ = ["DIV_SIGNS", "MODEL_EDITS", "SWA_CACHES", "check_case", "schedule_of", "edit_of"]
 WORDS = ("trained", "beyond")
 
 
@@ -64,10 +67,12 @@ def schedule_of(case: Case, trained: int | None, n_keep: int) -> Schedule:
     keep = case.n_keep if case.n_keep is not None else n_keep
     ga_n = case.ga_n if case.kv_edit == "self-extend" else 1
     sign = case.div_sign if case.kv_edit == "self-extend" else "llama.cpp"
-    return Schedule(n_ctx_train(case, trained), keep, case.ga_w, ga_n, sign)
+    full = case.swa_cache == "full"
+    return Schedule(n_ctx_train(case, trained), keep, case.ga_w, ga_n, sign, full)
 
 
-EDIT_AXES = ("kv_edit", "context_limit", "ga_n", "ga_w", "n_keep", "div_sign", "phase")
+EDIT_AXES = ("kv_edit", "context_limit", "ga_n", "ga_w", "n_keep", "div_sign", "swa_cache",
+             "phase")  # fmt: skip
 
 
 def edit_of(case: Case) -> tuple | None:
@@ -102,6 +107,7 @@ def off_default(case: Case) -> list[str]:
         ("ga_w", case.ga_w != 2048),
         ("n_keep", case.n_keep is not None),
         ("div_sign", case.div_sign != "exact"),
+        ("swa_cache", case.swa_cache != "ring"),
     ]
     return [name for name, off in got if off]
 
@@ -167,7 +173,7 @@ def check(path: str, case: Case, shape, sizes: list[int], n_keep: int,
     if case.policy != "none":
         raise SuiteError(path, "policy", "a cache policy beside a kv_edit is not built")
     if case.kv_edit == "shift":  # schedule_of runs a shift with ga_n 1 and no division
-        for axis, default in (("ga_n", 1), ("div_sign", "exact")):
+        for axis, default in (("ga_n", 1), ("div_sign", "exact"), ("swa_cache", "ring")):
             if getattr(case, axis) != default:
                 raise SuiteError(path, axis, "self-extend's; a context shift does not read it")
     if case.v_dtype not in (None, case.kv_dtype) or case.k_axis != "token" or case.sink_tokens \
@@ -176,10 +182,19 @@ def check(path: str, case: Case, shape, sizes: list[int], n_keep: int,
                          "per-token, no sinks, window or residual")  # fmt: skip
     if not context:
         return
-    if any(shape.windows) and case.kv_edit != "shift":
-        raise SuiteError(path, "kv_edit", f"{case.model} has sliding-window layers: self-extend "
-                         "of their rings is not built (a shift is)")  # fmt: skip
+    _check_windows(path, case, shape)
     _check_context(path, case, shape, sizes, n_keep)
+
+
+def _check_windows(path: str, case: Case, shape) -> None:
+    """swa_cache full: self-extend on a model with sliding-window layers, which needs it."""
+    if case.kv_edit == "self-extend" and any(shape.windows) and case.swa_cache != "full":
+        raise SuiteError(path, "swa_cache", f"{case.model} has sliding-window layers: "
+                         "self-extend groups positions their rings cannot take (llama.cpp "
+                         "b11434's llama-passkey: 'failed to find a memory slot'); set "
+                         "swa_cache: full (llama.cpp's --swa-full)")  # fmt: skip
+    if case.swa_cache == "full" and not any(shape.windows):
+        raise SuiteError(path, "swa_cache", f"{case.model} has no sliding-window layers")
 
 
 def _check_context(path: str, case: Case, shape, sizes: list[int], n_keep: int) -> None:

@@ -40,8 +40,11 @@ def capacity(case: Case) -> int:
 
 def model_cells(case: Case, windows: tuple = ()) -> list[int]:
     """Cells each layer of the case's model cache allocates: its capacity, or a sliding-window
-    layer's ring (window + sinks + one forward's positions - 1; every layer with `window`)."""
+    layer's ring (window + sinks + one forward's positions - 1; every layer with `window`; none
+    with swa_cache full)."""
     n, layers = capacity(case), case.n_layers
+    if case.swa_cache == "full":  # the model's window layers keep every cell (--swa-full)
+        windows = ()
     if case.window is not None:
         windows = ((case.window, case.sink_tokens),) * layers
     query = min(PREFILL_UBATCH, n)  # one forward's positions

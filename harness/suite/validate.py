@@ -176,6 +176,7 @@ CHOICES = {
     "peer_weights": PEER_WEIGHTS,
     "retrieval_tasks": ("none", *RETRIEVAL_TASKS, PASSKEY_LLAMACPP),
     "div_signs": model_edit.DIV_SIGNS,
+    "swa_caches": model_edit.SWA_CACHES,
     "policies": ("none", *POLICIES),
     "scorers": tuple(SCORERS),
 }
@@ -324,7 +325,7 @@ def check_rotation(path: str, case: Case) -> None:
 
 
 MODEL_AXES = ("v_dtype", "k_axis", "sink_tokens", "recent_tokens", "text", "chunks")
-MODEL_AXES += ("k_order", "q_quant", "ga_n", "ga_w", "n_keep", "div_sign")
+MODEL_AXES += ("k_order", "q_quant", "ga_n", "ga_w", "n_keep", "div_sign", "swa_cache")
 PHASE_AXES = {  # axes that only some phases read (chunks and text are ignored by retrieval)
     "task": ("retrieval",), "depth": ("retrieval",), "trials": ("retrieval",),
     "gen_tokens": ("generate",), "quantized_kv_start": ("generate",),

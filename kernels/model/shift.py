@@ -19,6 +19,13 @@ schedules them (examples/passkey/passkey.cpp, b11434), so kvbench answers the pr
   back to f16); a quantized K is dequantized to float32, rotated back by the Hadamard when K is
   stored rotated, rotated by RoPE, rotated forward again and re-quantized (ggml_cpy into K's
   type). kvbench does the same through the format: decode, un-rotate, RoPE, rotate, encode.
+* Sliding-window layers (Gemma 3, llama_kv_cache_iswa): under a context shift their rings take
+  the same edits (class Rings). Under self-extend a ring cannot: its cells are reused once the
+  window masks them, and grouping moves positions back inside the window, so llama.cpp's
+  find_slot finds no free cell ("failed to find a memory slot", b11434, every ga_n and batch
+  tried). With --swa-full (Schedule.swa_full) a window layer keeps every cell, edited as the
+  global layers are, and the window is a mask by position (llama_hparams::is_masked_swa: a key
+  at p0 is hidden from a query at p1 when p1 - p0 >= n_swa).
 * seq_div's sign. llama-kv-cells.h pos_div records shift += p_old - p_new, where pos_add
   records shift += d (= p_new - p_old): a divided key is rotated by +(p_old - p_new), away
   from its new position, not to it. `div_sign` "llama.cpp" replays that (the arithmetic
@@ -31,12 +38,13 @@ and `offset`, what the model's RoPE reads for the next token, is n_past.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import mlx.core as mx
 import numpy as np
 
 from kvbench.kernels.formats.rotation import rotate
+from kvbench.kernels.model.policies.window import sees
 
 PAD_CELLS = 256  # llama_context pads n_ctx to a multiple of 256 (src/llama-context.cpp)
 N_PREDICT = 16  # passkey.cpp's answer room
@@ -46,13 +54,15 @@ DIV_SIGNS = ("llama.cpp", "exact")
 @dataclass(frozen=True)
 class Schedule:
     """passkey.cpp's context and batches: n_ctx_train (the trained length it sizes by), n_keep,
-    n_batch (= ga_w, the self-extend window), ga_n and seq_div's sign."""
+    n_batch (= ga_w, the self-extend window), ga_n, seq_div's sign and whether sliding-window
+    layers keep every cell (llama.cpp's --swa-full)."""
 
     n_ctx_train: int
     n_keep: int
     n_batch: int = 2048
     ga_n: int = 1
     div_sign: str = "llama.cpp"
+    swa_full: bool = False
 
     def __post_init__(self):
         if self.ga_n < 1 or self.n_batch % self.ga_n:
@@ -220,6 +230,17 @@ class Rings:
         return len(sel) * len(self.stores)
 
 
+def full_windows(config, swa_full: bool) -> tuple[object, dict]:
+    """(the config a cache is made for, ShiftCache's `windows`): with swa_full, every layer a
+    plain store (no ring) and {layer: window} of the sliding-window ones; else as they are."""
+    if not swa_full:
+        return config, {}
+    got = {i: w for i, w in enumerate(config.windows or ()) if w}
+    if any(sinks for _, sinks in got.values()):
+        raise ValueError("swa_cache full with window sinks: not built")
+    return replace(config, windows=None), {i: w for i, (w, _) in got.items()}
+
+
 def parts_of(inner) -> tuple[list, list]:
     """(plain stores as (store, [(its layer, the model's layer)]), ring stores as (model layer,
     WindowCache)) of a PlainCache or a LayeredCache of PlainCache and WindowCache layers."""
@@ -250,10 +271,15 @@ class ShiftCache:
     `offset` (RoPE's position of the next token) is n_past, and seq_rm / seq_add / seq_div edit
     the cells as llama.cpp does; `kshift` re-rotates the keys whose position moved (a
     StoredCache, kernels/model/protocol.py). The rings (class Rings) take seq_rm and seq_add;
-    seq_div on them (self-extend) is refused."""
+    seq_div on them (self-extend) is refused. `windows` {model layer: window}: the plain stores
+    of sliding-window layers that keep every cell (--swa-full), attended through the window as
+    a mask by position."""
 
-    def __init__(self, inner, ropes: list[tuple[int, float, float]], div_sign: str = "llama.cpp"):
+    def __init__(self, inner, ropes: list[tuple[int, float, float]], div_sign: str = "llama.cpp",
+                 windows: dict | None = None):  # fmt: skip
+        self.windows = windows or {}
         self.plain, ring_stores = parts_of(inner)
+        self.where = {model: (s, mine) for s, layers in self.plain for mine, model in layers}
         self.rings = Rings(ring_stores) if ring_stores else None
         self.inner, self.cells, self.ropes, self.div_sign = inner, Cells(), ropes, div_sign
         first = self.plain[0][0]
@@ -270,6 +296,8 @@ class ShiftCache:
         return self.cells.n_past()
 
     def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
+        if layer in self.windows:
+            return self._attend_window(layer, q, k, v, scale)
         if self.rings is None or layer not in self.rings.layers:
             return self.inner.attend(layer, q, k, v, scale)
         # a ring layer: the new cells hold llama's positions before the mask reads them, and the
@@ -278,6 +306,15 @@ class ShiftCache:
         self.rings.write(w, k, v, self.offset)
         w.offset = self.offset
         return w.read(0, q, scale)
+
+    def _attend_window(self, layer: int, q, k, v, scale: float) -> mx.array:
+        """A window layer that keeps every cell: the held cells' positions, then the new ones'
+        (n_past..), each query seeing the positions p with q - window < p <= q."""
+        (store, mine), n = self.where[layer], k.shape[2]
+        store.write(mine, k, v)
+        qpos = np.arange(self.offset, self.offset + n)
+        pos = np.concatenate([self.cells.pos, qpos])
+        return store.read(mine, q, scale, mx.array(sees(pos, qpos, 0, self.windows[layer])))
 
     def advance(self, n: int) -> None:
         first = self.cells.n_past()
