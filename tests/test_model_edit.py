@@ -134,3 +134,19 @@ def test_a_full_swa_cache_allocates_every_cell():
     windows = ((8, 0), None)
     assert model_cells(case(**kw), windows) == [519, 1000]
     assert model_cells(case(**kw, swa_cache="full"), windows) == [1000, 1000]
+
+
+def test_the_arithmetic_twin_keeps_llama_cpps_key_order(tmp_path):
+    """q_quant twins llama.cpp's arithmetic: keys in GGUF's interleaved order on a llama GGUF
+    (its converter permutes the Q/K rows), in the model's own order on Gemma 3."""
+    from tiny_model import weights, write_gguf, write_random_mlx_dir
+
+    from kvbench.suite.validate import check_key_order
+
+    llama = str(write_gguf(tmp_path / "t.gguf", weights(seed=3)))
+    gemma = str(write_random_mlx_dir(tmp_path / "g", "gemma3_text", n_layers=4))
+    for model, right, wrong in ((llama, "gguf", "hf"), (gemma, "hf", "gguf")):
+        check_key_order("s.yaml", case(model=model, q_quant="q8_0", k_order=right))
+        check_key_order("s.yaml", case(model=model, k_order=wrong))  # no twin: any order
+        with pytest.raises(SuiteError, match=f"holds keys in order {right}"):
+            check_key_order("s.yaml", case(model=model, q_quant="q8_0", k_order=wrong))

@@ -371,6 +371,7 @@ def check_model(path: str, case: Case) -> None:
     if case.phase != "retrieval":  # its haystack is made by code, not read from a text
         check_text(path, case) if case.text != "default" else check_default_text(path, case)
     model_edit.check_case(path, case, sizes)
+    check_key_order(path, case)
     check_context_limit(path, case)
     check_generate(path, case)
     try:
@@ -388,6 +389,22 @@ def check_model(path: str, case: Case) -> None:
     if case.window is not None and not spec_of(case).plain:
         why = "a sliding window holds one plain format (no v_dtype, k_axis channel, recent_tokens)"
         raise SuiteError(path, "window", why)
+
+
+def check_key_order(path: str, case: Case) -> None:
+    """q_quant twins llama.cpp's arithmetic, so its keys must be in llama.cpp's channel order for
+    the model: GGUF's interleaved one where the converter permuted the Q/K rows (llama), else
+    the model's own (Gemma 3, Qwen2); a model not fetched yet is not checked here."""
+    if case.q_quant == "none" or not model_edit.fetched(case.model):
+        return
+    from kvbench.kernels.model.load import PERMUTED_ARCHS
+    from kvbench.kernels.model.source import model_shape
+
+    order = "gguf" if model_shape(case.model).arch in PERMUTED_ARCHS else "hf"
+    if case.k_order != order:
+        raise SuiteError(path, "k_order", f"{case.k_order} with q_quant {case.q_quant}: "
+                         f"llama.cpp's cache of {case.model} holds keys in order {order}, so "
+                         "this is not its arithmetic")  # fmt: skip
 
 
 def check_generate(path: str, case: Case) -> None:
