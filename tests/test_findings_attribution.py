@@ -29,8 +29,9 @@ def cell(depth: float, plain=True, named=True, peer=True, f32=True, ref=1.0, **k
     return [
         row(ok=plain, ref=ref, depth=depth, **kw),
         row(ok=named, ref=ref, depth=depth, q_quant="q8_0", k_order="gguf", **kw),
-        row("llama.cpp", ok=peer, ref=1.0, depth=depth, **kw),
-        row("llama.cpp", ok=f32, ref=1.0, depth=depth, peer_weights="f32", **kw),
+        # llama.cpp's rows record the key order its cache holds (a llama GGUF's: gguf)
+        row("llama.cpp", ok=peer, ref=1.0, depth=depth, k_order="gguf", **kw),
+        row("llama.cpp", ok=f32, ref=1.0, depth=depth, peer_weights="f32", k_order="gguf", **kw),
     ]
 
 
@@ -83,3 +84,14 @@ def test_the_cells_agreement_is_counted_by_verdict_and_by_number():
         "verdict in 4 of 5, the same number in 3 of 5; against llama-passkey on its "
         "float32 copy: the same verdict in 4 of 4, the same number in 3 of 4"
     )
+
+
+def test_a_twin_in_another_key_order_is_not_llama_cpps_arithmetic():
+    # the peer's row records k_order hf (Gemma); a q8_0-query row with GGUF's order is left out
+    rows = [{**r, "k_order": "hf"} if r["kernel"] == "llama.cpp" else r
+            for r in cell(0.5, named=False)]  # fmt: skip
+    [_, f] = attribution.find(pd.DataFrame(rows, columns=COLUMNS))
+    assert "in llama.cpp's arithmetic" not in f.text and "none lost it" in f.text
+    rows[1]["k_order"] = "hf"  # the twin in the peer's order counts again
+    [_, f] = attribution.find(pd.DataFrame(rows, columns=COLUMNS))
+    assert "in llama.cpp's arithmetic 0/1" in f.text and "the arithmetic lost it" in f.text
