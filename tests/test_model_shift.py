@@ -191,6 +191,15 @@ def test_a_ring_takes_the_shift_by_position(tiny, window):
     assert sorted(seen.tolist()) == list(range(217 - window, 216))  # p > 216 - window, held
 
 
+def softmax_over(store, cells: list[int], q) -> np.ndarray:
+    """[Hkv, D] float64: one query's attention over `cells` of the store's layer 0 (numpy)."""
+    kk, vv = (np.array(store.fmt.decode({a: x[:, :, cells] for a, x in s[0].items()}, mx.float32)[0],
+                       np.float64) for s in (store.kv.keys, store.kv.values))  # fmt: skip
+    w = np.einsum("hd,hnd->hn", np.array(q[0, :, 0], np.float64), kk) * q.shape[-1] ** -0.5
+    w = np.exp(w - w.max(-1, keepdims=True))
+    return np.einsum("hn,hnd->hd", w / w.sum(-1, keepdims=True), vv)
+
+
 def test_a_ring_layers_next_token_sees_the_window_by_llama_position(tiny):
     # One more token through layer 0 after the shifts (window 32, n_past 216): it sees itself
     # and the 31 positions before it, 185..215, whatever order the ring wrote them in.
@@ -201,12 +210,7 @@ def test_a_ring_layers_next_token_sees_the_window_by_llama_position(tiny):
     pos = np.array(ring.ring.pos)
     cells = np.flatnonzero((pos > 216 - 32) & (pos <= 216)).tolist()
     assert sorted(pos[cells].tolist()) == list(range(185, 217))
-    kk, vv = (np.array(ring.fmt.decode({n: a[:, :, cells] for n, a in s[0].items()}, mx.float32)[0],
-                       np.float64) for s in (ring.kv.keys, ring.kv.values))  # fmt: skip
-    w = np.einsum("hd,hnd->hn", np.array(q[0, :, 0], np.float64), kk) * d**-0.5
-    w = np.exp(w - w.max(-1, keepdims=True))
-    want = np.einsum("hn,hnd->hd", w / w.sum(-1, keepdims=True), vv)
-    np.testing.assert_allclose(out, want, atol=1e-4)
+    np.testing.assert_allclose(out, softmax_over(ring, cells, q), atol=1e-4)
 
 
 def test_a_full_window_layer_takes_self_extend_by_position(tiny):
@@ -234,9 +238,4 @@ def test_a_full_window_layer_takes_self_extend_by_position(tiny):
     q, k, v = (mx.random.normal((1, h, 1, d), key=mx.random.key(i)) for i in range(3))
     out = np.array(cache.attend(0, q, k, v, d**-0.5)[0, :, 0], np.float64)
     sel = [*cells.tolist(), len(pos)]  # the held cells in the window, then the new one
-    kk, vv = (np.array(inner.fmt.decode({a: x[:, :, sel] for a, x in s[0].items()}, mx.float32)[0],
-                       np.float64) for s in (inner.kv.keys, inner.kv.values))  # fmt: skip
-    w = np.einsum("hd,hnd->hn", np.array(q[0, :, 0], np.float64), kk) * d**-0.5
-    w = np.exp(w - w.max(-1, keepdims=True))
-    want = np.einsum("hn,hnd->hd", w / w.sum(-1, keepdims=True), vv)
-    np.testing.assert_allclose(out, want, atol=1e-4)
+    np.testing.assert_allclose(out, softmax_over(inner, sel, q), atol=1e-4)
