@@ -231,10 +231,10 @@ TABLE: tuple[Axis, ...] = (
          "positions (exact) or as llama.cpp b11434's seq_div records it (llama.cpp: by old "
          "minus new)", role="detail"),
     Axis("swa_cache", "str", "ring", "choice:swa_caches", label="swa:{}", column="swa",
-         hide_default=True, series="swa {}", doc="kv_edit self-extend on a model with sliding-window layers: "
-         "ring (their cache of window + ubatch cells, which llama.cpp b11434 cannot group: "
-         "'failed to find a memory slot') or full (every cell kept, the window a mask by "
-         "position: llama.cpp's --swa-full)", role="choice"),
+         hide_default=True, series="swa {}", doc="kv_edit self-extend on a model with "
+         "sliding-window layers: ring (their cache of window + ubatch cells, which llama.cpp "
+         "b11434 cannot group: 'failed to find a memory slot') or full (every cell kept, the "
+         "window a mask by position: llama.cpp's --swa-full)", role="choice"),
     # which positions a real model's cache keeps (kernels/model/policies/, docs/policies.md)
     Axis("policy", "str", "none", "choice:policies", label="{}", column="policy",
          hide_default=True, series="{}", doc="model phases: the cache policy that selects the "

@@ -65,6 +65,14 @@ def test_wilson_intervals_past_one_trial_and_the_registry():
              "answer_texts": json.dumps([f" {KEY}."] * 4)} for r in cell(0.5)]  # fmt: skip
     [_, f] = attribution.find(pd.DataFrame(rows, columns=COLUMNS))
     assert "llama-passkey 2/4 (0.15-0.85)" in f.text and "kvbench 4/4 (0.51-1.00)" in f.text
+    # the twin 3 of 4 against llama-passkey's 2 of 4: not the same verdict, though neither
+    # found the key in every trial
+    twin = [{**r, "n_correct": 3} if r["q_quant"] == "q8_0" else r for r in rows]
+    total = attribution.find(pd.DataFrame(twin, columns=COLUMNS))[0].text
+    assert "the same verdict in 0 of 1" in total
+    same = [{**r, "n_correct": 2} if r["q_quant"] == "q8_0" else r for r in rows]
+    total = attribution.find(pd.DataFrame(same, columns=COLUMNS))[0].text
+    assert "the same verdict in 1 of 1" in total
     assert fd.TOPICS[attribution.TOPIC] is attribution.find
     # no llama.cpp row: nothing to attribute
     assert attribution.find(pd.DataFrame(cell(0.5)[:2], columns=COLUMNS)) == []

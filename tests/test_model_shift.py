@@ -193,8 +193,9 @@ def test_a_ring_takes_the_shift_by_position(tiny, window):
 
 def softmax_over(store, cells: list[int], q) -> np.ndarray:
     """[Hkv, D] float64: one query's attention over `cells` of the store's layer 0 (numpy)."""
-    kk, vv = (np.array(store.fmt.decode({a: x[:, :, cells] for a, x in s[0].items()}, mx.float32)[0],
-                       np.float64) for s in (store.kv.keys, store.kv.values))  # fmt: skip
+    kk, vv = (np.array(store.fmt.decode({a: x[:, :, cells] for a, x in s[0].items()},
+                                        mx.float32)[0], np.float64)
+              for s in (store.kv.keys, store.kv.values))  # fmt: skip
     w = np.einsum("hd,hnd->hn", np.array(q[0, :, 0], np.float64), kk) * q.shape[-1] ** -0.5
     w = np.exp(w - w.max(-1, keepdims=True))
     return np.einsum("hn,hnd->hd", w / w.sum(-1, keepdims=True), vv)
@@ -232,8 +233,11 @@ def test_a_full_window_layer_takes_self_extend_by_position(tiny):
     p, pos = cache.offset, cache.cells.pos.copy()
     cells = np.flatnonzero(pos > p - 24)
     assert len(cells) > 24  # grouped positions: the window holds more than 24 tokens
-    np.testing.assert_allclose(stored_layer0(cache, FP32)[:, cells],
-                               layer0_keys([TOKENS[i] for i in cells], pos[cells]), atol=2e-4)
+    np.testing.assert_allclose(
+        stored_layer0(cache, FP32)[:, cells],
+        layer0_keys([TOKENS[i] for i in cells], pos[cells]),
+        atol=2e-4,
+    )
     h, d = tiny.config.n_kv_heads, tiny.config.head_dim
     q, k, v = (mx.random.normal((1, h, 1, d), key=mx.random.key(i)) for i in range(3))
     out = np.array(cache.attend(0, q, k, v, d**-0.5)[0, :, 0], np.float64)

@@ -91,15 +91,16 @@ def sides(part: pd.DataFrame) -> dict | None:
 
 def agreement(cells: list[dict]) -> str | None:
     """The done-when figure over every cell: kvbench in llama.cpp's arithmetic (its plain row
-    where no query is rounded: an fp16 K) against llama-passkey on each weights, by verdict (key
-    found in every trial or not) and by the number each answer starts with."""
+    where no query is rounded: an fp16 K) against llama-passkey on each weights, by verdict (the
+    trials that found the key: the same count) and by the number each trial's answer starts
+    with."""
     said = []
     for peer_side, weights in ((SIDES[2], "the GGUF"), (SIDES[3], "its float32 copy")):
         pairs = [(by.get(SIDES[1], by.get(SIDES[0])), by[peer_side]) for by in cells
                  if peer_side in by]  # fmt: skip
         if not pairs:
             continue
-        verdicts = sum(found(own) == found(peer) for own, peer in pairs)
+        verdicts = sum(int(own["n_correct"]) == int(peer["n_correct"]) for own, peer in pairs)
         numbers = sum(answers(own) == answers(peer) for own, peer in pairs)
         said.append(f"llama-passkey on {weights}: the same verdict in {verdicts} of {len(pairs)},"
                     f" the same number in {numbers} of {len(pairs)}")  # fmt: skip

@@ -1,8 +1,9 @@
 """Topic "retrieval": per (model, task, context), each cache configuration's answers found
 over every depth of that context, "int4 finds the needle in 12/20 trials at ctx 8192, fp16 in
 20/20", with each count's 95% Wilson interval (stats.wilson), and its answers equal to the
-float32 cache's; one line per engine and arithmetic where they vary (findings/tasks.py). Two configurations are called different only when their intervals do not
-overlap; otherwise the line says they are not separated [retrieval]."""
+float32 cache's; one line per engine and arithmetic where they vary (findings/tasks.py). Two
+configurations are called different only when their intervals do not overlap; otherwise the
+line says they are not separated [retrieval]."""
 
 from __future__ import annotations
 
