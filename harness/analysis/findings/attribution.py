@@ -1,7 +1,8 @@
 """Topic "who lost the answer": per retrieval cell held against llama.cpp (task
 passkey-llamacpp: one model, context, edit, depth and cache configuration), the answers of
 kvbench's cache (float32 compute over it), of the same cache in llama.cpp's arithmetic (q_quant
-q8_0 against a quantized K, k_order gguf, div_sign llama.cpp), of llama-passkey on the GGUF as
+q8_0 against a quantized K with the keys in llama.cpp's order, div_sign llama.cpp), of
+llama-passkey on the GGUF as
 stored and on its float32 copy (peer_weights f32, the weights kvbench runs) and of the float32
 cache, and which part lost the answer: the context (the float32 cache misses too: a shift
 discarded the key, or the model cannot read that far), the cache (kvbench's format misses where
