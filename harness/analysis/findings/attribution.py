@@ -2,16 +2,16 @@
 passkey-llamacpp: one model, context, edit, depth and cache configuration), the answers of
 kvbench's cache (float32 compute over it), of the same cache in llama.cpp's arithmetic (q_quant
 q8_0 against a quantized K with the keys in llama.cpp's order, div_sign llama.cpp), of
-llama-passkey on the GGUF as
-stored and on its float32 copy (peer_weights f32, the weights kvbench runs) and of the float32
-cache, and which part lost the answer: the context (the float32 cache misses too: a shift
-discarded the key, or the model cannot read that far), the cache (kvbench's format misses where
-the float32 cache finds it; the line says so where the same cache finds it in llama.cpp's
-arithmetic), the arithmetic (kvbench finds it and misses in llama.cpp's
-arithmetic), the peer's weights (llama-passkey misses on the GGUF and finds it on the float32
-copy) or llama.cpp (it misses on the weights and arithmetic kvbench finds it with). Each line
-also says whether kvbench in llama.cpp's arithmetic gave llama-passkey's answer in every trial
-[retrieval]. With more than one trial, each count carries its 95% Wilson interval."""
+llama-passkey on the GGUF as stored and on its float32 copy (peer_weights f32, the weights
+kvbench runs) and of the float32 cache, and which part lost the answer: the context (the
+float32 cache misses too: a shift discarded the key, or the model cannot read that far), the
+cache (kvbench's format misses where the float32 cache finds it; the line says so where the
+same cache finds it in llama.cpp's arithmetic), the arithmetic (kvbench finds it and misses in
+llama.cpp's arithmetic), the peer's weights (llama-passkey misses on the GGUF and finds it on
+the float32 copy) or llama.cpp (it misses on the weights and arithmetic kvbench finds it with).
+Each line also says whether kvbench in llama.cpp's arithmetic gave llama-passkey's answer in
+every trial [retrieval]. With more than one trial, each count carries its 95% Wilson
+interval."""
 
 from __future__ import annotations
 
