@@ -123,3 +123,14 @@ def test_a_policy_row_says_its_policy_and_the_table_its_per_token_bytes():
     assert line.split()[:3] == ["fp16", "snapkv", "cr0.5"]
     mib = f"{FP16 / 2 / 2**20:g}"  # 0.125: half of fp16's 0.25 MiB at 1,024 positions
     assert mib in table(policy).splitlines()[1].split()
+
+
+def test_the_retrieval_column_counts_the_rows_run_as_the_quality_row_ran():
+    """fp16's quality row is kvbench's (kernel reference): its retrieval column counts
+    kvbench's retrieval rows (1 of 1), not llama-passkey's beside them (0 of 1)."""
+    fetch = dict(SHAPE, phase="retrieval", kv_dtype="fp16", rotate_k="none", rotate_v="none",
+                 n_trials=1)  # fmt: skip
+    rows = pd.concat([ROWS, pd.DataFrame([{**fetch, "n_correct": 1},
+                                          {**fetch, "n_correct": 0, "kernel": "llama.cpp"}])])
+    line = next(x for x in answer(rows).splitlines() if x.startswith("fp16 "))
+    assert " 1/1 " in line and "/2" not in line

@@ -81,13 +81,22 @@ def _pm(v, e, fmt: str) -> str:
 
 
 def _retrieval(df: pd.DataFrame, row: pd.Series) -> str:
-    """correct/trials of the run's retrieval rows with this row's model, context and cache."""
+    """correct/trials of the run's retrieval rows with this row's model, context and cache, run
+    the way this row ran (its kernel, key order, query rounding: llama-passkey's rows beside
+    kvbench's are another engine's count, never pooled into this one)."""
     if "phase" not in df or "n_correct" not in df:
         return ""
     r = df[(df["phase"] == "retrieval") & (df["status"] == "ok")]
     for a in ["model", "context_len", *(a.name for a in LABELLED if a.role == "choice")]:
         if a in r and a in row:
             r = r[r[a].map(str) == str(row[a])]
+    for a in (a for a in LABELLED if a.role == "detail"):
+        if a.name in r and a.name in row:
+
+            def norm(v, default=a.default) -> str:  # an empty cell: the axis' default
+                return str(v if _given(v) else default)
+
+            r = r[r[a.name].map(norm) == norm(row[a.name])]
     if not len(r):
         return ""
     return f"{int(r['n_correct'].sum())}/{int(r['n_trials'].sum())}"
