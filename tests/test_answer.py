@@ -130,7 +130,7 @@ def test_the_retrieval_column_counts_the_rows_run_as_the_quality_row_ran():
     kvbench's retrieval rows (1 of 1), not llama-passkey's beside them (0 of 1)."""
     fetch = dict(SHAPE, phase="retrieval", kv_dtype="fp16", rotate_k="none", rotate_v="none",
                  n_trials=1)  # fmt: skip
-    rows = pd.concat([ROWS, pd.DataFrame([{**fetch, "n_correct": 1},
-                                          {**fetch, "n_correct": 0, "kernel": "llama.cpp"}])])
+    found = [{**fetch, "n_correct": 1}, {**fetch, "n_correct": 0, "kernel": "llama.cpp"}]
+    rows = pd.concat([ROWS, pd.DataFrame(found)])
     line = next(x for x in answer(rows).splitlines() if x.startswith("fp16 "))
     assert " 1/1 " in line and "/2" not in line
