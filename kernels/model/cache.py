@@ -118,10 +118,14 @@ class PlainCache:
         parts = self.formats.encode(layer, *stored_basis(self.spec, self.rot, k, v))
         self.kv.put_encoded(layer, self.kv.positions(self.offset, k.shape[2]), *parts)
 
-    def read(self, layer: int, q, scale: float, mask=None) -> mx.array:
+    def read(self, layer: int, q, scale: float) -> mx.array:
         """The kernel's attention of q [1, Hq, n, D] over the layer's first offset + n positions
-        (the n new ones written): q rotated in, the output rotated back; `mask` (bool
-        [n, offset + n]) the cells each query sees, None: causal."""
+        (the n new ones written): q rotated in, the output rotated back; causal."""
+        return self.read_seen(layer, q, scale, None)
+
+    def read_seen(self, layer: int, q, scale: float, mask) -> mx.array:
+        """read() with `mask` (bool [n, offset + n]: the cells each query sees; None: causal),
+        a window by position over every held cell (kernels/model/shift.py ShiftCache)."""
         ks, vs = self.kv.view(layer, self.offset + q.shape[2])
         q, sc = self.spec.query_in_order(q), self.formats.scales(layer)
         return attend_kernel(

@@ -314,7 +314,7 @@ class ShiftCache:
         store.write(mine, k, v)
         qpos = np.arange(self.offset, self.offset + n)
         pos = np.concatenate([self.cells.pos, qpos])
-        return store.read(mine, q, scale, mx.array(sees(pos, qpos, 0, self.windows[layer])))
+        return store.read_seen(mine, q, scale, mx.array(sees(pos, qpos, 0, self.windows[layer])))
 
     def advance(self, n: int) -> None:
         first = self.cells.n_past()
