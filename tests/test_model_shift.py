@@ -230,6 +230,12 @@ def test_a_full_window_layer_takes_self_extend_by_position(tiny):
     cache = shift.ShiftCache(inner, shift.rope_params(tiny.net), sch.div_sign, windows)
     shift.read_prompt(tiny, cache, TOKENS[:200], sch, ubatch=64)
     cache.kshift()
+    # resident after the fill, per layer: all 200 tokens' cells in the window layer too,
+    # K and V x 2 KV heads x head_dim 64 x 4 bytes (fp32) each
+    h, d = tiny.config.n_kv_heads, tiny.config.head_dim
+    for layer in range(n):
+        held = sum(a.nbytes for kv in inner.kv.view(layer, inner.offset) for a in kv.values())
+        assert held == 200 * 2 * h * d * 4 == 200 * 2 * 2 * 64 * 4
     p, pos = cache.offset, cache.cells.pos.copy()
     cells = np.flatnonzero(pos > p - 24)
     assert len(cells) > 24  # grouped positions: the window holds more than 24 tokens
@@ -238,7 +244,6 @@ def test_a_full_window_layer_takes_self_extend_by_position(tiny):
         layer0_keys([TOKENS[i] for i in cells], pos[cells]),
         atol=2e-4,
     )
-    h, d = tiny.config.n_kv_heads, tiny.config.head_dim
     q, k, v = (mx.random.normal((1, h, 1, d), key=mx.random.key(i)) for i in range(3))
     out = np.array(cache.attend(0, q, k, v, d**-0.5)[0, :, 0], np.float64)
     sel = [*cells.tolist(), len(pos)]  # the held cells in the window, then the new one
