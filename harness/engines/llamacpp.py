@@ -36,7 +36,8 @@ int8/g32
 Rotation: llama.cpp b11434 rotates quantized K/V by a Hadamard by default (PR #21038); a case's
 rotate_k / rotate_v say which run it is: `none` runs with LLAMA_ATTN_ROT_DISABLE=1, `hadamard`
 without it (harness/peers/llamacpp.py rotations; any other combination is a skip). Keys are in
-the GGUF's channel order: rows record k_order gguf for llama-architecture models (key_order).
+the order llama.cpp's cache holds: rows record k_order gguf for llama-architecture models, hf
+for the others (kernels/model/load.py llamacpp_key_order).
 Threads: KVBENCH_LLAMACPP_THREADS (default 1: two threads on a loaded 2-core machine measured
 under 1 token/s, docs/peers.md). The byte and FLOP model is the model engine's.
 """
@@ -56,7 +57,7 @@ from kvbench.engines.contract import TOKENS, JobResult, State
 from kvbench.kernels.formats.rotation import default_block
 from kvbench.kernels.model import passkey
 from kvbench.kernels.model.fetch import require_model
-from kvbench.kernels.model.load import PERMUTED_ARCHS
+from kvbench.kernels.model.load import llamacpp_key_order
 from kvbench.kernels.model.text import default_text, text_file
 from kvbench.peers import llamacpp, llamacpp_kl
 from kvbench.peers.llamacpp_passkey import TOOL, run_passkey
@@ -302,13 +303,6 @@ def check_tokens(values: dict, kl_run: dict, token_run: dict | None) -> None:
                          f"{kl_run['ppl']}: not the same computation")  # fmt: skip
 
 
-def key_order(model) -> str:
-    """The key channel order llama.cpp's cache holds: GGUF's interleaved one where its converter
-    permuted the Q/K rows (llama: its RoPE pairs 2i with 2i+1), else the model's own (Gemma,
-    Qwen2: NEOX RoPE, the rows as Hugging Face has them)."""
-    return "gguf" if model.config.arch in PERMUTED_ARCHS else "hf"
-
-
 @lru_cache(maxsize=64)
 def passkey_answer(gguf: Path, n_junk: int, i_pos: int, type_k: str, type_v: str, env: tuple,
                    edit: tuple = ()):  # fmt: skip
@@ -403,6 +397,7 @@ def build(case: Case, r: Resolved) -> State:
     edit, sch = edit_args(case, model, tokenizer)
     edited = {} if sch is None else {"n_keep": sch.n_keep}
     edited |= {"div_sign": "llama.cpp"} if sch is not None and sch.ga_n > 1 else {}
+    order = llamacpp_key_order(model.config.arch)
     held = None if sch is None else min(case.context_len, sch.n_cells)
     job = retrieval_job(case, gguf, edit, sch) if case.phase == "retrieval" else \
         JOBS[case.phase](case, gguf)  # fmt: skip
@@ -414,8 +409,8 @@ def build(case: Case, r: Resolved) -> State:
         kv_bytes=common.model_kv_bytes(case, r.spec, held),
         bits_per_elem=common.model_bits_per_elem(case, r.spec),
         baseline_bytes=None,  # llama.cpp's memory is not MLX's
-        # llama.cpp's key order (the GGUF's), rotated in its own blocks
-        effective={"k_order": key_order(model), **common.model_effective(case), **edited},
+        # llama.cpp's key order for the model, rotated in its own blocks
+        effective={"k_order": order, **common.model_effective(case), **edited},
         extra=extra,
         job=job,
     )

@@ -397,10 +397,10 @@ def check_key_order(path: str, case: Case) -> None:
     the model's own (Gemma 3, Qwen2); a model not fetched yet is not checked here."""
     if case.q_quant == "none" or not model_edit.fetched(case.model):
         return
-    from kvbench.kernels.model.load import PERMUTED_ARCHS
+    from kvbench.kernels.model.load import llamacpp_key_order
     from kvbench.kernels.model.source import model_shape
 
-    order = "gguf" if model_shape(case.model).arch in PERMUTED_ARCHS else "hf"
+    order = llamacpp_key_order(model_shape(case.model).arch)
     if case.k_order != order:
         raise SuiteError(path, "k_order", f"{case.k_order} with q_quant {case.q_quant}: "
                          f"llama.cpp's cache of {case.model} holds keys in order {order}, so "

@@ -39,6 +39,14 @@ from kvbench.kernels.model.rope import use_table
 
 PERMUTED_ARCHS = ("llama",)  # archs whose GGUF Q/K rows llama.cpp permutes for its RoPE
 
+
+def llamacpp_key_order(arch: str) -> str:
+    """The key channel order llama.cpp's cache holds for an mlx-lm architecture: GGUF's
+    interleaved one where its converter permuted the Q/K rows (llama: its RoPE pairs 2i with
+    2i+1), else the model's own (Gemma, Qwen2: NEOX RoPE, the rows as Hugging Face has them)."""
+    return "gguf" if arch in PERMUTED_ARCHS else "hf"
+
+
 # GGUF architecture -> (mlx-lm model_type, extra config.json keys). Gemma 3: llama.cpp fixes
 # what its GGUF does not store (src/llama-model.cpp): every 6th layer global, the others a
 # sliding window with RoPE base 10000, queries scaled by 1/sqrt(key_length) for the sizes up to
