@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
+sys.path.insert(0, str(ROOT / "tests"))  # the gates package; never the root (issue 51)
 
 import mlx.core as mx  # noqa: E402
 from gates import cuda_gate, metal_gate, nvrtc  # noqa: E402

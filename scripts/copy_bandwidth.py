@@ -15,7 +15,6 @@ from pathlib import Path
 
 import mlx.core as mx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kvbench.run.bandwidth import DEFAULT_BYTES, PROBES, probe_gbps  # noqa: E402
 
 

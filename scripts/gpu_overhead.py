@@ -27,12 +27,10 @@ import math
 import statistics
 import sys
 import time
-from pathlib import Path
 
 import mlx.core as mx
 import numpy as np
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kvbench.kernels.attention.registry import KERNELS  # noqa: E402
 from kvbench.kernels.formats.registry import get_format  # noqa: E402
 from kvbench.timer import run_once, warm_up  # noqa: E402

@@ -18,11 +18,9 @@ from __future__ import annotations
 import ctypes
 import sys
 import time
-from pathlib import Path
 
 import mlx.core as mx
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from kvbench.kernels.attention.gpu import device as gpu_device  # noqa: E402
 from kvbench.kernels.attention.gpu import kernels as gpu_kernels  # noqa: E402
 from kvbench.kernels.formats.registry import get_format  # noqa: E402
