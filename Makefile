@@ -9,19 +9,23 @@ DEVICE_FLAG := $(if $(DEVICE),--device $(DEVICE),)
 # EXTRAS=cuda installs MLX's CUDA backend on Linux + NVIDIA (then DEVICE=gpu)
 EXTRAS ?=
 comma := ,
+# The versions the last green CI ran with (issue 51): every install below is held to them, so a
+# new machine installs what was tested. pyproject.toml keeps the ranges a user's own environment
+# resolves; `make lock` re-resolves them, shows what moved and runs the tests.
+LOCK := constraints/kvbench.txt
 
 .PHONY: install bench test lint fmt clean bench-streams bench-pytest compare tiles report quant peers \
-	gates-deps gpu-verify quality llamacpp kvpress
+	gates-deps gpu-verify quality llamacpp kvpress lock
 
 # Quiet on purpose (#44 item 4): one line, then pip's own errors only. setuptools' notice that
 # an editable install maps folders by a finder (11 lines on every install) is informational:
 # kvbench's harness/ -> kvbench mapping needs that finder, so the notice is filtered by its text.
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml $(LOCK)
 	@echo "installing kvbench and its dependencies into $(VENV) (first time: 1-2 min)"
 	@test -x $(PY) || $(PYTHON) -m venv $(VENV)
-	@$(PY) -m pip install -q --upgrade pip
+	@$(PY) -m pip install -q -c $(LOCK) --upgrade pip
 	@PYTHONWARNINGS="ignore:Editable installation" \
-		$(PY) -m pip install -q -e ".[test$(if $(EXTRAS),$(comma)$(EXTRAS),)]"
+		$(PY) -m pip install -q -c $(LOCK) -e ".[test$(if $(EXTRAS),$(comma)$(EXTRAS),)]"
 	@touch $@
 
 install: $(VENV)/.installed
@@ -89,13 +93,13 @@ quality: install
 # version never resolves to the CUDA wheel and its GBs of packages); where none is at hand, torch_sdpa skips.
 TORCH_CPU ?= torch==2.13.0+cpu
 peers: install
-	$(PY) -m pip install -q -e ".[test,peers]"
-	$(PY) -m pip install -q "$(TORCH_CPU)" || echo "peers: no $(TORCH_CPU) here; torch_sdpa cases skip"
+	$(PY) -m pip install -q -c $(LOCK) -e ".[test,peers]"
+	$(PY) -m pip install -q -c $(LOCK) "$(TORCH_CPU)" || echo "peers: no $(TORCH_CPU) here; torch_sdpa cases skip"
 
 # The compile gates' tools (docs/kernels.md): NVRTC 13 from PyPI into the venv; clang from the
 # system (apt-get install clang). Without them the gates skip locally (they must run in CI).
 gates-deps: install
-	$(PY) -m pip install -q -e ".[test,gates]"
+	$(PY) -m pip install -q -c $(LOCK) -e ".[test,gates]"
 
 # On a Linux machine with an NVIDIA GPU, or a Mac: a fresh venv with MLX's GPU backend, the GPU
 # tests, suites/gpu-verify.yaml, the copy-bandwidth probe and the HTML report into $(OUT)
@@ -112,7 +116,8 @@ gpu-verify:
 # LLAMACPP_FLAGS=--with-tests also builds test-backend-ops.
 LLAMACPP_FLAGS ?=
 llamacpp: install
-	command -v cmake >/dev/null && command -v ninja >/dev/null || $(PY) -m pip install -q cmake ninja
+	command -v cmake >/dev/null && command -v ninja >/dev/null || \
+		$(PY) -m pip install -q -c $(LOCK) cmake ninja
 	$(PY) -m kvbench.peers.llamacpp_build $(LLAMACPP_FLAGS)
 
 # NVIDIA kvpress (0.5.5) as a peer of the cache policies (docs/peers.md, "kvpress"): its own
@@ -121,3 +126,22 @@ llamacpp: install
 # by `make install`. A failed build is recorded (its tests skip with the reason), not fatal.
 kvpress: install
 	$(PY) -m kvbench.peers.kvpress_build
+
+# Re-resolve the locks from pyproject.toml's ranges (a scratch venv, no constraints): the main
+# environment with every extra, torch and the build tools into $(LOCK), kvpress's environment
+# into constraints/kvpress.txt; print what moved; then reinstall and run the tests on the new
+# pins. Commit the constraints/ files when the tests pass (CI then installs exactly those).
+LOCK_VENV := .lock-venv
+lock:
+	rm -rf $(LOCK_VENV) && $(PYTHON) -m venv $(LOCK_VENV)
+	$(LOCK_VENV)/bin/python -m pip install -q --upgrade pip
+	PYTHONWARNINGS="ignore:Editable installation" $(LOCK_VENV)/bin/python -m pip install -q \
+		-e ".[test,peers,gates]" "$(TORCH_CPU)" cmake ninja
+	{ echo "# kvbench's environment as CI last passed it; \`make lock\` rewrites this file"; \
+		$(LOCK_VENV)/bin/python -m pip freeze --all --exclude-editable | sort -f; } > $(LOCK).new
+	mv $(LOCK).new $(LOCK) && rm -rf $(LOCK_VENV)
+	$(MAKE) install
+	$(PY) -m kvbench.peers.kvpress_build --relock
+	git diff --stat -- constraints/ && git --no-pager diff -U0 -- constraints/ | grep '^[-+][^-+]' || true
+	$(MAKE) kvpress peers gates-deps
+	$(MAKE) test

@@ -100,3 +100,20 @@ def test_package_data_globs_cover_every_non_python_file():
         for f in d.iterdir():
             if f.is_file() and f.suffix not in (".py", ".pyc"):
                 assert any(f.match(g) for g in data.get(name, [])), (name, f.name)
+
+
+def test_every_install_of_the_makefile_is_held_to_the_lock():
+    """make install / peers / gates-deps / llamacpp install what the last green CI ran (issue 51):
+    each pip install outside `make lock` takes constraints/kvbench.txt, which pins every package
+    of the environment (the ones pyproject names and transformers, which brought PyPI's kernels)."""
+    make = (ROOT / "Makefile").read_text()
+    recipe = make.split("\nlock:", 1)[0]  # `make lock` alone resolves afresh
+    installs = [ln for ln in recipe.replace("\\\n", " ").splitlines() if "pip install" in ln]
+    assert len(installs) >= 6 and all("-c $(LOCK)" in ln for ln in installs), installs
+    pins = dict(
+        ln.split("==", 1)
+        for ln in (ROOT / "constraints" / "kvbench.txt").read_text().splitlines()
+        if "==" in ln
+    )
+    for name in ("mlx", "mlx-lm", "numpy", "pandas", "transformers", "kernels", "torch", "pip"):
+        assert name in pins, name

@@ -107,6 +107,24 @@ def test_env_dir_follows_the_pins(cache):
     assert B.requirements()[0].endswith("+cpu")  # never the index's CUDA build
 
 
+def test_the_environment_is_held_to_the_lock_and_follows_it(cache, tmp_path, monkeypatch):
+    """A new machine builds the versions CI passed with (issue 51): every pip step of the build
+    takes the lock as constraints, and a changed lock names a new environment."""
+    assert "kvpress==" in B.LOCK.read_text() and "transformers==" in B.LOCK.read_text()
+    lock = tmp_path / "kvpress.txt"
+    lock.write_text("torch==2.13.0+cpu\n")
+    monkeypatch.setattr(B, "LOCK", lock)
+    before = B.env_dir()
+    lock.write_text("torch==2.13.0+cpu\nkvpress==0.5.5\n")
+    assert B.env_dir() != before
+    steps = []
+    monkeypatch.setattr(B, "run_step", lambda cmd, log: steps.append(cmd) or "{}")
+    (tmp_path / "env").mkdir()
+    B.install(tmp_path / "env", B.requirements(), log=None)
+    pip_steps = [c for c in steps if "pip" in c]
+    assert len(pip_steps) == 2 and all(["-c", str(lock)] == c[6:8] for c in pip_steps)
+
+
 def test_not_built_and_failed_builds_are_skip_reasons(cache):
     assert "make kvpress" in K.missing_reason()
     B.write_stamp(B.env_dir(), {"status": "failed", "reason": "no torch==2.13.0+cpu"})

@@ -34,6 +34,9 @@ TORCH = "torch==2.13.0+cpu"
 # kvpress 0.5.5's own pin is transformers<5.3,>=4.56; gguf: transformers' GGUF loader needs it
 EXTRAS = ("transformers<5.3", "gguf>=0.10")
 STAMP = "build.json"
+# The versions of kvpress's environment CI last passed with (`make lock` rewrites it): installs
+# are held to them, so a new machine builds what was tested (issue 51). Absent outside a checkout.
+LOCK = Path(__file__).resolve().parents[2] / "constraints" / "kvpress.txt"
 PROBE = (
     "import json, kvpress, torch, transformers, gguf, importlib.metadata as m; "
     "print(json.dumps({'kvpress': m.version('kvpress'), 'torch': torch.__version__, "
@@ -50,16 +53,21 @@ def requirements(version: str = VERSION, torch: str = TORCH) -> tuple[str, ...]:
     return (torch, f"kvpress=={version}", *EXTRAS)
 
 
-def spec_hash(reqs: tuple[str, ...], python: str | None = None) -> str:
-    """Ten hex digits naming the environment: the interpreter, the platform, the pins."""
+def lock_text(lock: Path) -> str:
+    return lock.read_text() if lock.is_file() else ""
+
+
+def spec_hash(reqs: tuple[str, ...], python: str | None = None, lock: str = "") -> str:
+    """Ten hex digits naming the environment: the interpreter, the platform, the pins, the lock."""
     python = python or f"{sys.version_info.major}.{sys.version_info.minor}"
     tag = f"{platform.system()}-{platform.machine()}-py{python}"
-    return hashlib.sha256("\n".join((tag, *reqs)).encode()).hexdigest()[:10]
+    return hashlib.sha256("\n".join((tag, *reqs, lock)).encode()).hexdigest()[:10]
 
 
 def env_dir(version: str = VERSION, torch: str = TORCH) -> Path:
     """Where the environment for these pins lives (Path)."""
-    return cache_root() / "kvpress" / f"{version}-{spec_hash(requirements(version, torch))}"
+    tag = spec_hash(requirements(version, torch), lock=lock_text(LOCK))
+    return cache_root() / "kvpress" / f"{version}-{tag}"
 
 
 def env_python(directory: Path) -> Path:
@@ -86,13 +94,15 @@ def run_step(cmd: list[str], log) -> str:
     return lines[-1] if lines else ""
 
 
-def install(directory: Path, reqs: tuple[str, ...], log) -> dict:
+def install(directory: Path, reqs: tuple[str, ...], log, locked: bool = True) -> dict:
     """venv, torch first (alone, so nothing else can pull another build), then kvpress with
-    torch held to the same pin; returns the probe's versions."""
+    torch held to the same pin, every package held to the lock where there is one; returns the
+    probe's versions."""
     python = env_python(directory)
     if not python.is_file():
         run_step([sys.executable, "-m", "venv", str(directory / "venv")], log)
-    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check"]
+    held = ["-c", str(LOCK)] if locked and lock_text(LOCK) else []
+    pip = [str(python), "-m", "pip", "install", "-q", "--disable-pip-version-check", *held]
     run_step([*pip, reqs[0]], log)
     constraints = directory / "constraints.txt"
     constraints.write_text(reqs[0] + "\n")
@@ -128,12 +138,34 @@ def build(version: str = VERSION, torch: str = TORCH) -> dict:
     return write_stamp(directory, {**stamp, "log": str(log_path)})
 
 
+def relock(version: str = VERSION, torch: str = TORCH) -> Path:
+    """Resolve kvpress's environment afresh from its pins alone and write its versions to LOCK
+    (`make lock`); raises BuildError when the install fails."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="kvpress-lock-") as tmp:
+        with open(Path(tmp) / "build.log", "a") as log:
+            install(Path(tmp), requirements(version, torch), log, locked=False)
+        freeze = [str(env_python(Path(tmp))), "-m", "pip", "freeze", "--all"]
+        frozen = subprocess.run(freeze, capture_output=True, text=True, check=True).stdout
+    LOCK.parent.mkdir(parents=True, exist_ok=True)
+    LOCK.write_text(LOCK_HEADER + "\n".join(sorted(frozen.splitlines(), key=str.lower)) + "\n")
+    return LOCK
+
+
+LOCK_HEADER = "# kvpress's environment as CI last passed it; `make lock` rewrites this file\n"
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description="Build kvpress's own virtualenv (docs/peers.md)")
     parser.add_argument("--version", default=VERSION)
     parser.add_argument("--torch", default=TORCH, help=f"torch requirement (default {TORCH})")
     parser.add_argument("--strict", action="store_true", help="exit 1 when the build fails")
+    parser.add_argument("--relock", action="store_true", help=f"rewrite {LOCK.name} and stop")
     args = parser.parse_args(argv)
+    if args.relock:
+        print(f"kvpress lock written: {relock(args.version, args.torch)}")
+        return 0
     stamp = build(args.version, args.torch)
     if stamp["status"] == "ok":
         took = f", built in {stamp['seconds']} s" if "seconds" in stamp else ""

