@@ -13,6 +13,7 @@ import pytest
 
 import kvbench.kernels.model as room
 from kvbench.kernels.model import capture, generate, shift
+from kvbench.kernels.model.batched import SeqCache
 from kvbench.kernels.model.cache import (
     LayeredCache,
     MixedCache,
@@ -31,6 +32,7 @@ from kvbench.kernels.model.protocol import (
     StoredCache,
 )
 from kvbench.kernels.model.spec import CacheSpec
+from kvbench.kernels.stores.layouts import Layout
 
 SHAPE = Shape("llama", n_layers=2, n_heads=4, n_kv_heads=2, head_dim=32, vocab=64,
               trained_context=None)  # fmt: skip
@@ -62,6 +64,8 @@ def build(cls):
         return capture._Tap(make_cache(CacheSpec("fp32"), SHAPE, 8))
     if cls is shift.ShiftCache:
         return shift.ShiftCache(make_cache(CacheSpec("int8"), SHAPE, 8), [(32, 1e4, 1.0)] * 2)
+    if cls is SeqCache:
+        return SeqCache(CacheSpec("int8"), SHAPE, Layout("unified", 2, 8), "reference")
     raise AssertionError(f"no builder for {cls.__name__}")
 
 
@@ -76,6 +80,7 @@ CLAIMS = {
     generate.DeferredCache: StoredCache,
     capture._Tap: ModelCache,
     shift.ShiftCache: StoredCache,
+    SeqCache: PartedCache,
 }
 
 

@@ -329,8 +329,8 @@ MODEL_FLOORS = {
     "policies": 1,
     "stream": 2,
     "cache": 3, "seam": 3,
-    "load": 4, "evicting": 4,
-    "run": 5, "source": 5,
+    "load": 4, "evicting": 4, "batched": 4,
+    "run": 5, "source": 5, "serve": 5,
     "quality": 6, "retrieval": 6, "generate": 6, "parts": 6,
     "capture": 7, "passkey": 7, "compress": 7, "shift": 7,
     "shift_quality": 8,
@@ -396,9 +396,9 @@ def test_the_rooms_exist_with_a_docstring():
 ENGINE_FLOORS = {
     "contract": 0, "metrics": 0, "parity": 0, "model_step": 0,
     "common": 1, "residency": 1,
-    "edit_rows": 2,
+    "edit_rows": 2, "serve_rows": 2,
     "cache": 3, "streams": 3, "paged": 3, "window": 3, "edits": 3, "peers": 3, "model": 3,
-    "model_tasks": 3, "llamacpp": 3, "sharded": 3, "sharded_rank": 3,
+    "model_tasks": 3, "serve": 3, "llamacpp": 3, "sharded": 3, "sharded_rank": 3,
 }  # fmt: skip
 ENGINES = "kvbench.engines"
 

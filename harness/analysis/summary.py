@@ -35,6 +35,13 @@ MEASURED_SHOW = {
     "wall_s": "wall s",  # model phases: what the row's evidence cost (kernels/model/meter.py)
     "prefill_tokens_per_s": "prefill tok/s",
     "decode_tokens_per_s": "decode tok/s",
+    # phase serve: llama-batched-bench's figures (docs/serve.md)
+    "n_kv_req": "N_KV",
+    "cells_used": "cells held",
+    "s_pp": "S_PP t/s",
+    "s_tg": "S_TG t/s",
+    "tg_step_ms": "step ms",
+    "serve_max_abs_logit": "|Δlogit| alone",
 }
 
 

@@ -16,6 +16,7 @@ from kvbench.engines import (
     model_tasks,
     paged,
     peers,
+    serve,
     sharded,
     streams,
     window,
@@ -24,6 +25,7 @@ from kvbench.engines.contract import Engine, carrying
 
 ENGINES: dict[str, Engine] = {
     "llama.cpp": Engine(llamacpp.claims, llamacpp.skip_reason, carrying(llamacpp.build)),
+    "serve": Engine(serve.claims, serve.skip_reason, carrying(serve.build)),
     "model-tasks": Engine(model_tasks.claims, model_tasks.skip_reason, carrying(model_tasks.build)),
     "model": Engine(model.claims, model.skip_reason, carrying(model.build)),
     "peers": Engine(peers.claims, peers.skip_reason, carrying(peers.build)),

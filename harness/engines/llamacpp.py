@@ -53,6 +53,7 @@ import numpy as np
 
 from kvbench.case import Case
 from kvbench.engines import common
+from kvbench.engines import serve_rows as serve
 from kvbench.engines.contract import TOKENS, JobResult, State
 from kvbench.kernels.formats.rotation import default_block
 from kvbench.kernels.model import passkey
@@ -108,7 +109,8 @@ def rotation_reason(case: Case) -> str | None:
     )
 
 
-TOOLS = {"model_decode": "llama-bench", "quality": "llama-perplexity", "retrieval": TOOL}
+TOOLS = {"model_decode": "llama-bench", "quality": "llama-perplexity", "retrieval": TOOL,
+         serve.PHASE: serve.TOOL}  # fmt: skip
 
 
 def skip_reason(case: Case, backend: str) -> str | None:
@@ -399,8 +401,13 @@ def build(case: Case, r: Resolved) -> State:
     edited |= {"div_sign": "llama.cpp"} if sch is not None and sch.ga_n > 1 else {}
     order = llamacpp_key_order(model.config.arch)
     held = None if sch is None else min(case.context_len, sch.n_cells)
-    job = retrieval_job(case, gguf, edit, sch) if case.phase == "retrieval" else \
-        JOBS[case.phase](case, gguf)  # fmt: skip
+    if case.phase == "retrieval":
+        job = retrieval_job(case, gguf, edit, sch)
+    elif case.phase == serve.PHASE:  # llama-batched-bench (harness/engines/serve.py)
+        job = serve.llamacpp_job(case, gguf, types_of(case), rotation_env(case), threads())
+        held = serve.held_cells(case)
+    else:
+        job = JOBS[case.phase](case, gguf)
     return State(
         {"step": lambda: None} if decode else {},
         lambda: {},

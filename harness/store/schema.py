@@ -253,6 +253,27 @@ class _Measured:
     # wall seconds of the float32 reference (llama.cpp: the base pass) these figures are
     # against; computed once per process and shared by every row of the same chunks/prompts
     ref_wall_s: float | None = None
+    # phase serve (harness/engines/serve.py, docs/serve.md): llama-batched-bench's figures under
+    # its names: prompt tokens per sequence, generated tokens per sequence, parallel sequences,
+    # its KV cell count (pp + pl*tg with a shared prompt, else pl*(pp + tg)), the prompts' and
+    # the decode steps' seconds and tokens per second (s_pp counts a shared prompt once), all
+    pp: int | None = None
+    tg: int | None = None
+    pl: int | None = None
+    # its N_KV, the cells its schedule requires: not n_kv (the padded extent a step attends over)
+    n_kv_req: int | None = None
+    t_pp: float | None = None
+    s_pp: float | None = None
+    t_tg: float | None = None
+    s_tg: float | None = None
+    t: float | None = None  # t_pp + t_tg, seconds
+    s: float | None = None  # n_kv_req / t, tokens per second (llama-batched-bench's S)
+    tg_step_ms: float | None = None  # median of the decode steps (one token per sequence each)
+    tg_step_p10_ms: float | None = None
+    tg_step_p90_ms: float | None = None
+    # the batch's truth: the first and last sequence alone through the single-sequence cache
+    serve_max_abs_logit: float | None = None  # largest |logit| difference over their steps
+    serve_greedy_agree: float | None = None  # least fraction of greedy choices equal
     # a cache policy's rows (kernels/model/compress.py): what it kept of the context
     context_tokens: int | None = None  # positions compressed (the context)
     kept_cells: int | None = None  # cells kept, every layer and KV head, after compression

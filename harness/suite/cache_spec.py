@@ -15,7 +15,8 @@ from kvbench.kernels.formats.rotation import block_size
 from kvbench.kernels.model.spec import CacheSpec
 
 TASK_PHASES = ("retrieval", "generate")  # harness/engines/model_tasks.py
-MODEL_PHASES = ("quality", "model_decode", *TASK_PHASES)
+SERVE_PHASE = "serve"  # many sequences decoding together (harness/engines/serve.py)
+MODEL_PHASES = ("quality", "model_decode", *TASK_PHASES, SERVE_PHASE)
 
 
 def spec_of(case: Case) -> CacheSpec:

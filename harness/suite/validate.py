@@ -28,7 +28,7 @@ from kvbench.kernels.stores.workloads import ORDERS
 from kvbench.peers.llamacpp_weights import PEER_WEIGHTS
 from kvbench.peers.registry import EXTERNAL_PEERS, PEERS
 from kvbench.suite import model_edit
-from kvbench.suite.cache_spec import MODEL_PHASES, format_of, spec_of
+from kvbench.suite.cache_spec import MODEL_PHASES, SERVE_PHASE, format_of, spec_of
 from kvbench.suite.model_inputs import (
     CHUNKED,
     MIN_CHUNK,
@@ -328,8 +328,9 @@ MODEL_AXES = ("v_dtype", "k_axis", "sink_tokens", "recent_tokens", "text", "chun
 MODEL_AXES += ("k_order", "q_quant", "ga_n", "ga_w", "n_keep", "div_sign", "swa_cache")
 PHASE_AXES = {  # axes that only some phases read (chunks and text are ignored by retrieval)
     "task": ("retrieval",), "depth": ("retrieval",), "trials": ("retrieval",),
-    "gen_tokens": ("generate",), "quantized_kv_start": ("generate",),
-    "chunks": ("quality", "generate"), "text": ("quality", "generate", "model_decode"),
+    "gen_tokens": ("generate", SERVE_PHASE), "quantized_kv_start": ("generate",),
+    "chunks": ("quality", "generate"),
+    "text": ("quality", "generate", "model_decode", SERVE_PHASE),
 }  # fmt: skip
 
 
@@ -362,7 +363,9 @@ def check_model(path: str, case: Case) -> None:
             f"phase {case.phase} runs a real model ({known}, a .gguf, a model directory, a repo id)"
         )
         raise SuiteError(path, "model", why)
-    if case.n_seqs != 1 or case.workload != "none" or case.layout != "per-stream":
+    if case.phase == SERVE_PHASE:
+        check_serve(path, case)
+    elif case.n_seqs != 1 or case.workload != "none" or case.layout != "per-stream":
         raise SuiteError(path, "phase", f"{case.phase} runs one sequence, per-stream, no workload")
     if case.phase in CHUNKED and case.context_len < MIN_CHUNK:
         why = f"phase {case.phase} cuts the text into chunks of at least {MIN_CHUNK} tokens"
@@ -389,6 +392,39 @@ def check_model(path: str, case: Case) -> None:
     if case.window is not None and not spec_of(case).plain:
         why = "a sliding window holds one plain format (no v_dtype, k_axis channel, recent_tokens)"
         raise SuiteError(path, "window", why)
+
+
+SERVE_LAYOUTS = ("per-stream", "unified")
+
+
+def check_serve(path: str, case: Case) -> None:
+    """Phase serve (harness/engines/serve.py): n_seqs sequences through a per-stream or unified
+    layout, each its own prompt or one shared (workload shared-prefix shares the whole prompt,
+    llama-batched-bench -pps), one plain format, no policy, window or edit yet."""
+    if case.layout not in SERVE_LAYOUTS:
+        why = f"phase serve runs layouts {', '.join(SERVE_LAYOUTS)} (paged: not built here yet)"
+        raise SuiteError(path, "layout", f"{case.layout}: {why}")
+    if case.workload == "independent":
+        why = "each sequence has its own prompt by default (none); shared-prefix shares one"
+        raise SuiteError(path, "workload", f"independent: {why}")
+    if case.workload == "shared-prefix" and case.n_seqs < 2:
+        why = "shared-prefix: one sequence shares its prompt with none (n_seqs >= 2)"
+        raise SuiteError(path, "workload", why)
+    if case.workload == "shared-prefix" and case.prefix_frac:
+        why = "phase serve shares the whole prompt (llama-batched-bench -pps): leave it out"
+        raise SuiteError(path, "prefix_frac", why)
+    if case.churn or case.decode_order != "interleaved":
+        axis = "churn" if case.churn else "decode_order"
+        raise SuiteError(path, axis, "phase serve decodes every sequence in every step")
+    if case.gen_tokens < 1:
+        raise SuiteError(path, "gen_tokens", "phase serve decodes at least one token")
+    if not spec_of(case).plain:
+        why = "phase serve stores one plain format (no v_dtype, k_axis channel, sinks, residual)"
+        raise SuiteError(path, "kv_dtype", why)
+    off = [a for a in ("policy", "kv_edit") if getattr(case, a) != AXIS_DEFAULTS[a]]
+    off += ["window"] if case.window is not None else []
+    if off:
+        raise SuiteError(path, off[0], "phase serve runs the full cache (not built with it yet)")
 
 
 def check_key_order(path: str, case: Case) -> None:
@@ -425,6 +461,8 @@ def check_generate(path: str, case: Case) -> None:
 
 def check_streams(path: str, case: Case) -> None:
     """Combinations of the many-sequence axes that cannot run (docs/streams.md)."""
+    if case.phase == SERVE_PHASE:
+        return  # its own (check_serve)
     streams = case.workload != "none"
     check_paged(path, case)
     check_window(path, case)

@@ -1,0 +1,76 @@
+"""llama.cpp's llama-batched-bench as the peer of kvbench's serve rows (harness/engines/serve.py).
+
+llama-batched-bench (tools/batched-bench/batched-bench.cpp, b11434), for one (pp, tg, pl):
+clears the memory, decodes pl prompts of pp tokens (one with -pps, then llama_memory_seq_cp to
+the other sequences) in batches of n_batch tokens, then tg steps of one token for each of the pl
+sequences; every token it feeds is token id 0 (it times the schedule, not a text). It prints,
+with `--output-format jsonl`, one JSON line per test: pp, tg, pl, n_kv (pp + pl*tg with -pps,
+else pl*(pp + tg), whatever the cache's layout), t_pp, speed_pp (pp / t_pp with -pps, else
+pl*pp / t_pp), t_tg, speed_tg (pl*tg / t_tg), t, speed (n_kv / t), and its settings (n_kv_max,
+n_batch, n_ubatch, flash_attn, is_pp_shared, n_threads). A test whose n_kv exceeds the context
+(-c) is skipped without a word, so a run that printed no line for the test is an error here.
+-kvu gives one unified stream; without it each of the n_seq_max (= pl) sequences has its own
+stream of -c / pl cells. Before the tests it decodes 16 tokens once (its warm-up).
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from kvbench.peers.llamacpp import (
+    LlamaCppError,
+    fa_flag,
+    llamacpp_bin,
+    memory_info,
+    missing_reason,
+    run_tool,
+)
+
+TOOL = "llama-batched-bench"
+# its JSON names -> the row's (llama-batched-bench's printed column names)
+FIELDS = {
+    "pp": "pp", "tg": "tg", "pl": "pl", "n_kv": "n_kv_req", "t_pp": "t_pp", "speed_pp": "s_pp",
+    "t_tg": "t_tg", "speed_tg": "s_tg", "t": "t", "speed": "s",
+}  # fmt: skip
+
+
+def batched_command(binary: Path, model: Path, *, pp: int, tg: int, pl: int, shared: bool,
+                    unified: bool, ctx: int, type_k: str = "f16", type_v: str = "f16",
+                    flash_attn: bool | str = True, threads: int = 2) -> list[str]:  # fmt: skip
+    """One (pp, tg, pl) test of llama-batched-bench, JSON lines out."""
+    cmd = [str(binary), "-m", str(model), "-c", str(ctx), "-npp", str(pp), "-ntg", str(tg)]
+    cmd += ["-npl", str(pl), "-ctk", type_k, "-ctv", type_v, "-fa", fa_flag(flash_attn)]
+    cmd += ["-t", str(threads), "--output-format", "jsonl"]
+    return cmd + (["-pps"] if shared else []) + (["-kvu"] if unified else [])
+
+
+def parse_jsonl(text: str, pp: int, tg: int, pl: int) -> dict:
+    """The test's line as row fields (FIELDS' names) plus its settings; LlamaCppError if none."""
+    for line in text.splitlines():
+        line = line.strip()
+        if not line.startswith("{"):
+            continue
+        try:
+            test = json.loads(line)
+        except ValueError:
+            continue
+        if (test.get("pp"), test.get("tg"), test.get("pl")) == (pp, tg, pl):
+            out = {FIELDS[k]: test[k] for k in FIELDS}
+            settings = ("n_kv_max", "n_batch", "n_ubatch", "flash_attn", "is_pp_shared",
+                        "n_threads")  # fmt: skip
+            return out | {k: test.get(k) for k in settings}
+    raise LlamaCppError(f"{TOOL} printed no result for pp {pp}, tg {tg}, pl {pl} (a test "
+                        "needing more cells than -c is skipped silently)")  # fmt: skip
+
+
+def run_batched(model: Path, timeout_s: float = 1800, env: dict | None = None, **kwargs) -> dict:
+    """Run one test (batched_command's keyword arguments): its fields, and llama.cpp's memory
+    figures from its log (memory_info: the KV buffer's bytes and cells) under "memory"."""
+    binary = llamacpp_bin(TOOL)
+    if binary is None:
+        raise LlamaCppError(missing_reason(TOOL))
+    stdout, stderr = run_tool(batched_command(binary, model, **kwargs), timeout_s, env)
+    out = parse_jsonl(stdout + "\n" + stderr, kwargs["pp"], kwargs["tg"], kwargs["pl"])
+    out["memory"] = memory_info(stderr + stdout)
+    return out
