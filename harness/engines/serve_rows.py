@@ -49,9 +49,9 @@ def llamacpp_job(case: Case, gguf, types: tuple[str, str], env: dict, threads: i
         got = run_batched(gguf, pp=pp, tg=tg, pl=pl, shared=shared(case),
                           unified=case.layout == "unified", ctx=ctx, type_k=types[0],
                           type_v=types[1], flash_attn=True, threads=threads, env=env)  # fmt: skip
-        want = pp + pl * tg if shared(case) else pl * (pp + tg)
-        if got["n_kv_req"] != want:
-            raise ValueError(f"{got['n_kv_req']} KV cells from llama-batched-bench, {want} here")
+        if got["n_kv_req"] != held_cells(case):
+            raise ValueError(f"{got['n_kv_req']} KV cells from llama-batched-bench, "
+                             f"{held_cells(case)} here")  # fmt: skip
         mem = got.pop("memory")
         fields = {k: got[k] for k in FIELDS.values()}
         extra = {"peer_kv_types": "/".join(types), "peer_kv_bytes": mem.get("kv_bytes"),

@@ -1,16 +1,17 @@
 """llama.cpp's llama-batched-bench as the peer of kvbench's serve rows (harness/engines/serve.py).
 
-llama-batched-bench (tools/batched-bench/batched-bench.cpp, b11434), for one (pp, tg, pl):
-clears the memory, decodes pl prompts of pp tokens (one with -pps, then llama_memory_seq_cp to
-the other sequences) in batches of n_batch tokens, then tg steps of one token for each of the pl
-sequences; every token it feeds is token id 0 (it times the schedule, not a text). It prints,
-with `--output-format jsonl`, one JSON line per test: pp, tg, pl, n_kv (pp + pl*tg with -pps,
-else pl*(pp + tg), whatever the cache's layout), t_pp, speed_pp (pp / t_pp with -pps, else
-pl*pp / t_pp), t_tg, speed_tg (pl*tg / t_tg), t, speed (n_kv / t), and its settings (n_kv_max,
-n_batch, n_ubatch, flash_attn, is_pp_shared, n_threads). A test whose n_kv exceeds the context
-(-c) is skipped without a word, so a run that printed no line for the test is an error here.
--kvu gives one unified stream; without it each of the n_seq_max (= pl) sequences has its own
-stream of -c / pl cells. Before the tests it decodes 16 tokens once (its warm-up).
+llama-batched-bench (tools/batched-bench/batched-bench.cpp of b11434, the tree kvbench builds),
+for one (pp, tg, pl): clears the memory; decodes pl prompts of pp random tokens (one prompt with
+-pps) in batches of n_batch tokens, timed (t_pp); with -pps copies the prompt to the other
+sequences (llama_memory_seq_cp; per-stream, one untimed dummy token applies the copy); then tg
+steps of one token for each of the pl sequences, timed (t_tg). It prints, with
+`--output-format jsonl`, one JSON line per test: pp, tg, pl, n_kv (the cells required:
+pl*(pp + tg), or with -pps pp + pl*tg when unified (-kvu) and pl*pp + pl*tg per-stream), t_pp,
+speed_pp (pp / t_pp with -pps, else pl*pp / t_pp), t_tg, speed_tg (pl*tg / t_tg), t, speed
+(the tokens decoded over t: (pp with -pps, else pl*pp) + pl*tg) and its settings. A test whose
+n_kv exceeds the context (-c) is skipped without a word, so a run that printed no line for the
+test is an error here. Without -kvu each of the n_seq_max (= pl) sequences has its own stream
+of -c / pl cells. Before the tests it decodes 16 tokens once (its warm-up).
 """
 
 from __future__ import annotations

@@ -255,8 +255,9 @@ class _Measured:
     ref_wall_s: float | None = None
     # phase serve (harness/engines/serve.py, docs/serve.md): llama-batched-bench's figures under
     # its names: prompt tokens per sequence, generated tokens per sequence, parallel sequences,
-    # its KV cell count (pp + pl*tg with a shared prompt, else pl*(pp + tg)), the prompts' and
-    # the decode steps' seconds and tokens per second (s_pp counts a shared prompt once), all
+    # its KV cells (pl*(pp + tg); a shared prompt: pp + pl*tg unified, pl*pp + pl*tg per-stream),
+    # the prompts' and the decode steps' seconds and tokens per second (s_pp counts a shared
+    # prompt once)
     pp: int | None = None
     tg: int | None = None
     pl: int | None = None
@@ -267,7 +268,7 @@ class _Measured:
     t_tg: float | None = None
     s_tg: float | None = None
     t: float | None = None  # t_pp + t_tg, seconds
-    s: float | None = None  # n_kv_req / t, tokens per second (llama-batched-bench's S)
+    s: float | None = None  # tokens decoded / t (a shared prompt once), llama-batched-bench's S
     tg_step_ms: float | None = None  # median of the decode steps (one token per sequence each)
     tg_step_p10_ms: float | None = None
     tg_step_p90_ms: float | None = None

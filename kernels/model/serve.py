@@ -1,10 +1,10 @@
 """Many sequences served at once: llama-batched-bench's schedule on kvbench's model cache.
 
-llama-batched-bench (llama.cpp tools/batched-bench/batched-bench.cpp) times, for pp prompt
-tokens, tg generated tokens and pl parallel sequences: the prompts' prefill (every sequence's
-prompt, or one prompt shared by all with -pps, then copied to each sequence's cells), then tg
-decode steps of one token for every sequence; N_KV = pp + pl*tg with a shared prompt, else
-pl*(pp + tg). `run` does the same through a SeqCache (kernels/model/batched.py): the prompts
+llama-batched-bench (llama.cpp b11434 tools/batched-bench/batched-bench.cpp, the tree kvbench
+builds) times, for pp prompt tokens, tg generated tokens and pl parallel sequences: the prompts'
+prefill (every sequence's prompt, or one prompt shared by all with -pps, then copied to each
+sequence's cells, untimed), then tg decode steps of one token for every sequence; N_KV, the
+cells required, is pl*(pp + tg), or with a shared prompt pp + pl*tg in a unified cache. `run` does the same through a SeqCache (kernels/model/batched.py): the prompts
 go through the model in micro-batches of `ubatch` tokens per sequence (all sequences in each
 pass), then every decode step is one pass of pl rows, each sequence fed its own greedy token.
 Every pass is timed from building its graph to the end of its `mx.eval` (MLX is lazy), with
@@ -34,6 +34,7 @@ class Served:
     tg: int
     pl: int
     shared: bool
+    unified: bool
     t_pp: float = 0.0  # seconds: the prompts' passes
     step_s: list[float] = field(default_factory=list)  # each decode step's seconds
     tokens: np.ndarray | None = None  # [pl, tg] the greedy tokens each sequence generated
@@ -47,12 +48,15 @@ class Served:
         """llama-batched-bench's figures under its names (seconds, tokens per second)."""
         t = self.t_pp + self.t_tg
         n_pp = self.pp if self.shared else self.pl * self.pp
-        n_kv = self.pp + self.pl * self.tg if self.shared else self.pl * (self.pp + self.tg)
+        n_kv = self.pl * (self.pp + self.tg)
+        if self.shared and self.unified:
+            n_kv = self.pp + self.pl * self.tg
         steps_ms = 1e3 * np.asarray(self.step_s)
         return {
             "pp": self.pp, "tg": self.tg, "pl": self.pl, "n_kv_req": n_kv,
             "t_pp": self.t_pp, "s_pp": n_pp / self.t_pp, "t_tg": self.t_tg,
-            "s_tg": self.pl * self.tg / self.t_tg, "t": t, "s": n_kv / t,
+            "s_tg": self.pl * self.tg / self.t_tg, "t": t,
+            "s": (n_pp + self.pl * self.tg) / t,
             "tg_step_ms": float(np.median(steps_ms)),
             "tg_step_p10_ms": float(np.percentile(steps_ms, 10)),
             "tg_step_p90_ms": float(np.percentile(steps_ms, 90)),
@@ -76,7 +80,7 @@ def run(model, cache: SeqCache, prompts: np.ndarray, tg: int, ubatch: int, keep=
     pl = cache.layout.n_seq_max
     shared = prompts.shape[0] == 1 and pl > 1
     rows = [tuple(range(pl))] if shared else [(s,) for s in range(pl)]
-    out = Served(prompts.shape[1], tg, pl, shared)
+    out = Served(prompts.shape[1], tg, pl, shared, cache.layout.kind == "unified")
     start = time.perf_counter()
     for s in range(0, out.pp, ubatch):
         last = _pass(model, cache, rows, prompts[:, s : s + ubatch], last_only=True)

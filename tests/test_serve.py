@@ -1,0 +1,129 @@
+"""Phase serve (harness/engines/serve.py, kernels/model/serve.py): many sequences of a model
+decoding together, and llama-batched-bench beside it (harness/peers/llamacpp_batched.py).
+
+A row's cells are counted by hand from llama-batched-bench's b11434 formula, its speeds from
+its own definitions; the batch's truth (each checked sequence alone) must hold; bad axes are
+refused in one line naming the key."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from tiny_model import TINY, weights, write_gguf
+
+from kvbench.case import Case
+from kvbench.engines import common, engine_for
+from kvbench.engines import serve as engine
+from kvbench.engines.contract import carrying
+from kvbench.errors import SuiteError
+from kvbench.kernels.model.load import load_model
+from kvbench.peers import llamacpp
+from kvbench.peers.llamacpp import LlamaCppError
+from kvbench.peers.llamacpp_batched import batched_command, parse_jsonl
+from kvbench.suite.validate import check_model
+
+TOKENS = tuple(np.random.default_rng(2).integers(0, TINY["vocab"], 200).tolist())
+
+
+@pytest.fixture()
+def tiny(tmp_path, monkeypatch):
+    model = load_model(write_gguf(tmp_path / "t.gguf", weights(seed=4)))
+    monkeypatch.setattr(common, "model_of", lambda name: (model, None))
+    monkeypatch.setattr(common, "tokens_of", lambda name, text: TOKENS)
+    yield model
+
+
+def case(**kw) -> Case:
+    base = dict(model="smollm2-135m", n_layers=2, n_q_heads=4, n_kv_heads=2, head_dim=64)
+    return Case(**{**base, "phase": "serve", "context_len": 16, "gen_tokens": 3,
+                   "n_seqs": 3, "kernel": "reference", **kw})  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "layout, workload, cells",
+    [("per-stream", "none", 3 * (16 + 3)), ("unified", "none", 3 * (16 + 3)),
+     ("per-stream", "shared-prefix", 3 * 16 + 3 * 3), ("unified", "shared-prefix", 16 + 3 * 3)],
+)  # fmt: skip
+def test_a_serve_row_counts_llama_batched_benchs_cells_and_speeds(tiny, layout, workload, cells):
+    c = case(layout=layout, workload=workload)
+    assert engine_for(c).build.__wrapped__ is engine.build
+    state = carrying(engine.build)(c)
+    row = state.check()
+    assert row["n_kv_req"] == row["cells_used"] == cells
+    assert (row["pp"], row["tg"], row["pl"]) == (16, 3, 3)
+    n_pp = 16 if workload == "shared-prefix" else 3 * 16
+    assert row["s_pp"] == pytest.approx(n_pp / row["t_pp"])
+    assert row["s_tg"] == pytest.approx(3 * 3 / row["t_tg"])
+    assert row["s"] == pytest.approx((n_pp + 3 * 3) / row["t"])
+    assert row["t"] == pytest.approx(row["t_pp"] + row["t_tg"])
+    assert row["tg_step_p10_ms"] <= row["tg_step_ms"] <= row["tg_step_p90_ms"]
+    # fp16 cells, every layer, K and V: 2 layers x 2 heads x 64 x 2 B x 2
+    assert row["bytes_used"] == state.kv_bytes == cells * 2 * 2 * 64 * 2 * 2
+    assert row["serve_greedy_agree"] == 1.0 and row["serve_max_abs_logit"] < 5e-3
+
+
+@pytest.mark.parametrize(
+    "kw, key",
+    [(dict(layout="paged", page_size=16), "layout"),
+     (dict(workload="independent"), "workload"),
+     (dict(workload="shared-prefix", n_seqs=1), "workload"),
+     (dict(workload="shared-prefix", prefix_frac=0.5), "prefix_frac"),
+     (dict(v_dtype="int4"), "kv_dtype"),
+     (dict(policy="knorm", compression_ratio=0.5), "policy"),
+     (dict(window=8), "window")],
+)  # fmt: skip
+def test_what_serve_does_not_run_is_refused_naming_the_key(kw, key):
+    with pytest.raises(SuiteError) as e:
+        check_model("s.yaml", case(**kw))
+    assert e.value.key == key and "\n" not in str(e.value)
+
+
+def test_a_text_too_short_for_the_prompts_is_an_error_naming_both(tiny):
+    with pytest.raises(ValueError, match="fewer than the 20 prompts x 16 tokens"):
+        carrying(engine.build)(case(n_seqs=20))
+
+
+# ---- llama-batched-bench ----------------------------------------------------------------------
+
+# one line as llama-batched-bench b11434 printed it here (-npp 64 -ntg 4 -npl 4 -pps, per-stream)
+LINE = ('{"n_kv_max": 1024, "n_batch": 2048, "n_ubatch": 512, "flash_attn": 1, "is_pp_shared": 1, '
+        '"n_gpu_layers": -1, "n_threads": 1, "n_threads_batch": 1, "pp": 64, "tg": 4, "pl": 4, '
+        '"n_kv": 272, "t_pp": 0.712128, "speed_pp": 89.871483, "t_tg": 0.227483, '
+        '"speed_tg": 70.334923, "t": 0.939611, "speed": 85.141624}')  # fmt: skip
+
+
+def test_its_json_line_becomes_the_rows_columns():
+    got = parse_jsonl("log line\n" + LINE + "\n", 64, 4, 4)
+    assert got["n_kv_req"] == 272 == 4 * 64 + 4 * 4 and got["s_tg"] == 70.334923
+    assert got["t"] == 0.939611 and got["is_pp_shared"] == 1
+    with pytest.raises(LlamaCppError, match="no result for pp 64, tg 4, pl 8"):
+        parse_jsonl(LINE, 64, 4, 8)  # a test past -c is skipped by the tool without a word
+
+
+def test_its_command_names_every_setting():
+    cmd = batched_command("bb", "m.gguf", pp=64, tg=4, pl=4, shared=True, unified=False,
+                          ctx=272, type_k="q8_0", type_v="q8_0", threads=2)  # fmt: skip
+    text = " ".join(cmd)
+    for part in ("-npp 64", "-ntg 4", "-npl 4", "-c 272", "-ctk q8_0", "-ctv q8_0", "-fa 1",
+                 "-t 2", "--output-format jsonl", "-pps"):  # fmt: skip
+        assert part in text
+    assert "-kvu" not in cmd
+
+
+@pytest.mark.skipif(
+    llamacpp.missing_reason("llama-batched-bench") is not None
+    or not llamacpp.model_path().is_file(),
+    reason="llama-batched-bench (make llamacpp) and SmolLM2 (kvbench model fetch) needed",
+)
+@pytest.mark.parametrize("layout", ["per-stream", "unified"])
+def test_llama_batched_bench_holds_the_cells_kvbench_holds(layout):
+    from kvbench.engines import llamacpp as engine_llamacpp
+
+    c = Case(model="smollm2-135m", n_layers=30, n_q_heads=9, n_kv_heads=3, head_dim=64,
+             phase="serve", kernel="llama.cpp", context_len=32,
+             gen_tokens=2, n_seqs=2, layout=layout, workload="shared-prefix")  # fmt: skip
+    state = carrying(engine_llamacpp.build)(c)
+    res = state.job({}, True)
+    want = 2 * 32 + 2 * 2 if layout == "per-stream" else 32 + 2 * 2
+    assert res.accuracy["n_kv_req"] == want
+    assert res.accuracy["s_tg"] > 0 and res.extra["peer_kv_types"] == "f16/f16"
