@@ -29,7 +29,7 @@ from kvbench.errors import SuiteError
 from kvbench.files import not_regular, read_text
 from kvbench.kernels.attention.registry import KERNELS
 from kvbench.kernels.model.fetch import MODELS
-from kvbench.suite.cache_spec import MODEL_PHASES, spec_of
+from kvbench.suite.cache_spec import MODEL_PHASES, SERVE_PHASE, spec_of
 from kvbench.suite.presets import PRESETS
 from kvbench.suite.validate import (
     check_axis,
@@ -310,10 +310,10 @@ def resolve(path: str, combo: dict) -> Case:
 
 def model_kernel(shape: dict) -> str:
     """The kernel of a model-phase case that names none: the format's reference path for the
-    quality and task phases (the row measures the format alone); for model_decode, sdpa where
+    quality and task phases (the row measures the format alone); for model_decode and serve, sdpa where
     the kernel sees a dense cache (a dense format, or any spec with options, which attends over
     a dense view), tiled over a plain quantized format's packed data."""
-    if shape["phase"] != "model_decode":
+    if shape["phase"] not in ("model_decode", SERVE_PHASE):  # serve times its steps too
         return "reference"
     try:
         spec = spec_of(Case(model="custom", **{**shape, "kernel": "reference"}))
