@@ -127,3 +127,23 @@ def test_llama_batched_bench_holds_the_cells_kvbench_holds(layout):
     want = 2 * 32 + 2 * 2 if layout == "per-stream" else 32 + 2 * 2
     assert res.accuracy["n_kv_req"] == want
     assert res.accuracy["s_tg"] > 0 and res.extra["peer_kv_types"] == "f16/f16"
+
+
+@pytest.mark.parametrize(
+    "layout, workload, stream_cells, streams",
+    [("per-stream", "none", 256, 3), ("unified", "none", 256, 1),
+     ("unified", "shared-prefix", 256, 1)],
+)  # fmt: skip
+def test_the_memory_guard_plans_every_sequence_s_cells(layout, workload, stream_cells, streams):
+    """The plan the memory guard reads (suite/model_plan.py): the layout's cells as allocated
+    (each stream padded to 256 cells), not one sequence's context."""
+    from kvbench.suite.cache_spec import spec_of
+    from kvbench.suite.model_plan import model_plan
+
+    c = case(layout=layout, workload=workload)
+    plan = model_plan(c, spec_of(c), vocab=300)
+    per_cell = 2 * 2 * 64 * 2 * 2  # layers x KV heads x head_dim x fp16 bytes x (K, V)
+    assert plan["cache"] == streams * stream_cells * per_cell
+    assert plan["reference"] == (16 + 3) * per_cell  # the truth check's single sequence
+    big = model_plan(case(n_seqs=64, context_len=4096), spec_of(case()), vocab=300)
+    assert big["cache"] == 64 * 4352 * per_cell  # pad(4096 + 3) = 4352 cells a stream

@@ -28,6 +28,7 @@ from collections import Counter
 from kvbench.case import Case
 from kvbench.kernels.model.spec import kv_bytes
 from kvbench.kernels.stores.footprint import layer_cells
+from kvbench.kernels.stores.layouts import KV_PAD, pad_to
 
 PREFILL_UBATCH = 512  # the prefill micro-batch of every model phase (llama.cpp's n_ubatch default)
 F32 = 4
@@ -51,10 +52,34 @@ def model_cells(case: Case, windows: tuple = ()) -> list[int]:
     return layer_cells(n, windows if len(windows) == layers else (), layers, query)
 
 
+def serve_plan(case: Case, spec, vocab: int) -> dict[str, int]:
+    """Phase serve (harness/engines/serve.py): the layout's cells as allocated (per-stream:
+    n_seqs streams of pp + tg cells, unified: one of every sequence's, a shared prompt once;
+    each padded to KV_PAD), the single-sequence cache of the truth check, the scores of one
+    prefill micro-batch of every row over a stream, and one row's logits per sequence."""
+    pp, tg, pl = case.context_len, case.gen_tokens, case.n_seqs
+    shared = case.workload == "shared-prefix" and pl > 1
+    per_stream = case.layout != "unified"
+    stream = pad_to(pp + tg if per_stream else (pp + pl * tg if shared else pl * (pp + tg)), KV_PAD)
+    cells = stream * (pl if per_stream else 1)
+    rows = 1 if shared else pl
+    query = min(PREFILL_UBATCH, pp)
+    layers, heads, dim = case.n_layers, case.n_kv_heads, case.head_dim
+    parts = {
+        "cache": kv_bytes(spec, cells, layers, heads, dim),
+        "reference": kv_bytes(spec, pp + tg, layers, heads, dim),
+        "scores": 2 * case.n_q_heads * rows * query * stream * F32,
+        "logits": pl * vocab * F32,
+    }
+    return {**parts, "total": sum(parts.values())}
+
+
 def model_plan(case: Case, spec, vocab: int, windows: tuple = ()) -> dict[str, int]:
     """The parts of a model-phase case's planned bytes (module docstring) and their total;
     `spec`: its cache (suite/resolved.py of_case); `windows`: the model's per-layer windows
     (kernels/model/load.py Shape.windows)."""
+    if case.phase == "serve":
+        return serve_plan(case, spec, vocab)
     n = capacity(case)
     heads, dim = case.n_kv_heads, case.head_dim
     query = min(PREFILL_UBATCH, n)  # one forward's positions

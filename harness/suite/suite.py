@@ -310,9 +310,9 @@ def resolve(path: str, combo: dict) -> Case:
 
 def model_kernel(shape: dict) -> str:
     """The kernel of a model-phase case that names none: the format's reference path for the
-    quality and task phases (the row measures the format alone); for model_decode and serve, sdpa where
-    the kernel sees a dense cache (a dense format, or any spec with options, which attends over
-    a dense view), tiled over a plain quantized format's packed data."""
+    quality and task phases (the row measures the format alone); for model_decode and serve,
+    sdpa where the kernel sees a dense cache (a dense format, or any spec with options, which
+    attends over a dense view), tiled over a plain quantized format's packed data."""
     if shape["phase"] not in ("model_decode", SERVE_PHASE):  # serve times its steps too
         return "reference"
     try:

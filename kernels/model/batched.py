@@ -1,20 +1,21 @@
 """Many sequences through one model cache: a real model's K/V in the layout stores.
 
-The cache holds every layer's K and V in kernels/stores/layouts.py's LayoutStore,
-[n_stream, Hkv, size, ...] in one plain format (rotation and key order as PlainCache's), with
-llama.cpp's cell semantics: per-stream (a stream per sequence, n_stream = n_seqs) or unified
-(one stream whose cells record which sequences hold them). Before each forward pass
-`plan(rows, tokens)` says which sequences each batch row carries (llama_batch's seq_id lists);
-without one, batch row b is sequence b. A row carrying several sequences is a prompt they share, stored once in a unified stream and
-once in each sequence's stream per-stream (llama-batched-bench -pps: the prompt decoded once,
-then llama_memory_seq_cp). Every row of a pass is at the same positions offset..offset+n-1
-(mlx-lm's RoPE reads one offset): equal-length prompts, then one token a sequence a step.
+The cache holds every layer's K and V in kernels/stores/layouts.py's LayoutStore, [n_stream,
+Hkv, size, ...] in one plain format (rotation and key order as PlainCache's), with llama.cpp's
+cell semantics: per-stream (a stream per sequence, n_stream = n_seqs) or unified (one stream
+whose cells record which sequences hold them). Before each forward pass `plan(rows, tokens)`
+says which sequences each batch row carries (llama_batch's seq_id lists); without one, batch row
+b is sequence b. A row carrying several sequences is a prompt they share, stored once in a
+unified stream and once in each sequence's stream per-stream (llama-batched-bench -pps: the
+prompt decoded once, then llama_memory_seq_cp). Every row of a pass is at the same positions
+offset..offset+n-1 (mlx-lm's RoPE reads one offset): equal-length prompts, then one token a
+sequence a step.
 
-Attention (read): per-stream, the rows read their own streams as a batch, each with its
-stream's mask; unified, every row's queries become query rows of one call over the shared
-stream (a llama.cpp ubatch), the mask of each row being its sequence's cells at positions up to
-the query's. The extent read is llama.cpp's padded n_kv (KV_PAD cells), so masked cells are
-read and count in the bytes a step moves, as they do in llama.cpp.
+Attention (read): per-stream, the rows read their own streams as a batch, each with its stream's
+mask; unified, every row's queries become query rows of one call over the shared stream (a
+llama.cpp ubatch), the mask of each row being its sequence's cells at positions up to the
+query's. The extent read is llama.cpp's padded n_kv (KV_PAD cells), so masked cells are read and
+count in the bytes a step moves, as they do in llama.cpp.
 """
 
 from __future__ import annotations

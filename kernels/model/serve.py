@@ -4,15 +4,16 @@ llama-batched-bench (llama.cpp b11434 tools/batched-bench/batched-bench.cpp, the
 builds) times, for pp prompt tokens, tg generated tokens and pl parallel sequences: the prompts'
 prefill (every sequence's prompt, or one prompt shared by all with -pps, then copied to each
 sequence's cells, untimed), then tg decode steps of one token for every sequence; N_KV, the
-cells required, is pl*(pp + tg), or with a shared prompt pp + pl*tg in a unified cache. `run` does the same through a SeqCache (kernels/model/batched.py): the prompts
-go through the model in micro-batches of `ubatch` tokens per sequence (all sequences in each
-pass), then every decode step is one pass of pl rows, each sequence fed its own greedy token.
-Every pass is timed from building its graph to the end of its `mx.eval` (MLX is lazy), with
-time.perf_counter; the cache's writes are evaluated with the logits.
+cells required, is pl*(pp + tg), or with a shared prompt pp + pl*tg in a unified cache. `run`
+does the same through a SeqCache (kernels/model/batched.py): the prompts go through the model in
+micro-batches of `ubatch` tokens per sequence (all sequences in each pass), then every decode
+step is one pass of pl rows, each sequence fed its own greedy token. Every pass is timed from
+building its graph to the end of its `mx.eval` (MLX is lazy), with time.perf_counter; the
+cache's writes are evaluated with the logits.
 
-`check_alone` is the truth of the batch: a sequence run alone through the single-sequence
-cache (kernels/model/cache.py make_cache), teacher-forced with the tokens the batch gave it,
-must produce the batch's logits (within float tolerance) and the same greedy tokens.
+`check_alone` is the truth of the batch: a sequence run alone through the single-sequence cache
+(kernels/model/cache.py make_cache), teacher-forced with the tokens the batch gave it, must
+produce the batch's logits (within float tolerance) and the same greedy tokens.
 """
 
 from __future__ import annotations
@@ -63,11 +64,16 @@ class Served:
         }  # fmt: skip
 
 
-def _pass(model, cache: SeqCache, rows, tokens: np.ndarray, last_only: bool) -> mx.array:
-    """One forward pass of tokens [B, n] for batch rows `rows`, evaluated with the cache's
-    writes: logits [B, vocab] of each row's last token (float32)."""
-    cache.plan(rows, tokens)
-    logits = seam.forward(model, mx.array(tokens.tolist()), cache)[:, -1 if last_only else 0]
+def _pass(model, cache: SeqCache, rows, tokens: np.ndarray) -> mx.array:
+    """Tokens [B, n] for batch rows `rows` through the model, evaluated with the cache's
+    writes: logits [B, vocab] of each row's last token (float32). The tokens before the last go
+    through a pass of their own whose logits are never evaluated, so the output head (49,152
+    rows on SmolLM2) runs for one token a row (as run.forward's logits_from)."""
+    if tokens.shape[1] > 1:
+        cache.plan(rows, tokens[:, :-1])
+        seam.forward(model, mx.array(tokens[:, :-1].tolist()), cache)
+    cache.plan(rows, tokens[:, -1:])
+    logits = seam.forward(model, mx.array(tokens[:, -1:].tolist()), cache)[:, -1]
     logits = logits.astype(mx.float32)
     mx.eval(logits, cache.arrays())
     return logits
@@ -83,7 +89,7 @@ def run(model, cache: SeqCache, prompts: np.ndarray, tg: int, ubatch: int, keep=
     out = Served(prompts.shape[1], tg, pl, shared, cache.layout.kind == "unified")
     start = time.perf_counter()
     for s in range(0, out.pp, ubatch):
-        last = _pass(model, cache, rows, prompts[:, s : s + ubatch], last_only=True)
+        last = _pass(model, cache, rows, prompts[:, s : s + ubatch])
     out.t_pp = time.perf_counter() - start
     nxt = np.asarray(mx.argmax(last, axis=-1)).reshape(-1, 1)
     nxt = np.repeat(nxt, pl, axis=0) if shared else nxt  # [pl, 1]
@@ -91,7 +97,7 @@ def run(model, cache: SeqCache, prompts: np.ndarray, tg: int, ubatch: int, keep=
     for _ in range(tg):
         gen.append(nxt[:, 0])
         start = time.perf_counter()
-        logits = _pass(model, cache, every, nxt, last_only=True)
+        logits = _pass(model, cache, every, nxt)
         out.step_s.append(time.perf_counter() - start)
         if keep:
             out.logits.append(np.array(logits[mx.array(list(keep))]))
