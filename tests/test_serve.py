@@ -147,3 +147,9 @@ def test_the_memory_guard_plans_every_sequence_s_cells(layout, workload, stream_
     assert plan["reference"] == (16 + 3) * per_cell  # the truth check's single sequence
     big = model_plan(case(n_seqs=64, context_len=4096), spec_of(case()), vocab=300)
     assert big["cache"] == 64 * 4352 * per_cell  # pad(4096 + 3) = 4352 cells a stream
+
+
+def test_a_second_check_runs_the_schedule_again_from_an_empty_cache(tiny):
+    state = carrying(engine.build)(case(layout="unified"))
+    first, second = state.check(), state.check()
+    assert first["cells_used"] == second["cells_used"] == 3 * (16 + 3)
