@@ -202,7 +202,8 @@ TABLE: tuple[Axis, ...] = (
          hide_default=True, doc="phase retrieval: prompts generated (trial i seeded seed + i)",
          role="workload"),
     Axis("gen_tokens", "int", 32, "at_most:65536", label="gen{}", column="gen",
-         hide_default=True, doc="phase generate: tokens generated greedily after the prompt",
+         hide_default=True, doc="phases generate and serve: tokens generated greedily after "
+         "the prompt (serve: per sequence, llama-batched-bench's -ntg)",
          role="workload"),
     Axis("quantized_kv_start", "int", 0, "non_negative_int", label="qstart{}",
          column="qstart", hide_default=True,
