@@ -18,9 +18,10 @@ def _drop_source_root() -> None:
     when torch is present (issue 51: ImportError 'CUDAProperties' in 4 model tests). kvbench
     itself is found through its installed mapping, never through the root.
     """
-    root = _Path(__file__).resolve().parent.parent
-    if not (root / "kernels" / "__init__.py").is_file():
-        return  # an installed copy: no source folders beside it
+    here = _Path(__file__).resolve().parent
+    root = here.parent
+    if here.name != "harness" or not (root / "kernels" / "__init__.py").is_file():
+        return  # an installed copy (site-packages/kvbench): its neighbours are packages
     _sys.path[:] = [p for p in _sys.path if _Path(p or ".").resolve() != root]
     shadow = _sys.modules.get("kernels")
     if shadow is not None and _Path(getattr(shadow, "__file__", None) or ".").resolve() == (

@@ -57,7 +57,11 @@ def test_attention_over_each_heads_kept_cells():
                                   CacheSpec("fp8_e4m3", fp8_scale="calibrated")])  # fmt: skip
 def test_keeping_everything_is_the_plain_cache(tiny, spec):
     """FP8 with a tensor scale too: the cells are read at scale 1 and scaled back per layer
-    and KV head (before the fix the dense K/V ignored the scale: logits off by 5.0)."""
+    and KV head (before the fix the dense K/V ignored the scale: logits off by 5.0). The dense
+    read scales the K/V, the plain one folds the scale into q and the output: a last-bit
+    difference in layer 0's output can move a later layer's e4m3 code by a sixteenth of its
+    value, so the calibrated scale's logits agree to 2e-2 (measured 6.5e-3 on an AMD EPYC,
+    under 1e-4 on an Intel Xeon), far inside the bug's 5.0."""
     pol = P.make("knorm", P.Budget(compression_ratio=0.0))
     cache = make_policy_cache(spec, tiny, len(TOKS), "reference", pol)
     prefill(tiny, cache, TOKS[:16], 8)
@@ -66,7 +70,8 @@ def test_keeping_everything_is_the_plain_cache(tiny, spec):
     plain = make_cache(spec, tiny.config, len(TOKS), "reference")
     prefill(tiny, plain, TOKS[:16], 8)
     want = forward(tiny, mx.array([TOKS[16:]]), plain)
-    np.testing.assert_allclose(np.array(got), np.array(want), rtol=1e-4, atol=1e-4)
+    tol = 2e-2 if spec.fp8_scale == "calibrated" else 1e-4
+    np.testing.assert_allclose(np.array(got), np.array(want), rtol=tol, atol=tol)
 
 
 def test_window_keeps_sinks_and_recent_and_keeps_evicting(tiny):

@@ -228,7 +228,8 @@ def test_real_llama_bench_run():
 TOY_CMAKE = """cmake_minimum_required(VERSION 3.14)
 project(toy CXX)
 set(CMAKE_RUNTIME_OUTPUT_DIRECTORY ${CMAKE_BINARY_DIR}/bin)
-foreach(t llama-bench llama-perplexity llama-passkey llama-tokenize llama-simple)
+foreach(t llama-bench llama-perplexity llama-passkey llama-tokenize llama-simple
+          llama-batched-bench)
   add_executable(${t} main.cpp)
 endforeach()
 """

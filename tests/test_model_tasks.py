@@ -179,8 +179,9 @@ def test_generate_rings_hold_one_forward_not_the_context(tiny_gemma, start):
     the prefill's micro-batch of 4 - 1 = 11 cells, not 8 + the capacity of 30 + 6 - 1. The
     switch at start 10 (after the third piece, 12 positions) writes the held fp16 K/V 4 at a
     time; the continuation is that of caches whose rings hold the whole capacity (the same
-    tokens; log-probabilities to 1e-3: a ring of another size sums attention in another order,
-    and a last-bit change of the next layer's K can move an int8 code; measured 1.2e-4)."""
+    tokens; log-probabilities to 3e-3: a ring of another size sums attention in another order,
+    and a last-bit change of the next layer's K can move an int8 code; measured 1.2e-4 on an
+    Intel Xeon, 1.1e-3 on an AMD EPYC)."""
     prompt, n_new = list(TOKENS[:30]), 6
     ref_tokens, ref_lps = G.reference(tiny_gemma, prompt, n_new, ubatch=4)
     runs = {}
@@ -194,7 +195,7 @@ def test_generate_rings_hold_one_forward_not_the_context(tiny_gemma, start):
             assert _rings(cache.early) == [8 + (step or 36) - 1] * 3
     assert runs[4][0] == runs[None][0]
     for a, b in zip(runs[4][1], runs[None][1]):
-        np.testing.assert_allclose(np.array(a), np.array(b), atol=1e-3)
+        np.testing.assert_allclose(np.array(a), np.array(b), atol=3e-3)
     row = G.generate_error(tiny_gemma, [prompt], [(ref_tokens, ref_lps)], CacheSpec("int8"),
                            n_new, start=start, ubatch=4)  # fmt: skip
     assert row["gen_tokens_scored"] == n_new and row["gen_kl_mean"] >= 0
@@ -205,7 +206,7 @@ def test_suite_checks_of_the_task_axes():
         check_model("s.yaml", case(phase="quality", task="niah"))
     with pytest.raises(SuiteError, match="task: phase retrieval needs a task"):
         check_model("s.yaml", case(phase="retrieval"))
-    with pytest.raises(SuiteError, match="gen_tokens: only phase generate"):
+    with pytest.raises(SuiteError, match="gen_tokens: only phases generate, serve use it"):
         check_model("s.yaml", case(phase="retrieval", task="niah", gen_tokens=8))
     # at 200 tokens smollm2-135m's vartrack prompt leaves no room for a haystack (checked now)
     check_model("s.yaml", case(phase="retrieval", task="vartrack", depth=1.0, context_len=512))
