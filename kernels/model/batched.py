@@ -46,6 +46,7 @@ class SeqCache:
         self.rot, self.spec = spec.rot(d), spec
         self.rows: list[tuple[int, ...]] = []
         self.index: tuple = ()  # (token rows, streams, cells) of the planned pass's writes
+        self._geometry: tuple | None = None  # (n_kv, mask, streams) of the planned pass
 
     def plan(self, rows: list[tuple[int, ...]], tokens: np.ndarray) -> None:
         """The next pass: batch row b carries sequences rows[b] and tokens[b] [n] at positions
@@ -60,6 +61,7 @@ class SeqCache:
         cells = [c for pairs in slots for _, c in pairs]
         self.rows = [tuple(r) for r in rows]
         self.index = (mx.array(src), mx.array(streams), mx.array(cells))
+        self._geometry = None
 
     def attend(self, layer: int, q, k, v, scale: float) -> mx.array:
         self.write(layer, k, v)
@@ -76,29 +78,42 @@ class SeqCache:
         parts = self.formats.encode(layer, flat(k), flat(v))
         self.store.put_encoded(layer, (streams, ALL, cells), *parts)
 
+    def geometry(self, n: int) -> tuple:
+        """(n_kv, mask, streams read) of the planned pass of n tokens a row, the same for every
+        layer, so built once a pass (a host-built mask, as llama.cpp's kq_mask): unified, bool
+        [1, 1, B*n, n_kv] over stream 0; per-stream, [B, 1, n, n_kv] over each row's stream
+        (None: every stream in order)."""
+        if self._geometry is not None:
+            return self._geometry
+        q_pos = list(range(self.offset, self.offset + n))
+        first = [r[0] for r in self.rows]
+        if self.layout.kind == "unified":
+            n_kv, cells = self.layout.n_kv(), self.layout.streams[0]
+            mask = np.concatenate([cells.mask([s] * n, q_pos, n_kv) for s in first])[None, None]
+            self._geometry = (n_kv, mx.array(mask), slice(0, 1))
+            return self._geometry
+        sts = [self.layout.stream_of(s) for s in first]
+        n_kv = self.layout.n_kv(sts)
+        mask = self.layout.mask([(st, [s] * n, q_pos) for st, s in zip(sts, first)], n_kv)
+        order = None if sts == list(range(self.layout.n_stream)) else mx.array(sts)
+        self._geometry = (n_kv, mx.array(mask), order)
+        return self._geometry
+
     def read(self, layer: int, q, scale: float) -> mx.array:
         """Attention of q [B, Hq, n, D] (row b: its first sequence's cells, positions up to
         each query's) over the layout: float32 [B, Hq, n, D]."""
         b, hq, n, d = q.shape
-        q_pos = list(range(self.offset, self.offset + n))
-        first = [r[0] for r in self.rows]
+        n_kv, mask, streams = self.geometry(n)
         q, sc = self.spec.query_in_order(q), self.formats.scales(layer)
         if self.layout.kind == "unified":
-            n_kv = self.layout.n_kv()
-            cells = self.layout.streams[0]
-            mask = np.concatenate([cells.mask([s] * n, q_pos, n_kv) for s in first])
-            ks, vs = self.store.view(layer, n_kv, slice(0, 1))
+            ks, vs = self.store.view(layer, n_kv, streams)
             q_rows = q.transpose(1, 0, 2, 3).reshape(1, hq, b * n, d)  # sequences as query rows
-            out = self._attend(q_rows, ks, vs, mx.array(mask[None, None]), scale, sc)
+            out = self._attend(q_rows, ks, vs, mask, scale, sc)
             return out.reshape(hq, b, n, d).transpose(1, 0, 2, 3)
-        sts = [self.layout.stream_of(s) for s in first]
-        n_kv = self.layout.n_kv(sts)
-        mask = self.layout.mask([(st, [s] * n, q_pos) for st, s in zip(sts, first)], n_kv)
         ks, vs = self.store.view(layer, n_kv)
-        if sts != list(range(self.layout.n_stream)):
-            idx = mx.array(sts)
-            ks, vs = ({a: x[idx] for a, x in s.items()} for s in (ks, vs))
-        return self._attend(q, ks, vs, mx.array(mask), scale, sc)
+        if streams is not None:
+            ks, vs = ({a: x[streams] for a, x in s.items()} for s in (ks, vs))
+        return self._attend(q, ks, vs, mask, scale, sc)
 
     def _attend(self, q, ks, vs, mask, scale: float, sc) -> mx.array:
         args = (self.fmt, scale, self.tile_kv, self.rot, mask, sc)
@@ -106,7 +121,7 @@ class SeqCache:
 
     def advance(self, n: int) -> None:
         self.offset += n
-        self.rows, self.index = [], ()
+        self.rows, self.index, self._geometry = [], (), None
 
     def mark(self):
         """Every stream's cells (positions, memberships, tokens, head, counts) and the offset."""
@@ -117,6 +132,7 @@ class SeqCache:
 
     def rewind(self, mark) -> None:
         self.offset, saved = mark
+        self.rows, self.index, self._geometry = [], (), None
         for c, (pos, seq, tok, head, used, peak) in zip(self.layout.streams, saved):
             c.pos, c.seq, c.token = pos.copy(), seq.copy(), tok.copy()
             c.head, c.used, c.peak_used = head, used, peak

@@ -64,14 +64,18 @@ class Served:
         }  # fmt: skip
 
 
-def _pass(model, cache: SeqCache, rows, tokens: np.ndarray) -> mx.array:
+def _pass(model, cache: SeqCache, rows, tokens: np.ndarray, logits: bool = True):
     """Tokens [B, n] for batch rows `rows` through the model, evaluated with the cache's
-    writes: logits [B, vocab] of each row's last token (float32). The tokens before the last go
-    through a pass of their own whose logits are never evaluated, so the output head (49,152
-    rows on SmolLM2) runs for one token a row (as run.forward's logits_from)."""
-    if tokens.shape[1] > 1:
-        cache.plan(rows, tokens[:, :-1])
-        seam.forward(model, mx.array(tokens[:, :-1].tolist()), cache)
+    writes: logits [B, vocab] of each row's last token (float32), or None. The tokens before the
+    last go through a pass of their own whose logits are never evaluated, so the output head
+    (49,152 rows on SmolLM2) runs for one token a row (as run.forward's logits_from)."""
+    head = tokens if not logits else tokens[:, :-1]
+    if head.shape[1]:
+        cache.plan(rows, head)
+        seam.forward(model, mx.array(head.tolist()), cache)
+    if not logits:
+        mx.eval(cache.arrays())
+        return None
     cache.plan(rows, tokens[:, -1:])
     logits = seam.forward(model, mx.array(tokens[:, -1:].tolist()), cache)[:, -1]
     logits = logits.astype(mx.float32)
@@ -88,8 +92,8 @@ def run(model, cache: SeqCache, prompts: np.ndarray, tg: int, ubatch: int, keep=
     rows = [tuple(range(pl))] if shared else [(s,) for s in range(pl)]
     out = Served(prompts.shape[1], tg, pl, shared, cache.layout.kind == "unified")
     start = time.perf_counter()
-    for s in range(0, out.pp, ubatch):
-        last = _pass(model, cache, rows, prompts[:, s : s + ubatch])
+    for s in range(0, out.pp, ubatch):  # logits of the prompt's last token only
+        last = _pass(model, cache, rows, prompts[:, s : s + ubatch], s + ubatch >= out.pp)
     out.t_pp = time.perf_counter() - start
     nxt = np.asarray(mx.argmax(last, axis=-1)).reshape(-1, 1)
     nxt = np.repeat(nxt, pl, axis=0) if shared else nxt  # [pl, 1]
@@ -110,7 +114,8 @@ def check_alone(model, spec, kernel: str, prompt: np.ndarray, served: Served, i:
                 tile_kv=None) -> tuple[float, float]:  # fmt: skip
     """Sequence `seq` (the i-th of served's kept ones) run alone, teacher-forced with the
     tokens the batch generated for it: (the largest |logit| difference from the batch's over
-    the tg decode steps, the fraction of steps whose greedy token is the batch's)."""
+    the tg decode steps, the fraction of the tg + 1 greedy choices (the prompt's, then each
+    step's) that are the batch's)."""
     cache = make_cache(spec, model.config, served.pp + served.tg, kernel, tile_kv)
     first = seam.forward(model, mx.array([prompt.tolist()]), cache)[0, -1]
     diffs, agree = [], int(int(mx.argmax(first).item()) == served.tokens[seq, 0])
