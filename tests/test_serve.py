@@ -153,3 +153,11 @@ def test_a_second_check_runs_the_schedule_again_from_an_empty_cache(tiny):
     state = carrying(engine.build)(case(layout="unified"))
     first, second = state.check(), state.check()
     assert first["cells_used"] == second["cells_used"] == 3 * (16 + 3)
+
+
+def test_a_page_size_without_layout_paged_is_refused_in_serve_too():
+    from kvbench.suite.validate import check_streams
+
+    with pytest.raises(SuiteError) as e:
+        check_streams("s.yaml", case(page_size=16))
+    assert e.value.key == "page_size"

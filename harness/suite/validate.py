@@ -461,12 +461,12 @@ def check_generate(path: str, case: Case) -> None:
 
 def check_streams(path: str, case: Case) -> None:
     """Combinations of the many-sequence axes that cannot run (docs/streams.md)."""
-    if case.phase == SERVE_PHASE:
-        return  # its own (check_serve)
-    streams = case.workload != "none"
     check_paged(path, case)
     check_window(path, case)
     check_edit(path, case)
+    if case.phase == SERVE_PHASE:
+        return  # its workload and layout: check_serve
+    streams = case.workload != "none"
     if case.layout in ("unified", "paged") and not streams:
         why = "needs workload: independent or shared-prefix"
         raise SuiteError(path, "layout", f"{case.layout} {why}")
