@@ -100,6 +100,18 @@ def test_its_json_line_becomes_the_rows_columns():
         parse_jsonl(LINE, 64, 4, 8)  # a test past -c is skipped by the tool without a word
 
 
+def test_its_verbose_log_gives_the_kv_buffer_of_every_stream():
+    from kvbench.peers.llamacpp_batched import log_memory
+
+    log = (
+        "0.00.123.034 I llama_kv_cache:        CPU KV buffer size =    22.50 MiB\n"
+        "0.00.139.898 I llama_kv_cache: size =   22.50 MiB (   256 cells,  30 layers,  4/4 "
+        "seqs), K (f16):   11.25 MiB, V (f16):   11.25 MiB\n"
+    )  # b11434, -c 544 -npl 4 -v
+    mem = log_memory(log, streams=4)
+    assert mem["kv_bytes"] == 1024 * 30 * 3 * 64 * 2 * 2 and mem["kv_cells"] == 4 * 256
+
+
 def test_its_command_names_every_setting():
     cmd = batched_command("bb", "m.gguf", pp=64, tg=4, pl=4, shared=True, unified=False,
                           ctx=272, type_k="q8_0", type_v="q8_0", threads=2)  # fmt: skip
@@ -127,6 +139,11 @@ def test_llama_batched_bench_holds_the_cells_kvbench_holds(layout):
     want = 2 * 32 + 2 * 2 if layout == "per-stream" else 32 + 2 * 2
     assert res.accuracy["n_kv_req"] == want
     assert res.accuracy["s_tg"] > 0 and res.extra["peer_kv_types"] == "f16/f16"
+    # its buffer: each stream padded to 256 cells, as kvbench's layout pads (cells_alloc)
+    cells = 2 * 256 if layout == "per-stream" else 256
+    assert res.extra["peer_kv_cells"] == cells
+    kv_bytes = cells * 30 * 3 * 64 * 2 * 2  # layers, KV heads, head_dim, f16, K and V
+    assert abs(res.extra["peer_kv_bytes"] - kv_bytes) <= 6 * 1024  # MiB printed to 2 decimals
 
 
 @pytest.mark.parametrize(

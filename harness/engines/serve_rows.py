@@ -54,8 +54,9 @@ def llamacpp_job(case: Case, gguf, types: tuple[str, str], env: dict, threads: i
                              f"{held_cells(case)} here")  # fmt: skip
         mem = got.pop("memory")
         fields = {k: got[k] for k in FIELDS.values()}
+        compute = mem.get("compute_bytes", 0) + mem.get("output_bytes", 0) or None
         extra = {"peer_kv_types": "/".join(types), "peer_kv_bytes": mem.get("kv_bytes"),
-                 "peer_kv_cells": mem.get("kv_cells")}  # fmt: skip
+                 "peer_kv_cells": mem.get("kv_cells"), "peer_compute_bytes": compute}  # fmt: skip
         return JobResult({}, fields, extra={k: v for k, v in extra.items() if v is not None})
 
     return job

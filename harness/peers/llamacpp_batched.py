@@ -17,6 +17,7 @@ of -c / pl cells. Before the tests it decodes 16 tokens once (its warm-up).
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 from kvbench.peers.llamacpp import (
@@ -38,11 +39,14 @@ FIELDS = {
 
 def batched_command(binary: Path, model: Path, *, pp: int, tg: int, pl: int, shared: bool,
                     unified: bool, ctx: int, type_k: str = "f16", type_v: str = "f16",
-                    flash_attn: bool | str = True, threads: int = 2) -> list[str]:  # fmt: skip
-    """One (pp, tg, pl) test of llama-batched-bench, JSON lines out."""
+                    flash_attn: bool | str = True, threads: int = 2,
+                    verbose: bool = False) -> list[str]:  # fmt: skip
+    """One (pp, tg, pl) test of llama-batched-bench, JSON lines out; verbose: its log on
+    stderr (the buffer sizes memory_info reads)."""
     cmd = [str(binary), "-m", str(model), "-c", str(ctx), "-npp", str(pp), "-ntg", str(tg)]
     cmd += ["-npl", str(pl), "-ctk", type_k, "-ctv", type_v, "-fa", fa_flag(flash_attn)]
     cmd += ["-t", str(threads), "--output-format", "jsonl"]
+    cmd += ["-v"] if verbose else []
     return cmd + (["-pps"] if shared else []) + (["-kvu"] if unified else [])
 
 
@@ -65,13 +69,30 @@ def parse_jsonl(text: str, pp: int, tg: int, pl: int) -> dict:
                         "needing more cells than -c is skipped silently)")  # fmt: skip
 
 
+# its verbose log's lines start with a time and a level ("0.00.123.034 I llama_kv_cache: ...")
+LOG_PREFIX = re.compile(r"^\d+\.\d+\.\d+\.\d+ [A-Z] ", re.M)
+
+
+def log_memory(log: str, streams: int) -> dict:
+    """memory_info of a verbose log (prefixes dropped); its cell count is per stream (b11434
+    prints "size = 22.50 MiB ( 256 cells, 30 layers, 4/4 seqs)" for 4 streams of 256), made
+    the cells of every stream."""
+    mem = memory_info(LOG_PREFIX.sub("", log))
+    if "kv_cells" in mem:
+        mem["kv_cells"] *= streams
+    return mem
+
+
 def run_batched(model: Path, timeout_s: float = 1800, env: dict | None = None, **kwargs) -> dict:
-    """Run one test (batched_command's keyword arguments): its fields, and llama.cpp's memory
-    figures from its log (memory_info: the KV buffer's bytes and cells) under "memory"."""
+    """Run one test (batched_command's keyword arguments): its fields, and under "memory"
+    llama.cpp's buffers for the same context (log_memory), from one more untimed run of one
+    prompt token and one step with its log on (the timed run stays without it)."""
     binary = llamacpp_bin(TOOL)
     if binary is None:
         raise LlamaCppError(missing_reason(TOOL))
     stdout, stderr = run_tool(batched_command(binary, model, **kwargs), timeout_s, env)
     out = parse_jsonl(stdout + "\n" + stderr, kwargs["pp"], kwargs["tg"], kwargs["pl"])
-    out["memory"] = memory_info(stderr + stdout)
+    small = {**kwargs, "pp": 1, "tg": 1, "verbose": True}
+    _, log = run_tool(batched_command(binary, model, **small), timeout_s, env)
+    out["memory"] = log_memory(log, 1 if kwargs["unified"] else kwargs["pl"])
     return out
