@@ -178,3 +178,24 @@ def test_a_page_size_without_layout_paged_is_refused_in_serve_too():
     with pytest.raises(SuiteError) as e:
         check_streams("s.yaml", case(page_size=16))
     assert e.value.key == "page_size"
+
+
+def test_the_report_draws_throughput_against_sequences_with_llama_cpp_dashed():
+    import pandas as pd
+
+    from kvbench.report.serve import serve_figure
+    from kvbench.store.schema import COLUMNS
+
+    rows = []
+    for kernel, s_tg in (("sdpa", (7.0, 10.0)), ("llama.cpp", (65.0, 116.0))):
+        for n, s in zip((1, 4), s_tg):
+            rows.append({"phase": "serve", "status": "ok", "model": "smollm2-135m",
+                         "context_len": 512, "kernel": kernel, "kv_dtype": "fp16",
+                         "layout": "per-stream", "workload": "none", "n_seqs": n, "s_tg": s,
+                         "kv_bytes": n * 544 * 23040, "n_kv_req": n * 544})  # fmt: skip
+    cur = pd.DataFrame(rows).reindex(columns=COLUMNS)
+    fig = serve_figure(cur)
+    traces = fig.fig.data
+    assert [t.y.tolist() for t in traces if t.line.dash == "dash"][0] == [65.0, 116.0]
+    assert len(traces) == 4 and fig.table is not None  # 2 configurations x 2 panels
+    assert serve_figure(cur.assign(phase="quality")) is None

@@ -328,11 +328,13 @@ def all_figures(cur, history, compare_rows, order) -> list[Figure]:
     from kvbench.report.budget import budget
     from kvbench.report.kvshare import kv_share_figure
     from kvbench.report.ratios import formats, layouts, quality, roofline
+    from kvbench.report.serve import serve_figure
     from kvbench.report.tasks import generate, quality_context, retrieval
     from kvbench.report.tradeoff import tradeoff
     from kvbench.report.views import compare, history_fig, peers, residency, tiles
 
-    figs = [latency(cur), formats(cur), kv_share_figure(cur), layouts(cur), tiles(cur), peers(cur)]
+    figs = [serve_figure(cur), latency(cur), formats(cur), kv_share_figure(cur), layouts(cur)]
+    figs += [tiles(cur), peers(cur)]
     figs += [quality(cur)]
     figs += [budget(cur), tradeoff(cur), quality_context(cur), retrieval(cur), generate(cur)]
     figs += [accuracy(cur), memory(cur), residency(cur), bandwidth(cur), roofline(cur)]
