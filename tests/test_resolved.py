@@ -216,6 +216,8 @@ OTHER_ROUTES = {
     ("harness/suite/cache_spec.py", "v_format_of"): "V's format is K's unless v_dtype is set",
     ("harness/suite/validate.py", "check_case"): "a suite's check: the format resolves",
     ("harness/suite/validate.py", "check_model"): "a suite's check: the spec's formats resolve",
+    ("harness/suite/validate.py", "check_serve"): "a suite's check: phase serve stores one plain "
+                                                  "format",
     ("harness/suite/suite.py", "model_kernel"): "a model case's default kernel, chosen before the "
                                                 "case exists",
     ("harness/suite/shard.py", "case_cost"): "shard costs are counted before any model file is "

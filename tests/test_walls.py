@@ -398,7 +398,7 @@ ENGINE_FLOORS = {
     "common": 1, "residency": 1,
     "edit_rows": 2, "serve_rows": 2,
     "cache": 3, "streams": 3, "paged": 3, "window": 3, "edits": 3, "peers": 3, "model": 3,
-    "model_tasks": 3, "serve": 3, "llamacpp": 3, "sharded": 3, "sharded_rank": 3,
+    "model_tasks": 3, "llamacpp": 3, "sharded": 3, "sharded_rank": 3, "serve": 3,
 }  # fmt: skip
 ENGINES = "kvbench.engines"
 
