@@ -88,7 +88,6 @@ def test_explicit_shape_and_sizes():
         ["--model", "tiny", "--context", "0"],
         ["--model", "tiny", "--context", "8", "--kv-dtype", "fp5"],
         ["--model", "tiny", "--context", "8", "--kv-dtype", "nvfp4", "--group-size", "32"],
-        ["--model", "tiny", "--context", "8", "--budget", "1GiB"],
         ["--model", "tiny", "--budget", "lots"],
         ["--model", "tiny", "--budget", "10B"],
         ["--model", "tiny", "--context", "8", "--layout", "paged"],
@@ -237,3 +236,17 @@ def test_the_guard_counts_a_window_as_its_ring():
                       "layout": "window", "window": 64, "sink_tokens": 4})  # fmt: skip
     plan = make_plan(TINY, "fp16", None, 1, 10**6, None, "window", LayoutArgs(window=64, sinks=4))
     assert plan.total_bytes == 68 * 1024 == case_plan(c)["cache"]
+
+
+def test_context_and_budget_together_answer_how_many_sequences_fit(capsys):
+    """Llama-3-8B fp16: 32 layers x 8 KV heads x 128 x 2 B x 2 (K, V) = 131,072 B a token;
+    8,192 tokens a sequence = 1 GiB, so 8 GiB holds 8 sequences per-stream (issue 53)."""
+    argv = ["plan", "--model", "llama-3-8b", "--context", "8192", "--budget", "8GiB"]
+    assert main(argv) == 0
+    assert "8 sequences of 8,192 tokens fit in 8,192.0 MiB (per-stream; 8 hold" in (
+        capsys.readouterr().out
+    )
+    assert main([*argv[:-1], "1GiB", "--kv-dtype", "fp16,q8_0"]) == 0
+    out = capsys.readouterr().out.splitlines()
+    assert out[0].split(":")[0].strip() == "fp16" and " 1 sequences" in out[0]
+    assert " 1 sequences" in out[1]  # q8_0: 1.0625 bytes an element, 1.88 sequences -> 1

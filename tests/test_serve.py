@@ -199,3 +199,17 @@ def test_the_report_draws_throughput_against_sequences_with_llama_cpp_dashed():
     assert [t.y.tolist() for t in traces if t.line.dash == "dash"][0] == [65.0, 116.0]
     assert len(traces) == 4 and fig.table is not None  # 2 configurations x 2 panels
     assert serve_figure(cur.assign(phase="quality")) is None
+
+
+def test_plan_answers_how_many_sequences_fit_by_hand():
+    """kvbench plan --context C --budget B: SmolLM2's shape (30 layers, 3 KV heads, head_dim 64),
+    fp16: 23,040 B a token. 100 MiB / (544 x 23,040 B) = 8.4 -> 8 per-stream; unified with a
+    512-token prompt shared: pad256(512 + 32n) cells x 23,040 B <= 100 MiB -> 4,352 cells ->
+    n = 120 (the serve rows' bytes at 8 sequences, 95.6 MiB, are the same formula's)."""
+    from kvbench.kernels.stores.footprint import LayoutArgs
+    from kvbench.suite.plan import KVShape, _format, most_sequences
+
+    shape, fmt, budget = KVShape("smollm2", 30, 3, 64, 9), _format("fp16", None, 64), 100 * 2**20
+    assert most_sequences(shape, fmt, "per-stream", 544, LayoutArgs(), budget) == 8
+    assert most_sequences(shape, fmt, "unified", 544, LayoutArgs(prefix=512), budget) == 120
+    assert most_sequences(shape, fmt, "per-stream", 10**6, LayoutArgs(), budget) == 0

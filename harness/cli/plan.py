@@ -35,7 +35,11 @@ def add_parser(sub) -> argparse.ArgumentParser:
     plan.add_argument("--window", type=int, help="window: positions attended")
     plan.add_argument("--sinks", type=int, default=0, help="window: sink tokens kept")
     plan.add_argument("--prefix", type=int, default=0, help="unified/paged: shared prompt tokens")
-    plan.add_argument("--budget", help="memory budget, e.g. 8GiB: the longest context that fits")
+    plan.add_argument(
+        "--budget",
+        help="memory budget, e.g. 8GiB: the longest context that fits "
+        "(with --context: the most sequences of it that fit)",
+    )
     plan.add_argument("--shards", type=int, default=1, help="ranks the cache is split over")
     plan.add_argument(
         "--shard-by", default="context", help="context (positions) or heads (KV heads)"
@@ -47,7 +51,15 @@ def add_parser(sub) -> argparse.ArgumentParser:
 
 def run(args) -> int:
     from kvbench.run.memory import available_bytes
-    from kvbench.suite.plan import LayoutArgs, make_plan, parse_size, render, resolve_shape, to_json
+    from kvbench.suite.plan import (
+        LayoutArgs,
+        fitting_line,
+        make_plan,
+        parse_size,
+        render,
+        resolve_shape,
+        to_json,
+    )
     from kvbench.suite.plan_table import (
         BASE,
         formats_of,
@@ -68,6 +80,11 @@ def run(args) -> int:
             args.shards, args.shard_by, available_bytes(), args.fp8_scale,
         )  # fmt: skip
 
+    if context is not None and budget is not None and args.shards == 1:  # how many sequences
+        for f in formats:
+            print(fitting_line(shape, f, args.group_size, args.layout, context, la, budget,
+                               args.fp8_scale))  # fmt: skip
+        return 0
     plans = [plan_of(f) for f in formats]
     if args.json:
         print(to_json(plans[0]) if len(plans) == 1 else "[" + ",\n".join(map(to_json, plans)) + "]")

@@ -233,6 +233,41 @@ def longest_fitting(bytes_at, lo: int, budget: int) -> int | None:
     return good
 
 
+MAX_SEQS = 1 << 20  # the sequence search stops here
+
+
+def most_sequences(shape: KVShape, fmt, layout: str, ctx: int, la: LayoutArgs, budget: int) -> int:
+    """The most sequences of ctx tokens each whose cache fits `budget` bytes (every layer, K and
+    V, the layout's padding; under unified a --prefix shared prompt is stored once): 0 when one
+    does not fit (issue 53: the server's question). Bytes grow with the sequences."""
+    bytes_at = lambda n: total_bytes(shape, fmt, layout, n, ctx, la)  # noqa: E731
+    if bytes_at(1) > budget:
+        return 0
+    good = 1
+    while 2 * good <= MAX_SEQS and bytes_at(2 * good) <= budget:
+        good *= 2
+    bad = 2 * good
+    while bad - good > 1:
+        mid = (good + bad) // 2
+        good, bad = (mid, bad) if bytes_at(mid) <= budget else (good, mid)
+    return good
+
+
+def fitting_line(shape: KVShape, kv_dtype: str, group_size, layout: str, ctx: int,
+                 la: LayoutArgs, budget: int, fp8_scale="one") -> str:  # fmt: skip
+    """One line: how many sequences of ctx tokens a format's cache holds within the budget."""
+    check_layout(layout, la)
+    if ctx <= 0:
+        raise UserError(f"--context: must be positive, got {ctx}")
+    fmt = _format(kv_dtype, group_size, shape.head_dim, fp8_scale)
+    n = most_sequences(shape, fmt, layout, ctx, la, budget)
+    shared = f", a {la.prefix}-token prompt shared" if la.prefix else ""
+    used = total_bytes(shape, fmt, layout, max(n, 1), ctx, la)
+    mib = lambda b: f"{b / 2**20:,.1f} MiB"  # noqa: E731
+    return (f"{kv_dtype:>10}: {n:,} sequences of {ctx:,} tokens fit in {mib(budget)} "
+            f"({layout}{shared}; {max(n, 1)} hold {mib(used)})")  # fmt: skip
+
+
 def _check_shards(shards: int, shard_by: str, n_kv_heads: int) -> None:
     if shards <= 0:
         raise UserError(f"--shards: must be positive, got {shards}")
