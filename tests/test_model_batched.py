@@ -113,3 +113,22 @@ def test_without_a_plan_batch_row_b_is_sequence_b(tiny):
     b = seam.forward(tiny, mx.array(PROMPTS.tolist()), bare)
     np.testing.assert_array_equal(np.array(a), np.array(b))
     assert bare.layout.cells_used == NPL * PP
+
+
+def test_the_bytes_resident_after_the_fill_are_every_layer_s_own(tiny):
+    """After a prefill of both prompts, every layer holds its own K and V store of the layout's
+    cells (no layer aliasing another's buffer: MLX hands back a whole-array update itself), and
+    MLX's active memory grew by at least all layers' bytes."""
+    mx.eval(mx.zeros(1))
+    before = mx.get_active_memory()
+    cache = SeqCache(CacheSpec("q8_0"), tiny.config, Layout("per-stream", NPL, PP), "reference")
+    cache.plan([(s,) for s in range(NPL)], PROMPTS)
+    mx.eval(seam.forward(tiny, mx.array(PROMPTS.tolist()), cache), cache.arrays())
+    per_layer = 256 * NPL * TINY["n_kv_heads"] * 34 * 2 * 2  # cells, heads, 2 q8_0 blocks, K+V
+    for layer in range(TINY["n_layers"]):
+        arrays = cache.store.layer_arrays(layer)
+        assert sum(a.nbytes for a in arrays) == per_layer
+        assert all(np.array(a).any() for a in arrays[:1])  # the fill reached this layer's K
+    ids = {id(a) for layer in range(TINY["n_layers"]) for a in cache.store.layer_arrays(layer)}
+    assert len(ids) == len(cache.arrays())
+    assert mx.get_active_memory() - before >= TINY["n_layers"] * per_layer

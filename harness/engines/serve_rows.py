@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from kvbench.case import Case
 from kvbench.engines.contract import JobResult
+from kvbench.kernels.model import serve
 from kvbench.peers.llamacpp_batched import FIELDS, TOOL, run_batched
 from kvbench.suite.cache_spec import SERVE_PHASE as PHASE
 
@@ -19,20 +20,19 @@ def shared(case: Case) -> bool:
     return case.workload == "shared-prefix" and case.n_seqs > 1
 
 
+def _schedule(case: Case) -> tuple:
+    return (case.context_len, case.gen_tokens, case.n_seqs, shared(case),
+            case.layout == "unified")  # fmt: skip
+
+
 def stream_cells(case: Case) -> int:
-    """Cells one stream needs: its sequence's pp + tg per-stream; unified, every sequence's
-    (a shared prompt once)."""
-    pp, tg, pl = case.context_len, case.gen_tokens, case.n_seqs
-    if case.layout != "unified":
-        return pp + tg
-    return pp + pl * tg if shared(case) else pl * (pp + tg)
+    """Cells one stream needs (kernels/model/serve.py stream_cells)."""
+    return serve.stream_cells(*_schedule(case))
 
 
 def held_cells(case: Case) -> int:
-    """Cells held after the schedule: pl * (pp + tg), a shared prompt once when unified
-    (pp + pl * tg) and once per sequence's stream per-stream (llama_memory_seq_cp copies it)."""
-    pp, tg, pl = case.context_len, case.gen_tokens, case.n_seqs
-    return pp + pl * tg if shared(case) and case.layout == "unified" else pl * (pp + tg)
+    """Cells held after the schedule: llama-batched-bench's N_KV (kernels/model/serve.py)."""
+    return serve.cells_held(*_schedule(case))
 
 
 def llamacpp_job(case: Case, gguf, types: tuple[str, str], env: dict, threads: int):

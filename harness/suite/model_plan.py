@@ -26,6 +26,7 @@ import math
 from collections import Counter
 
 from kvbench.case import Case
+from kvbench.kernels.model.serve import stream_cells
 from kvbench.kernels.model.spec import kv_bytes
 from kvbench.kernels.stores.footprint import layer_cells
 from kvbench.kernels.stores.layouts import KV_PAD, pad_to
@@ -60,7 +61,7 @@ def serve_plan(case: Case, spec, vocab: int) -> dict[str, int]:
     pp, tg, pl = case.context_len, case.gen_tokens, case.n_seqs
     shared = case.workload == "shared-prefix" and pl > 1
     per_stream = case.layout != "unified"
-    stream = pad_to(pp + tg if per_stream else (pp + pl * tg if shared else pl * (pp + tg)), KV_PAD)
+    stream = pad_to(stream_cells(pp, tg, pl, shared, not per_stream), KV_PAD)
     cells = stream * (pl if per_stream else 1)
     rows = 1 if shared else pl
     query = min(PREFILL_UBATCH, pp)

@@ -29,6 +29,17 @@ from kvbench.kernels.model.batched import SeqCache
 from kvbench.kernels.model.cache import make_cache
 
 
+def cells_held(pp: int, tg: int, pl: int, shared: bool, unified: bool) -> int:
+    """llama-batched-bench's N_KV: the cells the schedule holds, pl*(pp + tg), a shared prompt
+    once when unified (pp + pl*tg) and once per sequence's stream per-stream."""
+    return pp + pl * tg if shared and unified else pl * (pp + tg)
+
+
+def stream_cells(pp: int, tg: int, pl: int, shared: bool, unified: bool) -> int:
+    """Cells one stream needs: its own sequence's pp + tg per-stream, every sequence's unified."""
+    return cells_held(pp, tg, pl, shared, unified) if unified else pp + tg
+
+
 @dataclass
 class Served:
     pp: int
@@ -49,9 +60,7 @@ class Served:
         """llama-batched-bench's figures under its names (seconds, tokens per second)."""
         t = self.t_pp + self.t_tg
         n_pp = self.pp if self.shared else self.pl * self.pp
-        n_kv = self.pl * (self.pp + self.tg)
-        if self.shared and self.unified:
-            n_kv = self.pp + self.pl * self.tg
+        n_kv = cells_held(self.pp, self.tg, self.pl, self.shared, self.unified)
         steps_ms = 1e3 * np.asarray(self.step_s)
         return {
             "pp": self.pp, "tg": self.tg, "pl": self.pl, "n_kv_req": n_kv,
